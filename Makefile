@@ -1,0 +1,23 @@
+# The two commands: `make bench` (the main job) and `make test`.
+# Each first makes sure the cached environment exists (scripts/ensure_env.sh).
+PY := .venv/bin/python
+MODELS ?= $(HOME)/.cache/sglang-replayssm/models
+BENCH_ARGS ?=
+
+.PHONY: env test bench lint models
+
+env:
+	@scripts/ensure_env.sh
+
+models: env
+	@$(PY) -m sglang_replayssm.cli make-models --out $(MODELS)
+
+test: env
+	@$(PY) -m ruff check sglang_replayssm tests scripts
+	@$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: env
+	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)
+
+lint: env
+	@$(PY) -m ruff check sglang_replayssm tests scripts

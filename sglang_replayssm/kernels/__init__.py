@@ -1,0 +1,1 @@
+"""Kernels: each fused kernel has a pure-torch reference (`naive`/`ref`) beside it."""

@@ -1,0 +1,1 @@
+"""Ring-aware radix-cache adapter for SGLang's UnifiedRadixCache / MambaPool."""
