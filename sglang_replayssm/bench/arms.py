@@ -1,0 +1,97 @@
+"""The benchmark's arms: which server flags and which plugin entry points each one runs with."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    description: str
+    flags: tuple[str, ...]  # the arm's own server flags
+    plugins: tuple[str, ...]  # SGLANG_PLUGINS whitelist (entry-point names)
+
+
+# Flags every arm launches with: no_buffer requires overlap off, and the hit-rate cross-check
+# reads the server's Prometheus counters.
+COMMON_FLAGS: tuple[str, ...] = ("--disable-overlap-schedule", "--enable-metrics")
+
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("baseline", "ReplaySSM off, extra_buffer",
+            ("--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix")),
+        Arm("upstream", "ReplaySSM on, no_buffer, adapter off (SGLang 0.5.23)",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer"),
+            ("replayssm_cpu",)),
+        Arm("plugin", "ReplaySSM on, extra_buffer, adapter on",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix")),
+    )
+}
+DEFAULT_ARMS: tuple[str, ...] = ("baseline", "upstream", "plugin")
+
+
+def parse_arms(text: str) -> list[str]:
+    """Comma-separated arm names, in the given order, without repeats."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    if not names:
+        raise ValueError("--arms names no arm")
+    return list(dict.fromkeys(names))
+
+
+def _merge(base: list[str], extra: list[str]) -> list[str]:
+    """``base`` followed by the flags of ``extra`` whose option name ``base`` lacks."""
+    present = {tok.split("=", 1)[0] for tok in base if tok.startswith("--")}
+    out = list(base)
+    i = 0
+    while i < len(extra):
+        tok = extra[i]
+        takes_value = i + 1 < len(extra) and not extra[i + 1].startswith("--") and "=" not in tok
+        group = extra[i:i + 2] if takes_value else [tok]
+        if tok.split("=", 1)[0] not in present:
+            out += group
+        i += len(group)
+    return out
+
+
+def server_command(arm: Arm, model_path: Path, port: int, *, device: str, tp: int,
+                   extra_args: list[str], host: str = "127.0.0.1") -> list[str]:
+    """The exact ``python -m sglang.launch_server`` command line of one arm.
+
+    Precedence for a flag given twice: the user's extra args, then the arm, then the CPU runtime.
+    """
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+           "--host", host, "--port", str(port)]
+    user = list(extra_args)
+    cmd = _merge(cmd, user)
+    cmd = _merge(cmd, [*arm.flags, *COMMON_FLAGS])
+    if tp > 1:
+        cmd = _merge(cmd, ["--tp-size", str(tp)])
+    if device == "cpu":
+        from sglang_replayssm.cpu.launch import cpu_server_args
+
+        cmd = _merge(cmd, cpu_server_args())
+    elif device != "auto":
+        cmd = _merge(cmd, ["--device", device])
+    return cmd
+
+
+def server_env(arm: Arm, device: str) -> dict[str, str]:
+    """Environment of one arm's server: the CPU runtime's on CPU, plus the plugin whitelist."""
+    if device == "cpu":
+        from sglang_replayssm.cpu.launch import cpu_server_env
+
+        env = cpu_server_env()
+    else:
+        env = dict(os.environ)
+    env["SGLANG_PLUGINS"] = ",".join(arm.plugins)
+    return env

@@ -1,0 +1,304 @@
+"""`sglang-replayssm bench`: prefix hit rate and TTFT of each arm on a shared-prefix workload.
+
+Each arm gets its own real SGLang server (``python -m sglang.launch_server``), or the one the user
+runs at ``--url``. Workload option names follow ``sglang.benchmark.serving``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sglang_replayssm import __version__
+from sglang_replayssm.bench.arms import ARMS, DEFAULT_ARMS, parse_arms, server_command, server_env
+from sglang_replayssm.bench.metrics import agreement
+from sglang_replayssm.bench.model import (
+    DEFAULT_MODEL,
+    DEFAULT_MODELS_DIR,
+    ModelError,
+    require_linear_attention,
+    resolve_model_path,
+    vocab_ids,
+)
+from sglang_replayssm.bench.records import RequestRecord
+from sglang_replayssm.bench.report import arm_result, format_table, write_json
+from sglang_replayssm.bench.workload import (
+    Conversation,
+    GspSpec,
+    RagSpec,
+    Turn,
+    WorkloadError,
+    describe,
+    first_tokens,
+    generate_gsp,
+    generate_rag,
+    warmup_requests,
+)
+
+URL_ARM = "url"
+
+
+class BenchError(Exception):
+    """Bad input: reported as one message, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sglang-replayssm bench",
+        description="Prefix hit rate, TTFT and greedy agreement of SGLang arms on a shared-prefix workload.",
+    )
+    g = p.add_argument_group("arms and servers")
+    g.add_argument("--arms", default=None,
+                   help=f"comma-separated subset of {','.join(ARMS)} (default: all, in that order); "
+                        "with --url, one label for that server")
+    g.add_argument("--url", "--base-url", dest="url", default=None,
+                   help="benchmark the SGLang server already running here instead of launching one per arm")
+    g.add_argument("--model-path", "--model", dest="model_path", default=None,
+                   help=f"model directory, or an embedded model name built on demand (default {DEFAULT_MODEL}; "
+                        "with --url, the server's own tokenizer path)")
+    g.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR,
+                   help="where embedded models are built (default %(default)s)")
+    g.add_argument("--device", default="auto",
+                   help="server device: cpu, cuda, ... ; auto = cuda when available, else cpu (CPU runtime)")
+    g.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1, help="tensor parallel size")
+    g.add_argument("--server-args", action="append", default=[],
+                   help="extra server flags, one shell-quoted string (repeatable); they win over the arm's")
+    g.add_argument("--ready-check-timeout-sec", type=float, default=600.0,
+                   help="seconds to wait for a launched server's /health (default %(default)s)")
+    g.add_argument("--log-dir", type=Path, default=None,
+                   help="server logs and commands (default: next to --json, else ./sglang-replayssm-bench-logs)")
+
+    w = p.add_argument_group("workload")
+    w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag"), default="generated-shared-prefix",
+                   help="generated-shared-prefix (SGLang's shape) or rag (multi-turn, documents reused)")
+    w.add_argument("--gsp-num-groups", type=int, default=4)
+    w.add_argument("--gsp-prompts-per-group", type=int, default=4)
+    w.add_argument("--gsp-system-prompt-len", type=int, default=1024)
+    w.add_argument("--gsp-question-len", type=int, default=64)
+    w.add_argument("--gsp-output-len", type=int, default=16)
+    w.add_argument("--gsp-range-ratio", type=float, default=1.0,
+                   help="lengths drawn uniformly from [ratio*len, len] (also for rag)")
+    w.add_argument("--gsp-num-turns", type=int, default=1,
+                   help="turns per prompt; a later turn appends the answer and a new question")
+    w.add_argument("--gsp-ordered", action="store_true", help="send in generation order (default shuffled; also rag)")
+    w.add_argument("--gsp-group-distribution", choices=("uniform", "zipf"), default="uniform",
+                   help="prompts per group (rag: conversations per document)")
+    w.add_argument("--gsp-zipf-alpha", type=float, default=None, help="zipf exponent, > 0")
+    w.add_argument("--rag-num-docs", type=int, default=4, help="documents in the corpus")
+    w.add_argument("--rag-doc-len", type=int, default=768)
+    w.add_argument("--rag-system-prompt-len", type=int, default=256, help="shared by every conversation")
+    w.add_argument("--rag-num-conversations", type=int, default=8)
+    w.add_argument("--rag-num-turns", type=int, default=2)
+    w.add_argument("--rag-question-len", type=int, default=64)
+    w.add_argument("--rag-output-len", type=int, default=16)
+    w.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="conversation starts per second, Poisson (default inf: all at once)")
+    w.add_argument("--max-concurrency", type=int, default=4, help="requests in flight at most (0: no cap)")
+    w.add_argument("--warmup-requests", type=int, default=1, help="short unrelated requests before measuring")
+    w.add_argument("--flush-cache", action="store_true", help="POST /flush_cache after warmup")
+    w.add_argument("--seed", type=int, default=1)
+
+    o = p.add_argument_group("output")
+    o.add_argument("--json", "--output-file", dest="json", type=Path, default=None,
+                   help="JSON results, rewritten after every arm")
+    o.add_argument("--plot-dir", type=Path, default=None, help="write ttft_cdf.png and hit_rate.png here")
+    o.add_argument("--disable-tqdm", action="store_true")
+    return p
+
+
+def _workload(args: argparse.Namespace, vocab: list[int]) -> list[Conversation]:
+    if args.gsp_group_distribution == "uniform" and args.gsp_zipf_alpha is not None:
+        raise BenchError("--gsp-zipf-alpha is only meaningful with --gsp-group-distribution zipf")
+    if args.dataset_name == "rag":
+        return generate_rag(RagSpec(
+            num_docs=args.rag_num_docs, doc_len=args.rag_doc_len, system_prompt_len=args.rag_system_prompt_len,
+            num_conversations=args.rag_num_conversations, num_turns=args.rag_num_turns,
+            question_len=args.rag_question_len, output_len=args.rag_output_len, range_ratio=args.gsp_range_ratio,
+            doc_distribution=args.gsp_group_distribution, zipf_alpha=args.gsp_zipf_alpha,
+            ordered=args.gsp_ordered), vocab, args.seed)
+    return generate_gsp(GspSpec(
+        num_groups=args.gsp_num_groups, prompts_per_group=args.gsp_prompts_per_group,
+        system_prompt_len=args.gsp_system_prompt_len, question_len=args.gsp_question_len,
+        output_len=args.gsp_output_len, range_ratio=args.gsp_range_ratio, num_turns=args.gsp_num_turns,
+        group_distribution=args.gsp_group_distribution, zipf_alpha=args.gsp_zipf_alpha,
+        ordered=args.gsp_ordered), vocab, args.seed)
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _log_dir(args: argparse.Namespace) -> Path:
+    if args.log_dir is not None:
+        return args.log_dir
+    if args.json is not None:
+        return args.json.parent / f"{args.json.stem}-logs"
+    return Path("sglang-replayssm-bench-logs")
+
+
+class Bench:
+    """State of one invocation: the JSON document and the arms done so far."""
+
+    def __init__(self, args: argparse.Namespace, argv: list[str]) -> None:
+        self.args = args
+        self.doc: dict[str, Any] = {
+            "tool": "sglang-replayssm bench",
+            "version": __version__,
+            "argv": argv,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "config": {k: (str(v) if isinstance(v, Path) or v == float("inf") else v)
+                       for k, v in vars(args).items()},
+            "arm_order": [],
+            "arms": {},
+            "failed_arms": {},
+            "error": None,
+        }
+        self.records: dict[str, list[RequestRecord]] = {}
+
+    def save(self) -> None:
+        if self.args.json is not None:
+            write_json(self.args.json, self.doc)
+
+    def fail(self, message: str) -> None:
+        self.doc["error"] = message
+        self.save()
+
+    def add_arm(self, name: str, run: Any, server_cmd: str | None, **extra: Any) -> None:
+        self.records[name] = run.records
+        ref_name = next(iter(self.records))
+        agree = agreement(ref_name, self.records[ref_name], run.records)
+        self.doc["arms"][name] = arm_result(run.summary, run.server, agree, server_cmd, run.records,
+                                            notes=run.notes, **extra)
+        self.save()
+
+    def add_failure(self, name: str, error: str, server_cmd: str | None, **extra: Any) -> None:
+        self.doc["failed_arms"][name] = {"error": error, "server_cmd": server_cmd, **extra}
+        self.save()
+
+
+def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn],
+              model_dir: Path | None, arm_names: list[str]) -> None:
+    from sglang_replayssm.bench.runner import ArmRunError, run_arm
+    from sglang_replayssm.bench.server import ServerProcess, ServerStartError, pick_port
+
+    args = bench.args
+    run_kw = dict(request_rate=args.request_rate, max_concurrency=args.max_concurrency or None,
+                  seed=args.seed, flush_cache=args.flush_cache, disable_tqdm=args.disable_tqdm)
+    if args.url is not None:
+        name = arm_names[0]
+        bench.doc["arm_order"].append(name)
+        try:
+            run = run_arm(args.url, conversations, warmup, label=name, **run_kw)
+        except ArmRunError as exc:
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            bench.add_failure(name, str(exc), None, url=args.url)
+            return
+        bench.add_arm(name, run, None, url=args.url)
+        return
+
+    assert model_dir is not None
+    device = _resolve_device(args.device)
+    extra = [tok for s in args.server_args for tok in shlex.split(s)]
+    log_dir = _log_dir(args)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for name in arm_names:
+        arm = ARMS[name]
+        bench.doc["arm_order"].append(name)
+        port = pick_port()
+        cmd = server_command(arm, model_dir, port, device=device, tp=args.tp, extra_args=extra)
+        env = server_env(arm, device)
+        cmd_str = f"SGLANG_PLUGINS={env['SGLANG_PLUGINS']} {shlex.join(cmd)}"
+        log_path = log_dir / f"server-{name}.log"
+        (log_dir / f"server-{name}.cmd").write_text(cmd_str + "\n")
+        print(f"[{name}] {arm.description}\n[{name}] server: {cmd_str}\n[{name}] log: {log_path}", flush=True)
+        t0 = time.monotonic()
+        try:
+            with ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}",
+                               args.ready_check_timeout_sec) as srv:
+                print(f"[{name}] server healthy after {srv.startup_s:.1f} s", flush=True)
+                run = run_arm(srv.base_url, conversations, warmup, label=name, **run_kw)
+        except (ServerStartError, ArmRunError, OSError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"error: arm {name} failed: {exc}", file=sys.stderr, flush=True)
+            bench.add_failure(name, str(exc), cmd_str, log=str(log_path), summary=first)
+            continue
+        bench.add_arm(name, run, cmd_str, log=str(log_path), arm_wall_s=time.monotonic() - t0,
+                      startup_s=srv.startup_s)
+
+
+def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int]]:
+    """Arms, model dir (None for a remote --url model) and token ids; BenchError on bad input."""
+    from sglang_replayssm.bench.runner import reachable, server_model_path
+
+    if args.url is not None:
+        names = [x.strip() for x in (args.arms or URL_ARM).split(",") if x.strip()]
+        if len(names) != 1:
+            raise BenchError("with --url, --arms names one label for that server")
+        ok, reason = reachable(args.url, timeout_s=10.0)
+        if not ok:
+            raise BenchError(f"cannot reach an SGLang server at {args.url}: {reason}")
+        model = args.model_path or server_model_path(args.url)
+        if model is None or not Path(model).expanduser().is_dir():
+            raise BenchError(f"the tokenizer of the server at {args.url} is not a local directory "
+                             f"({model!r}); pass --model-path")
+        model_dir = Path(model).expanduser()
+    else:
+        try:
+            names = parse_arms(args.arms or ",".join(DEFAULT_ARMS))
+        except ValueError as exc:
+            raise BenchError(str(exc)) from exc
+        model_dir = resolve_model_path(args.model_path or DEFAULT_MODEL, args.models_dir)
+    require_linear_attention(model_dir)
+    return names, (None if args.url is not None else model_dir), vocab_ids(model_dir)
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    bench = Bench(args, list(argv))
+    try:
+        names, model_dir, vocab = _prepare(args)
+        conversations = _workload(args, vocab)
+        warmup = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations))
+    except (BenchError, ModelError, WorkloadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        bench.fail(str(exc))
+        return 2
+    bench.doc["model_path"] = str(model_dir) if model_dir is not None else args.model_path
+    bench.doc["workload"] = {"dataset_name": args.dataset_name, **describe(conversations)}
+    print(f"workload: {bench.doc['workload']}", flush=True)
+    bench.save()
+    t0 = time.monotonic()
+    try:
+        _run_arms(bench, conversations, warmup, model_dir, names)
+    except KeyboardInterrupt:
+        bench.fail("interrupted")
+        print("interrupted; arms that finished are in the JSON", file=sys.stderr)
+        return 130
+    bench.doc["wall_s"] = time.monotonic() - t0
+    bench.save()
+    print()
+    print(format_table(bench.doc["arms"], bench.doc["failed_arms"]))
+    if args.plot_dir is not None and bench.doc["arms"]:
+        from sglang_replayssm.bench.plots import write_plots
+
+        for path in write_plots(bench.doc["arms"], args.plot_dir):
+            print(f"plot: {path}")
+    if args.json is not None:
+        print(f"json: {args.json}")
+    partial = [n for n, a in bench.doc["arms"].items() if a.get("requests_failed")]
+    for name in partial:
+        print(f"error: arm {name}: {bench.doc['arms'][name]['requests_failed']} request(s) failed "
+              "(see their 'error' in the JSON)", file=sys.stderr)
+    return 1 if bench.doc["failed_arms"] or partial else 0

@@ -1,0 +1,56 @@
+"""The server's own prefix-cache counters, read from its Prometheus ``/metrics`` page."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CACHED_TOKENS = "sglang:cached_tokens_total"
+PROMPT_TOKENS = "sglang:prompt_tokens_total"
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Each sample name's value summed over its label sets (comments and bad lines skipped)."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            continue
+        sums[m.group("name")] = sums.get(m.group("name"), 0.0) + value
+    return sums
+
+
+@dataclass(frozen=True)
+class CacheCounters:
+    cached_tokens: float | None  # None: the page lacks the counter
+    prompt_tokens: float | None
+
+    @classmethod
+    def parse(cls, text: str) -> CacheCounters:
+        sums = metric_sums(text)
+        prompt = sums.get(PROMPT_TOKENS)
+        # SGLang creates the cached-token series on the first hit, so no series means zero hits.
+        cached = sums.get(CACHED_TOKENS, 0.0 if prompt is not None else None)
+        return cls(cached, prompt)
+
+
+def server_hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[str, float | None]:
+    """Cached / prompt tokens the server counted between two snapshots (None where unknown)."""
+    out: dict[str, float | None] = {"cached_tokens": None, "prompt_tokens": None, "hit_rate": None}
+    if before is None or after is None:
+        return out
+    if after.cached_tokens is not None and before.cached_tokens is not None:
+        out["cached_tokens"] = after.cached_tokens - before.cached_tokens
+    if after.prompt_tokens is not None and before.prompt_tokens is not None:
+        out["prompt_tokens"] = after.prompt_tokens - before.prompt_tokens
+    if out["cached_tokens"] is not None and out["prompt_tokens"]:
+        out["hit_rate"] = out["cached_tokens"] / out["prompt_tokens"]
+    return out
