@@ -1,0 +1,476 @@
+"""Output-only ReplaySSM ring decode for GDN and KDA (Triton), a drop-in for SGLang 0.5.23's kernel.
+
+:func:`ring_decode_triton` has the signature and the semantics of SGLang 0.5.23's
+``fused_recurrent_linear_replayssm_decode`` (``sglang/kernels/ops/attention/linear/
+fused_recurrent_linear_replayssm.py``): same ring layout, same per-row cursor, same flush rule,
+same in-place checkpoint update. It is written from the math, not from SGLang's source.
+
+Ring layout (one persistent slot, one layer; ``L`` = ring length)::
+
+    initial_state [slots, HV, V, K]   checkpoint S0 (K contiguous); rewritten only on a flush
+    d_cache       [slots, HV, L, V]   corrected deltas d_j
+    k_cache       [slots, H,  L, K]   L2-normalised keys k_j (one per key head)
+    g_cache       [slots, HV, L] fp32 (GDN, one log-decay per head) or [slots, HV, L, K] (KDA)
+
+Cursor and flush (per decode row ``n`` with ``slot = ssm_state_indices[n]``, ``m = write_pos[n]``):
+
+* records ``0..m-1`` are live; the state before this token is
+  ``S = S0 . Diag(A) + sum_{j<m} d_j (W_j o k_j)^T`` with ``A = exp(sum_j g_j)`` and
+  ``W_j = exp(sum_{i>j} g_i)`` (scalars for GDN, K vectors for KDA);
+* the step is a *flush* when ``m == L-1`` or ``force_flush[n] != 0``. A flush writes
+  ``S . Diag(alpha) + d_cur k^T`` into ``initial_state[slot]`` and leaves the ring alone; the
+  caller then sets the cursor to 0 (see :mod:`sglang_replayssm.kernels.cursor`);
+* otherwise the step appends its record ``(d_cur, k, g)`` at ring position ``m`` (``m < L``) and
+  the caller sets the cursor to ``m + 1``;
+* rows with ``slot < 0`` are padding: their output is zero and nothing else is touched.
+
+What differs from SGLang's kernel (the function computed is the same):
+
+* *Output-only form.* On a non-flush step the state tile is never rebuilt. With
+  ``q~ = alpha o q`` (GDN: the scalar ``alpha`` is applied at the end) the read-out is
+  ``S q~ = S0 (A o q~) + sum_j d_j ((W_j o k_j) . q~)``: one pass over ``S0`` (two mat-vecs, for
+  ``q`` and ``k``) plus ``L`` dot products of length K and one ``[V, L]`` mat-vec. SGLang
+  rebuilds ``S0 + D K^T`` tile by tile with a rank-``L`` tensor-core product every step.
+* *Exact fp32.* No bf16/TF32 rounding anywhere: the ring stores ``k`` in the ring's dtype (SGLang
+  first rounds it to the output dtype) and the flush's rank-``m`` fold runs in IEEE fp32
+  (``flush_mode`` ``"ieee"`` or ``"loop"``); ``"tf32x3"`` is available as a measured option.
+* Key-head reuse: with ``group > 1`` one program serves ``group`` value heads of one key head,
+  so the key ring and the ``k_j . q`` products are read/computed once for them.
+
+Invariants the kernel relies on (checked by the wrapper): ``K`` and ``V`` are powers of two,
+``V % block_v == 0``, ``HV % H == 0``, ``(HV // H) % group == 0``; ``write_pos``/``force_flush``
+are int32 ``[B]``; ``g_cache`` is fp32; the last dim of every tensor is contiguous and the ring
+tensors are contiguous within a slot.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "FLUSH_MODES",
+    "RingDecodeConfig",
+    "pick_config",
+    "ring_decode_triton",
+    "gdn_ring_decode_triton",
+    "kda_ring_decode_triton",
+]
+
+#: How the flush step folds the live records into the checkpoint tile.
+#: ``ieee``: one ``tl.dot`` in IEEE fp32; ``tf32x3``: ``tl.dot`` with 3xTF32 (near fp32);
+#: ``loop``: a runtime loop over the ``m`` live records with fp32 FMAs (no ``tl.dot``).
+FLUSH_MODES: dict[str, int] = {"ieee": 0, "tf32x3": 1, "loop": 2}
+
+_SOFTPLUS_THRESHOLD = 20.0
+_L2NORM_EPS = 1e-6
+
+
+@triton.jit
+def _ring_decode_kernel(
+    qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    out,
+    state,
+    d_ring,
+    k_ring,
+    g_ring,
+    slots,
+    write_pos,
+    force_flush,
+    scale,
+    stride_qkv,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_d,
+    stride_k,
+    stride_g,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L: tl.constexpr,
+    BC: tl.constexpr,
+    BV: tl.constexpr,
+    GROUP: tl.constexpr,
+    IS_KDA: tl.constexpr,
+    HAS_FF: tl.constexpr,
+    USE_L2NORM: tl.constexpr,
+    FLUSH_MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """One program: decode row ``pid(1)``, value heads ``pid(2)*GROUP ..``, V block ``pid(0)``.
+
+    ``ROWS``: 0 = every row, 1 = non-flush rows only, 2 = flush rows only (split launches).
+    """
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1)
+    hv0 = tl.program_id(2) * GROUP
+    i_h = hv0 // (HV // H)
+
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, K)
+    o_c = tl.arange(0, BC)
+
+    slot = tl.load(slots + i_n).to(tl.int64)
+    m = tl.load(write_pos + i_n).to(tl.int32)
+    is_flush = m == L - 1
+    if HAS_FF:
+        is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
+    if ROWS == 1:
+        skip = is_flush
+    elif ROWS == 2:
+        skip = not is_flush
+    else:
+        skip = False
+    if skip:
+        return
+    if slot < 0:
+        for gi in tl.static_range(GROUP):
+            tl.store(
+                out + (i_n * HV + hv0 + gi) * V + o_v,
+                tl.zeros([BV], dtype=tl.float32).to(out.dtype.element_ty),
+            )
+        return
+
+    # Live records j < m (and never past the ring, whatever the cursor holds).
+    valid = (o_c < m) & (o_c < L)
+
+    p_row = qkv + i_n * stride_qkv
+    q = tl.load(p_row + i_h * K + o_k).to(tl.float32)
+    k = tl.load(p_row + H * K + i_h * K + o_k).to(tl.float32)
+    if USE_L2NORM:
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+    q = q * scale
+    kq = tl.sum(k * q, axis=0)
+
+    # Key ring of this key head: [BC, K], rows j >= m masked to zero.
+    p_kr = k_ring + slot * stride_k + (i_h * L + o_c[:, None]) * K + o_k[None, :]
+    kr = tl.load(p_kr, mask=valid[:, None], other=0.0).to(tl.float32)
+    if not IS_KDA:
+        # GDN: k_j . q and k_j . k are shared by every value head of the key head.
+        cq0 = tl.sum(kr * q[None, :], axis=1)
+        ck0 = tl.sum(kr * k[None, :], axis=1)
+
+    for gi in tl.static_range(GROUP):
+        hv = hv0 + gi
+        p_s = state + slot * stride_state + (hv * V + o_v[:, None]) * K + o_k[None, :]
+        s0 = tl.load(p_s).to(tl.float32)  # [BV, K]
+        p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + o_v[:, None]
+        dm = tl.load(p_d, mask=valid[None, :], other=0.0).to(tl.float32)  # [BV, BC]
+        a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
+        b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
+        beta = tl.sigmoid(b_raw).to(b.dtype.element_ty).to(tl.float32)
+        v = tl.load(p_row + 2 * H * K + hv * V + o_v).to(tl.float32)
+
+        if not IS_KDA:
+            gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
+            g_tot = tl.sum(gr, axis=0)
+            suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
+            w = tl.where(valid, tl.exp(suffix), 0.0)
+            a_tot = tl.exp(g_tot)
+            x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
+            sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+            g_cur = -a_decay * sp
+            alpha = tl.exp(g_cur)
+            s0q = tl.sum(s0 * q[None, :], axis=1)
+            s0k = tl.sum(s0 * k[None, :], axis=1)
+            rq = tl.sum(dm * (w * cq0)[None, :], axis=1)
+            rk = tl.sum(dm * (w * ck0)[None, :], axis=1)
+            sq = alpha * (a_tot * s0q + rq)
+            sk = alpha * (a_tot * s0k + rk)
+        else:
+            p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
+            gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
+            g_tot = tl.sum(gr, axis=0)  # [K]
+            suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
+            wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
+            a_tot = tl.exp(g_tot)
+            x = tl.load(a + i_n * stride_a + hv * K + o_k).to(tl.float32) + tl.load(dt_bias + hv * K + o_k).to(
+                tl.float32
+            )
+            sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+            g_cur = -a_decay * sp  # [K]
+            alpha = tl.exp(g_cur)
+            qe = alpha * q
+            ke = alpha * k
+            cq = tl.sum(wk * qe[None, :], axis=1)
+            ck = tl.sum(wk * ke[None, :], axis=1)
+            s0q = tl.sum(s0 * (a_tot * qe)[None, :], axis=1)
+            s0k = tl.sum(s0 * (a_tot * ke)[None, :], axis=1)
+            sq = s0q + tl.sum(dm * cq[None, :], axis=1)
+            sk = s0k + tl.sum(dm * ck[None, :], axis=1)
+
+        d_cur = beta * (v - sk)
+        o = sq + d_cur * kq
+        tl.store(out + (i_n * HV + hv) * V + o_v, o.to(out.dtype.element_ty))
+
+        if is_flush:
+            # S_new = (S0 . Diag(A) + sum_j d_j (W_j o k_j)^T) . Diag(alpha) + d_cur k^T
+            if not IS_KDA:
+                acc = s0 * (alpha * a_tot)
+                if FLUSH_MODE == 2:
+                    g_run = g_tot * 0.0
+                    for j in range(0, m):
+                        g_j = tl.load(g_ring + slot * stride_g + hv * L + j)
+                        g_run += g_j
+                        w_j = alpha * tl.exp(g_tot - g_run)
+                        d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + o_v).to(tl.float32)
+                        k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k).to(tl.float32)
+                        acc += (d_j * w_j)[:, None] * k_j[None, :]
+                elif FLUSH_MODE == 1:
+                    acc = tl.dot(dm * (alpha * w)[None, :], kr, acc, input_precision="tf32x3")
+                else:
+                    acc = tl.dot(dm * (alpha * w)[None, :], kr, acc, input_precision="ieee")
+            else:
+                acc = s0 * (alpha * a_tot)[None, :]
+                if FLUSH_MODE == 2:
+                    g_run = g_tot * 0.0
+                    for j in range(0, m):
+                        g_j = tl.load(g_ring + slot * stride_g + (hv * L + j) * K + o_k)
+                        g_run += g_j
+                        wk_j = alpha * tl.exp(g_tot - g_run)
+                        d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + o_v).to(tl.float32)
+                        k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k).to(tl.float32)
+                        acc += d_j[:, None] * (k_j * wk_j)[None, :]
+                elif FLUSH_MODE == 1:
+                    acc = tl.dot(dm, wk * alpha[None, :], acc, input_precision="tf32x3")
+                else:
+                    acc = tl.dot(dm, wk * alpha[None, :], acc, input_precision="ieee")
+            acc += d_cur[:, None] * k[None, :]
+            tl.store(p_s, acc.to(state.dtype.element_ty))
+        else:
+            in_ring = m < L
+            tl.store(
+                d_ring + slot * stride_d + (hv * L + m) * V + o_v,
+                d_cur.to(d_ring.dtype.element_ty),
+                mask=(o_v < V) & in_ring,
+            )
+            if i_v == 0:
+                if IS_KDA:
+                    tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
+                else:
+                    tl.store(g_ring + slot * stride_g + hv * L + m, g_cur, mask=in_ring)
+                if hv % (HV // H) == 0:
+                    tl.store(
+                        k_ring + slot * stride_k + (i_h * L + m) * K + o_k,
+                        k.to(k_ring.dtype.element_ty),
+                        mask=(o_k < K) & in_ring,
+                    )
+
+
+class RingDecodeConfig(tuple):
+    """``(block_v, group, num_warps, flush_mode, split)`` launch choice; see :func:`pick_config`."""
+
+    __slots__ = ()
+
+    def __new__(cls, block_v: int, group: int, num_warps: int, flush_mode: str, split: bool) -> RingDecodeConfig:
+        return super().__new__(cls, (block_v, group, num_warps, flush_mode, split))
+
+    @property
+    def block_v(self) -> int:
+        return self[0]
+
+    @property
+    def group(self) -> int:
+        return self[1]
+
+    @property
+    def num_warps(self) -> int:
+        return self[2]
+
+    @property
+    def flush_mode(self) -> str:
+        return self[3]
+
+    @property
+    def split(self) -> bool:
+        return self[4]
+
+
+def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
+    """Default launch configuration (chosen from the H200 sweep recorded in notes/kernels.md).
+
+    Small batches split V finely so the state read spreads over every SM; large batches use
+    wide V blocks (fewer redundant key-ring reads). ``group`` serves the value heads of one key
+    head together for GDN.
+    """
+    rows_heads = B * HV
+    if rows_heads >= 2048:
+        block_v = min(V, 64)
+    elif rows_heads >= 512:
+        block_v = min(V, 32)
+    else:
+        block_v = min(V, 16)
+    group = 1
+    num_warps = 4 if block_v >= 32 else 2
+    flush_mode = "ieee" if block_v >= 16 else "loop"
+    return RingDecodeConfig(block_v, group, num_warps, flush_mode, False)
+
+
+def _check_inputs(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None,
+    is_kda: bool,
+) -> tuple[int, int, int, int, int, int]:
+    """Validate shapes/dtypes/strides; return ``(B, H, HV, K, V, L)``."""
+    if mixed_qkv.ndim != 2 or mixed_qkv.stride(-1) != 1:
+        raise ValueError("mixed_qkv must be 2D [B, 2*H*K + HV*V] with a contiguous last dim")
+    if initial_state.ndim != 4 or initial_state.stride(-1) != 1:
+        raise ValueError("initial_state must be [slots, HV, V, K] with a contiguous last dim")
+    _, HV, V, K = initial_state.shape
+    if initial_state.stride(-2) != K or initial_state.stride(-3) != V * K:
+        raise ValueError("initial_state must be contiguous within a slot")
+    B = mixed_qkv.shape[0]
+    q_dim2 = mixed_qkv.shape[1] - HV * V
+    if q_dim2 <= 0 or q_dim2 % (2 * K) != 0:
+        raise ValueError(f"mixed_qkv last dim {mixed_qkv.shape[1]} does not fit HV={HV}, V={V}, K={K}")
+    H = q_dim2 // (2 * K)
+    if HV % H != 0:
+        raise ValueError(f"HV={HV} is not a multiple of H={H}")
+    if K & (K - 1) or V & (V - 1):
+        raise ValueError(f"K={K} and V={V} must be powers of two")
+    L = d_cache.shape[2]
+    if tuple(d_cache.shape[1:]) != (HV, L, V) or tuple(k_cache.shape[1:]) != (H, L, K):
+        raise ValueError(
+            f"ring shapes d {tuple(d_cache.shape)} k {tuple(k_cache.shape)} do not match HV={HV}, H={H}, L={L}"
+        )
+    g_expect = (HV, L, K) if is_kda else (HV, L)
+    if tuple(g_cache.shape[1:]) != g_expect or g_cache.dtype != torch.float32:
+        raise ValueError(f"g_cache must be fp32 [slots, {g_expect}] (got {tuple(g_cache.shape)} {g_cache.dtype})")
+    for name, t in (("d_cache", d_cache), ("k_cache", k_cache), ("g_cache", g_cache)):
+        if not t[0].is_contiguous():
+            raise ValueError(f"{name} must be contiguous within a slot")
+    if is_kda:
+        if a.shape[0] != B or a.numel() != B * HV * K or a.stride(-1) != 1:
+            raise ValueError(f"KDA a must be [B, HV, K] (got {tuple(a.shape)})")
+        if dt_bias.numel() != HV * K or not dt_bias.is_contiguous():
+            raise ValueError("KDA dt_bias must be a contiguous [HV, K]")
+    else:
+        if tuple(a.shape) != (B, HV) or a.stride(-1) != 1:
+            raise ValueError(f"GDN a must be [B, HV] (got {tuple(a.shape)})")
+        if dt_bias.numel() != HV:
+            raise ValueError("GDN dt_bias must have HV elements")
+    if b.shape[0] != B or b.numel() != B * HV or b.stride(-1) != 1:
+        raise ValueError(f"b must be [B, HV] (got {tuple(b.shape)})")
+    if A_log.numel() != HV:
+        raise ValueError("A_log must have HV elements")
+    if tuple(out.shape) != (B, 1, HV, V) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [B, 1, HV, V] (got {tuple(out.shape)})")
+    if write_pos.ndim != 1 or write_pos.dtype != torch.int32 or write_pos.shape[0] < B:
+        raise ValueError("write_pos must be a 1D int32 tensor with at least B entries")
+    if ssm_state_indices.ndim != 1 or ssm_state_indices.shape[0] < B:
+        raise ValueError("ssm_state_indices must be 1D with at least B entries")
+    if force_flush is not None and (force_flush.ndim != 1 or force_flush.dtype != torch.int32):
+        raise ValueError("force_flush must be a 1D int32 tensor or None")
+    return B, H, HV, K, V, L
+
+
+def ring_decode_triton(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    is_kda: bool = False,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    nk: int | None = None,
+    *,
+    group: int | None = None,
+    flush_mode: str | None = None,
+    split: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
+
+    Arguments are SGLang's (``nk`` is accepted and ignored: this kernel never tiles K;
+    ``num_stages`` defaults to 1). Keyword-only extras select the launch (defaults from
+    :func:`pick_config`): ``group`` value heads per program, ``flush_mode`` (see
+    :data:`FLUSH_MODES`), ``split`` (two launches: non-flush rows, then flush rows).
+
+    Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
+    and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
+    ``write_pos``. Returns ``(out, initial_state)`` like SGLang's wrapper.
+    """
+    del nk
+    B, H, HV, K, V, L = _check_inputs(
+        mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
+        ssm_state_indices, write_pos, force_flush, is_kda,
+    )  # fmt: skip
+    if B == 0:
+        return out, initial_state
+    cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda)
+    bv = block_v if block_v is not None else cfg.block_v
+    bv = min(bv, V)
+    grp = group if group is not None else cfg.group
+    nw = num_warps if num_warps is not None else cfg.num_warps
+    fm = flush_mode if flush_mode is not None else cfg.flush_mode
+    sp = split if split is not None else cfg.split
+    if V % bv != 0:
+        raise ValueError(f"block_v={bv} must divide V={V}")
+    if (HV // H) % grp != 0:
+        raise ValueError(f"group={grp} must divide HV/H={HV // H}")
+    if fm not in FLUSH_MODES:
+        raise ValueError(f"flush_mode must be one of {sorted(FLUSH_MODES)}")
+    if fm != "loop" and bv < 16:
+        fm = "loop"  # tl.dot needs every dim >= 16
+    bc = triton.next_power_of_2(L)
+    if fm != "loop":
+        bc = max(bc, 16)
+
+    a_arg = a.reshape(B, -1) if is_kda else a
+    b_arg = b.reshape(B, -1)
+    grid = (V // bv, B, HV // grp)
+    passes = (1, 2) if sp else (0,)
+    for rows in passes:
+        _ring_decode_kernel[grid](
+            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+            ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
+            mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
+            d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
+            H=H, HV=HV, K=K, V=V, L=L, BC=bc, BV=bv, GROUP=grp, IS_KDA=is_kda,
+            HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
+            FLUSH_MODE=FLUSH_MODES[fm], ROWS=rows,
+            num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
+        )  # fmt: skip
+    return out, initial_state
+
+
+def gdn_ring_decode_triton(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ring_decode_triton` with ``is_kda=False`` (GDN, per-head scalar gate)."""
+    kwargs["is_kda"] = False
+    return ring_decode_triton(*args, **kwargs)
+
+
+def kda_ring_decode_triton(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ring_decode_triton` with ``is_kda=True`` (KDA, per-channel gate)."""
+    kwargs["is_kda"] = True
+    return ring_decode_triton(*args, **kwargs)
