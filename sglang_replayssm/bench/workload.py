@@ -93,7 +93,7 @@ class _Draw:
         if n <= 0:
             return ()
         first = self.rng.choice(self.vocab)
-        if avoid_first:
+        if avoid_first is not None:
             if len(avoid_first) >= len(self.vocab):
                 raise WorkloadError(
                     f"the vocabulary ({len(self.vocab)} ids) is too small for distinct prompt starts"
