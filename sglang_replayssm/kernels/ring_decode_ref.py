@@ -1,0 +1,230 @@
+"""Pure-torch ReplaySSM ring decode: a drop-in for SGLang 0.5.23's
+``fused_recurrent_linear_replayssm_decode`` (decode mode, GDN and KDA).
+
+Same signature, same return value and same in-place effects as the Triton wrapper, so the CPU
+runtime can bind :func:`ring_decode_torch` where ``TritonGDNKernel.packed_decode`` /
+``TritonKDAKernel.packed_decode`` call the kernel. Arithmetic is fp32 and mirrors the kernel's
+casts (the reconstruction operands are rounded to ``out.dtype``; the ring key is stored as
+``out.dtype``; ``beta`` is rounded to ``b.dtype``), so with fp32 I/O it agrees with the Triton
+kernel to fp32 rounding.
+
+Per decode row ``i`` with slot ``s = ssm_state_indices[i]`` and cursor ``m = write_pos[i]``:
+
+* ``s < 0`` (padding): ``out[i] = 0``; nothing else is read or written for the row.
+* The state before the token is rebuilt from the checkpoint ``initial_state[s]`` and the ``m``
+  valid ring records ``0..m-1`` of slot ``s`` (records ``m..L-1`` are never read, so garbage or NaN
+  there is harmless).
+* ``flush = (m == L-1) or (force_flush is not None and force_flush[i] != 0)``.
+  Flush: ``initial_state[s] <- S . Diag(alpha) + d k^T`` (the ``m`` records + this token); the ring
+  is not written. Non-flush: record ``m`` of slot ``s`` is written (``d`` ``[HV, V]``, normalised
+  ``k`` ``[H_k, K]``, fp32 ``g`` ``[HV]`` or ``[HV, K]``); the checkpoint is not written.
+* ``write_pos`` is never modified (the host advances it).
+
+Invariants checked (``ValueError``): the wrapper's shape/dtype checks, plus ``0 <= m <= L-1`` and
+``s < num_slots`` for valid rows and no slot appearing in two valid rows (the Triton kernel would
+race on it). The kernel's launch-tuning arguments (``block_v``, ``num_warps``, ``num_stages``,
+``nk``) are accepted and ignored, so ``K < 32`` is allowed here although the kernel refuses it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ring_decode_torch"]
+
+_SOFTPLUS_THRESHOLD = 20.0
+_L2NORM_EPS = 1e-6
+
+
+def _validate(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None,
+    is_kda: bool,
+) -> tuple[int, int, int, int, int, int]:
+    """Mirror of the Triton wrapper's argument checks; returns ``(B, H, HV, K, V, L)``."""
+    if mixed_qkv.ndim != 2:
+        raise ValueError(f"`mixed_qkv` must be 2D (got ndim={mixed_qkv.ndim}).")
+    if b.ndim != 2:
+        raise ValueError(f"`b` must be 2D (got b.ndim={b.ndim}).")
+    if A_log.ndim != 1:
+        raise ValueError("`A_log` must be a 1D tensor.")
+    if initial_state.ndim != 4:
+        raise ValueError(f"`initial_state` must be 4D (got ndim={initial_state.ndim}).")
+    if write_pos.ndim != 1 or write_pos.dtype != torch.int32:
+        raise ValueError("`write_pos` must be a 1D int32 tensor.")
+    if force_flush is not None and (force_flush.ndim != 1 or force_flush.dtype != torch.int32):
+        raise ValueError("`force_flush` must be a 1D int32 tensor or None.")
+    B = mixed_qkv.shape[0]
+    _, HV, V, K = initial_state.shape
+    q_dim = (mixed_qkv.shape[1] - HV * V) // 2
+    if q_dim <= 0 or q_dim % K != 0 or 2 * q_dim + HV * V != mixed_qkv.shape[1]:
+        raise ValueError(f"Invalid packed `mixed_qkv` last dim={mixed_qkv.shape[1]} for HV={HV}, V={V}, K={K}.")
+    H = q_dim // K
+    if HV % H != 0:
+        raise ValueError(f"Invalid head config inferred from mixed_qkv: H={H}, HV={HV}.")
+    L = d_cache.shape[2]
+    if is_kda:
+        if tuple(a.shape) != (B, HV, K):
+            raise ValueError(f"KDA `a` must have shape {(B, HV, K)} (got {tuple(a.shape)}).")
+        if tuple(dt_bias.shape) != (HV, K):
+            raise ValueError(f"KDA `dt_bias` must have shape {(HV, K)} (got {tuple(dt_bias.shape)}).")
+        g_expect: tuple[int, ...] = (HV, L, K)
+    else:
+        if tuple(a.shape) != (B, HV):
+            raise ValueError(f"GDN `a` must have shape {(B, HV)} (got {tuple(a.shape)}).")
+        if tuple(dt_bias.shape) != (HV,):
+            raise ValueError(f"GDN `dt_bias` must have shape {(HV,)} (got {tuple(dt_bias.shape)}).")
+        g_expect = (HV, L)
+    if A_log.shape[0] != HV or tuple(b.shape) != (B, HV):
+        raise ValueError(f"`A_log` must be ({HV},) and `b` {(B, HV)} (got {tuple(A_log.shape)}, {tuple(b.shape)}).")
+    if tuple(d_cache.shape[1:]) != (HV, L, V):
+        raise ValueError(f"`d_cache` per-slot shape must be {(HV, L, V)} (got {tuple(d_cache.shape[1:])}).")
+    if tuple(k_cache.shape[1:]) != (H, L, K):
+        raise ValueError(f"`k_cache` per-slot shape must be {(H, L, K)} (got {tuple(k_cache.shape[1:])}).")
+    if tuple(g_cache.shape[1:]) != g_expect:
+        raise ValueError(f"`g_cache` per-slot shape must be {g_expect} (got {tuple(g_cache.shape[1:])}).")
+    if g_cache.dtype != torch.float32:
+        raise ValueError(f"`g_cache` must be float32 (got {g_cache.dtype}).")
+    if tuple(out.shape) != (B, 1, HV, V):
+        raise ValueError(f"`out` must have shape {(B, 1, HV, V)} (got {tuple(out.shape)}).")
+    if write_pos.shape[0] != B or ssm_state_indices.shape[0] != B:
+        raise ValueError(
+            f"`write_pos` and `ssm_state_indices` must both have length B={B} "
+            f"(got {write_pos.shape[0]}, {ssm_state_indices.shape[0]})."
+        )
+    if force_flush is not None and force_flush.shape[0] != B:
+        raise ValueError(f"`force_flush` must have length B={B} (got {force_flush.shape[0]}).")
+    if not (d_cache.shape[0] == k_cache.shape[0] == g_cache.shape[0] == initial_state.shape[0]):
+        raise ValueError("ring tensors and `initial_state` must have the same number of slots.")
+    return B, H, HV, K, V, L
+
+
+def ring_decode_torch(
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    d_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    out: torch.Tensor,
+    ssm_state_indices: torch.Tensor,
+    write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    is_kda: bool = False,
+    block_v: int | None = None,
+    num_warps: int = 1,
+    num_stages: int = 3,
+    nk: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ReplaySSM decode step for ``B`` rows, in place; see the module docstring.
+
+    Shapes: ``mixed_qkv`` ``[B, 2*H*K + HV*V]`` (q | k | v); GDN ``a`` ``[B, HV]``, ``dt_bias``
+    ``[HV]``, ``g_cache`` ``[slots, HV, L]``; KDA ``a`` ``[B, HV, K]``, ``dt_bias`` ``[HV, K]``,
+    ``g_cache`` ``[slots, HV, L, K]``; ``b`` ``[B, HV]``; ``A_log`` ``[HV]``; ``initial_state``
+    ``[slots, HV, V, K]``; ``d_cache`` ``[slots, HV, L, V]``; ``k_cache`` ``[slots, H, L, K]``;
+    ``out`` ``[B, 1, HV, V]``; ``ssm_state_indices``, ``write_pos`` (int32), ``force_flush``
+    (int32 or None) ``[B]``. Returns ``(out, initial_state)``.
+    """
+    del block_v, num_warps, num_stages, nk  # launch tuning of the Triton kernel only
+    B, H, HV, K, V, L = _validate(
+        mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
+        ssm_state_indices, write_pos, force_flush, is_kda,
+    )  # fmt: skip
+    out.zero_()
+    idx_all = ssm_state_indices.to(torch.long)
+    rows = torch.nonzero(idx_all >= 0).flatten()
+    if rows.numel() == 0:
+        return out, initial_state
+    slots = idx_all[rows]
+    m = write_pos.to(torch.long)[rows]
+    if int(slots.max()) >= initial_state.shape[0]:
+        raise ValueError(f"state index {int(slots.max())} >= number of slots {initial_state.shape[0]}")
+    if bool(((m < 0) | (m > L - 1)).any()):
+        raise ValueError(f"write_pos of a valid row outside [0, {L - 1}]: {m.tolist()}")
+    if torch.unique(slots).numel() != slots.numel():
+        raise ValueError(f"a state slot appears in two valid rows: {slots.tolist()}")
+
+    f32 = torch.float32
+    io = out.dtype
+    G = HV // H
+    dev = initial_state.device
+
+    # Current token: q/k/v, gate, beta.
+    x = mixed_qkv[rows].to(f32)
+    q = x[:, : H * K].reshape(-1, H, K)
+    k = x[:, H * K : 2 * H * K].reshape(-1, H, K)
+    v = x[:, 2 * H * K :].reshape(-1, HV, V)
+    if use_qk_l2norm_in_kernel:
+        q = q * (1.0 / torch.sqrt((q * q).sum(-1, keepdim=True) + _L2NORM_EPS))
+        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + _L2NORM_EPS))
+    q_s = q * scale
+    kq = (k * q_s).sum(-1)  # [n, H]
+    q_v = q_s.repeat_interleave(G, dim=1)  # [n, HV, K]
+    k_v = k.repeat_interleave(G, dim=1)
+    kq_v = kq.repeat_interleave(G, dim=1)  # [n, HV]
+
+    A = torch.exp(A_log.to(f32))  # [HV]
+    xg = a[rows].to(f32) + dt_bias.to(f32)
+    softplus = torch.where(xg <= _SOFTPLUS_THRESHOLD, torch.log(1.0 + torch.exp(xg)), xg)
+    g_cur = -(A[:, None] if is_kda else A) * softplus  # GDN [n, HV]; KDA [n, HV, K]
+    alpha = torch.exp(g_cur)
+    beta = torch.sigmoid(b[rows].to(f32)).to(b.dtype).to(f32)  # [n, HV]
+
+    # Reconstruct the state before this token from the checkpoint and the m valid records.
+    valid = torch.arange(L, device=dev)[None, :] < m[:, None]  # [n, L]
+    S0 = initial_state[slots].to(f32)  # [n, HV, V, K]
+    d_all = torch.where(valid[:, None, :, None], d_cache[slots].to(f32), 0.0)  # [n, HV, L, V]
+    k_all = torch.where(valid[:, None, :, None], k_cache[slots].to(io).to(f32), 0.0)  # [n, H, L, K]
+    k_all = k_all.repeat_interleave(G, dim=1)  # [n, HV, L, K]
+    if is_kda:
+        g_all = torch.where(valid[:, None, :, None], g_cache[slots], 0.0)  # [n, HV, L, K]
+        g_tot = g_all.sum(2)  # [n, HV, K]
+        replay = torch.where(valid[:, None, :, None], torch.exp(g_tot[:, :, None, :] - g_all.cumsum(2)), 0.0)
+        k_scaled = (k_all * replay).to(io).to(f32)
+        S = S0 * torch.exp(g_tot)[:, :, None, :] + torch.einsum("nhlv,nhlk->nhvk", d_all.to(io).to(f32), k_scaled)
+        state_q = torch.einsum("nhvk,nhk->nhv", S, q_v * alpha)
+        state_k = torch.einsum("nhvk,nhk->nhv", S, k_v * alpha)
+    else:
+        g_all = torch.where(valid[:, None, :], g_cache[slots], 0.0)  # [n, HV, L]
+        g_tot = g_all.sum(2)  # [n, HV]
+        replay = torch.where(valid[:, None, :], torch.exp(g_tot[:, :, None] - g_all.cumsum(2)), 0.0)
+        d_tc = (d_all * replay[..., None]).to(io).to(f32)
+        S = S0 * torch.exp(g_tot)[:, :, None, None] + torch.einsum("nhlv,nhlk->nhvk", d_tc, k_all)
+        state_q = torch.einsum("nhvk,nhk->nhv", S, q_v) * alpha[..., None]
+        state_k = torch.einsum("nhvk,nhk->nhv", S, k_v) * alpha[..., None]
+
+    d_cur = beta[..., None] * (v - state_k)  # [n, HV, V]
+    o = state_q + d_cur * kq_v[..., None]
+    out[rows, 0] = o.to(out.dtype)
+
+    flush = m == L - 1
+    if force_flush is not None:
+        flush = flush | (force_flush[rows] != 0)
+    fl = torch.nonzero(flush).flatten()
+    nf = torch.nonzero(~flush).flatten()
+    if fl.numel():
+        decay = alpha[fl][:, :, None, :] if is_kda else alpha[fl][:, :, None, None]
+        S_new = S[fl] * decay + d_cur[fl][..., :, None] * k_v[fl][..., None, :]
+        initial_state[slots[fl]] = S_new.to(initial_state.dtype)
+    if nf.numel():
+        s_nf, m_nf = slots[nf], m[nf]
+        d_cache[s_nf, :, m_nf] = d_cur[nf].to(d_cache.dtype)
+        k_cache[s_nf, :, m_nf] = k[nf].to(io).to(k_cache.dtype)
+        g_cache[s_nf, :, m_nf] = g_cur[nf]
+    return out, initial_state
