@@ -57,17 +57,20 @@ class FakeState:
         return min(best, max(len(prompt) - 1, 0))
 
 
+STATE = web.AppKey("state", FakeState)
+
+
 async def _health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
 async def _model_info(request: web.Request) -> web.Response:
-    st: FakeState = request.app["state"]
+    st: FakeState = request.app[STATE]
     return web.json_response({"model_path": st.model_path, "tokenizer_path": st.model_path})
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    st: FakeState = request.app["state"]
+    st: FakeState = request.app[STATE]
     if not st.metrics:
         return web.Response(status=404)
     lines = [
@@ -83,12 +86,12 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _flush(request: web.Request) -> web.Response:
-    request.app["state"].cache.clear()
+    request.app[STATE].cache.clear()
     return web.Response(status=200)
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
-    st: FakeState = request.app["state"]
+    st: FakeState = request.app[STATE]
     body: dict[str, Any] = await request.json()
     prompt = list(body["input_ids"])
     n = int(body["sampling_params"]["max_new_tokens"])
@@ -112,7 +115,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 def make_app(model_path: str = "", vocab_size: int = 1000, salt: str = "", incremental: bool = False,
              step_s: float = 0.0, metrics: bool = True) -> web.Application:
     app = web.Application()
-    app["state"] = FakeState(model_path, vocab_size, salt, incremental, step_s, metrics)
+    app[STATE] = FakeState(model_path, vocab_size, salt, incremental, step_s, metrics)
     app.router.add_get("/health", _health)
     app.router.add_get("/model_info", _model_info)
     app.router.add_get("/metrics", _metrics)
