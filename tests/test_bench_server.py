@@ -1,0 +1,109 @@
+"""Server subprocess lifecycle and each arm's launch command/environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_replayssm.bench.arms import ARMS, COMMON_FLAGS, parse_arms, server_command, server_env
+from sglang_replayssm.bench.server import ServerProcess, ServerStartError, _group_alive, pick_port, probe
+from sglang_replayssm.cpu.launch import cpu_server_args
+
+
+def flag_value(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+def test_server_process_becomes_healthy_and_is_stopped(tmp_path: Path) -> None:
+    port = pick_port()
+    cmd = [sys.executable, "-m", "sglang_replayssm.bench.fake_server", "--port", str(port)]
+    srv = ServerProcess(cmd, dict(os.environ), tmp_path / "s.log", f"http://127.0.0.1:{port}", 60,
+                        poll_s=0.2)
+    with srv:
+        assert srv.startup_s is not None
+        assert probe(srv.base_url + "/health", 5)[0]
+        pid = srv.proc.pid if srv.proc else -1
+    assert srv.proc is None
+    assert not _group_alive(pid)
+    assert not probe(f"http://127.0.0.1:{port}/health", 2)[0]
+    assert (tmp_path / "s.log").read_text().startswith("$ ")
+
+
+def test_server_that_exits_reports_code_and_log_tail(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "import sys; print('ValueError: no linear layers here'); sys.exit(3)"]
+    with pytest.raises(ServerStartError) as info:
+        with ServerProcess(cmd, {}, tmp_path / "s.log", f"http://127.0.0.1:{pick_port()}", 60, poll_s=0.1):
+            pass
+    msg = str(info.value)
+    assert "exited with code 3" in msg
+    assert "no linear layers here" in msg
+    assert str(tmp_path / "s.log") in msg
+
+
+def test_server_that_never_answers_times_out_and_its_process_group_is_killed(tmp_path: Path) -> None:
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)")
+    srv = ServerProcess([sys.executable, "-c", code], {}, tmp_path / "s.log",
+                        f"http://127.0.0.1:{pick_port()}", 1.5, poll_s=0.1)
+    srv.start()
+    assert srv.proc is not None
+    pgid = srv.proc.pid
+    try:
+        with pytest.raises(ServerStartError, match="not healthy after"):
+            srv.wait_healthy()
+    finally:
+        srv.stop(grace_s=5)
+    assert srv.proc is None
+    assert not _group_alive(pgid)  # the grandchild went with the group
+
+
+@pytest.mark.parametrize("name", list(ARMS))
+def test_each_arm_command_has_its_flags_and_the_common_ones(name: str) -> None:
+    arm = ARMS[name]
+    cmd = server_command(arm, Path("/m"), 1234, device="cuda", tp=2, extra_args=[])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert flag_value(cmd, "--model-path") == "/m" and flag_value(cmd, "--port") == "1234"
+    assert flag_value(cmd, "--tp-size") == "2" and flag_value(cmd, "--device") == "cuda"
+    for flag in COMMON_FLAGS:
+        assert flag in cmd
+    strategy = flag_value(cmd, "--mamba-radix-cache-strategy")
+    assert strategy == ("no_buffer" if name == "upstream" else "extra_buffer")
+    assert ("--enable-linear-replayssm" in cmd) == (name != "baseline")
+
+
+def test_cpu_command_uses_the_cpu_runtime_flags_once() -> None:
+    cmd = server_command(ARMS["plugin"], Path("/m"), 1, device="cpu", tp=1, extra_args=[])
+    cpu = cpu_server_args()
+    for tok in cpu:
+        if tok.startswith("--"):
+            assert cmd.count(tok) == 1, tok
+    assert flag_value(cmd, "--device") == "cpu"
+    assert "--tp-size" not in cmd
+
+
+def test_extra_server_args_win_over_arm_and_cpu_flags() -> None:
+    extra = ["--mamba-radix-cache-strategy", "extra_buffer_lazy", "--max-total-tokens=999", "--log-level", "debug"]
+    cmd = server_command(ARMS["baseline"], Path("/m"), 1, device="cpu", tp=1, extra_args=extra)
+    assert cmd.count("--mamba-radix-cache-strategy") == 1
+    assert flag_value(cmd, "--mamba-radix-cache-strategy") == "extra_buffer_lazy"
+    assert "--max-total-tokens=999" in cmd and "--max-total-tokens" not in cmd
+    assert flag_value(cmd, "--log-level") == "debug"
+
+
+def test_arm_environment_whitelists_plugins() -> None:
+    assert server_env(ARMS["upstream"], "cuda")["SGLANG_PLUGINS"] == "replayssm_cpu"
+    for name in ("baseline", "plugin"):
+        assert server_env(ARMS[name], "cuda")["SGLANG_PLUGINS"] == "replayssm_cpu,replayssm_radix"
+    cpu_env = server_env(ARMS["plugin"], "cpu")
+    assert cpu_env["SGLANG_USE_CPU_ENGINE"] == "1"
+
+
+def test_parse_arms() -> None:
+    assert parse_arms("plugin, baseline,plugin") == ["plugin", "baseline"]
+    with pytest.raises(ValueError, match="unknown arm"):
+        parse_arms("baseline,turbo")
+    with pytest.raises(ValueError):
+        parse_arms(" , ")
