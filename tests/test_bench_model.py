@@ -50,9 +50,28 @@ def test_resolve_model_path(tmp_path: Path) -> None:
     assert resolve_model_path(str(model)) == model
     with pytest.raises(ModelError, match="not a directory"):
         resolve_model_path(str(tmp_path / "missing"))
-    # An embedded name already built under the models dir is used as is (nothing rebuilt).
-    built = write_fake_model_dir(tmp_path / "models" / "tiny-gdn", 50)
-    assert resolve_model_path("tiny-gdn", tmp_path / "models") == built
+
+
+def test_embedded_name_is_built_through_make_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sglang_replayssm.models as models
+
+    calls = []
+
+    def fake_make_models(out: Path, names: list[str]) -> dict[str, Path]:
+        calls.append((out, list(names)))
+        return {n: write_fake_model_dir(out / n, 50) for n in names}
+
+    monkeypatch.setattr(models, "make_models", fake_make_models)
+    assert resolve_model_path("small-gdn", tmp_path) == tmp_path / "small-gdn"
+    assert calls == [(tmp_path, ["small-gdn"])]
+
+
+def test_real_tiny_gdn_has_linear_layers_and_a_vocabulary(tmp_path: Path) -> None:
+    model = resolve_model_path("tiny-gdn", tmp_path)
+    assert require_linear_attention(model)
+    ids = vocab_ids(model)
+    config = json.loads((model / "config.json").read_text())
+    assert len(ids) > 1000 and max(ids) < config["vocab_size"]
 
 
 def test_vocab_ids_skip_special_tokens_and_ids_past_the_embedding(tmp_path: Path) -> None:

@@ -16,15 +16,11 @@ class ModelError(ValueError):
 
 
 def resolve_model_path(name_or_path: str, models_dir: Path = DEFAULT_MODELS_DIR) -> Path:
-    """A model directory; an embedded model's name is built on demand under ``models_dir``."""
+    """A model directory; an embedded model's name is built (once) under ``models_dir``."""
     if name_or_path in EMBEDDED_MODELS and not Path(name_or_path).exists():
-        target = models_dir / name_or_path
-        if not (target / "config.json").is_file():
-            from sglang_replayssm.models import make_models  # lazy: builds weights, imports torch
+        from sglang_replayssm.models import make_models  # lazy; skips a model already built
 
-            built = make_models(models_dir, names=[name_or_path])
-            target = Path(built[name_or_path])
-        return target
+        return Path(make_models(models_dir, names=[name_or_path])[name_or_path])
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise ModelError(f"model path {name_or_path!r} is not a directory (nor an embedded model: "
