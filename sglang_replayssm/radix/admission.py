@@ -1,0 +1,106 @@
+"""Server-argument admission: extra_buffer / extra_buffer_lazy with ``--enable-linear-replayssm``.
+
+SGLang 0.5.23 refuses every extra_buffer strategy with the decode ring in
+``handle_linear_attn_backend`` because the ping-pong donation does not reset ring cursors. With
+the adapter's cursor choke point, track snapshots and (for KDA) force flush, that path is exact,
+so the one ``mamba_extra_buffer_of(...)`` guard is answered "no extra buffer" for the duration of
+SGLang's own function; every other check in it (decode backend, PD disaggregation, cache length,
+spec-flag exclusivity) still runs unchanged.
+
+Refused here, each with one line naming the flags:
+
+* extra_buffer when the cursor choke point is off (donated / kept ping-pong slots would keep a
+  previous owner's cursor);
+* extra_buffer for a KDA model (or one whose config cannot be read) when neither KDA snapshot fix
+  (``kda_force_flush``, ``materialize_track``) is on: KDA does not flush at track boundaries;
+* ``--enable-mixed-chunk`` with the decode ring: decode rows of a mixed batch run the extend
+  kernels, which read ``temporal`` only and ignore pending ring records.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from sglang_replayssm.radix import config
+
+__all__ = ["ReplaySSMArgsError", "admit_linear_attn_args"]
+
+_EXTRA_BUFFER = ("extra_buffer", "extra_buffer_lazy")
+#: The module whose global ``mamba_extra_buffer_of`` SGLang's guard calls
+#: (sglang/srt/arg_groups/attention_hook.py:417).
+_GUARD_MODULE = "sglang.srt.arg_groups.attention_hook"
+
+
+class ReplaySSMArgsError(ValueError):
+    """A server-argument combination the adapter cannot make exact (one-line message)."""
+
+
+def _value(server_args: Any, name: str, default: Any = None) -> Any:
+    """A field as resolved so far (declarations over the record), falling back to the record."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        return getattr(resolving_view(server_args), name)
+    except Exception:
+        return getattr(server_args, name, default)
+
+
+def _model_is_kda(server_args: Any) -> bool | None:
+    """True/False when the model config can be read, None when it cannot."""
+    try:
+        from sglang.srt.arg_groups.overrides import model_config_of
+        from sglang.srt.configs.model_config import uses_kda_attention
+
+        return bool(uses_kda_attention(model_config_of(server_args).hf_config))
+    except Exception:
+        return None
+
+
+def _check_extra_buffer(server_args: Any, strategy: str) -> None:
+    if not config.enabled("cursor_reset"):
+        raise ReplaySSMArgsError(
+            f"sglang-replayssm: --mamba-radix-cache-strategy {strategy} with --enable-linear-replayssm "
+            "needs the cursor_reset fix (remove it from SGLANG_REPLAYSSM_DISABLE_FIXES)."
+        )
+    if config.enabled("kda_force_flush") or config.enabled("materialize_track"):
+        return
+    is_kda = _model_is_kda(server_args)
+    if is_kda is not False:
+        what = "a KDA model" if is_kda else "a model whose config could not be read"
+        raise ReplaySSMArgsError(
+            f"sglang-replayssm: --mamba-radix-cache-strategy {strategy} with --enable-linear-replayssm "
+            f"on {what} needs the kda_force_flush or materialize_track fix."
+        )
+
+
+def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> Any:
+    """Run SGLang's ``handle_linear_attn_backend`` with the extra_buffer guard answered by us.
+
+    Invariant: with the fix off, or without ``--enable-linear-replayssm``, SGLang's function runs
+    untouched. With it on, the only SGLang check skipped is the extra_buffer refusal, and only
+    when :func:`_check_extra_buffer` accepted the combination.
+    """
+    if not config.enabled("admission") or not _value(server_args, "enable_linear_replayssm", False):
+        return original(server_args)
+    if _value(server_args, "enable_mixed_chunk", False):
+        raise ReplaySSMArgsError(
+            "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported: "
+            "mixed batches run decode rows through extend kernels that ignore pending ring records."
+        )
+    strategy = _value(server_args, "mamba_radix_cache_strategy", None)
+    radix_off = bool(_value(server_args, "disable_radix_cache", False))
+    if radix_off or strategy not in _EXTRA_BUFFER:
+        # no_buffer, or auto (resolved later; re-checked when this runs on the resolved value).
+        return original(server_args)
+    _check_extra_buffer(server_args, strategy)
+    module = importlib.import_module(_GUARD_MODULE)
+    guard = module.__dict__.get("mamba_extra_buffer_of")
+    if guard is None:
+        return original(server_args)
+    module.mamba_extra_buffer_of = lambda cfg: False
+    try:
+        return original(server_args)
+    finally:
+        module.mamba_extra_buffer_of = guard

@@ -1,0 +1,63 @@
+"""Charge the ReplaySSM decode ring to SGLang's mamba memory budget.
+
+With ``--enable-linear-replayssm`` every persistent mamba slot (working, ping-pong and radix slots
+alike, ``size + 1`` of them) carries a decode ring, allocated by ``MambaPool.__init__`` after the
+budget was set. ``KVCacheConfigurator._handle_max_mamba_cache`` prices only ``mamba_cache_per_req``
+(conv + temporal) plus ``extra_mamba_cache_bytes_per_req``, so the pool is sized as if the ring were
+free and the real footprint overshoots by ``(size + 1) * ring_bytes``.
+
+Fix: while SGLang sizes the pool, ``extra_mamba_cache_bytes_per_req`` also holds the ring bytes per
+slot, which SGLang already adds to every slot's price (both the auto-fit solve and the explicit
+``--max-mamba-cache-size`` charge), scaled to the rank's pipeline stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["charge_decode_ring", "decode_ring_bytes_per_slot"]
+
+_FP32_BYTES = 4
+_CURSOR_BYTES = 4  # one int32 write_pos per slot
+
+
+def decode_ring_bytes_per_slot(cache_params: Any, record_len: int) -> int:
+    """Bytes of the decode ring of one mamba slot over all of its layers, as MambaPool allocates it.
+
+    Per layer: ``d [HV, L, V]`` and ``k [H_k, L, K]`` in the SSM dtype, ``g`` fp32 ``[HV, L]`` (GDN)
+    or ``[HV, L, K]`` (KDA); plus one int32 cursor per slot.
+    """
+    if record_len < 1:
+        raise ValueError(f"record_len must be >= 1, got {record_len}")
+    hv, v_dim, k_dim = cache_params.shape.temporal
+    h_k = getattr(cache_params.shape, "num_k_heads_per_tp", hv)
+    ring_b = cache_params.dtype.temporal.itemsize
+    g_elems = hv * record_len * (k_dim if cache_params.is_kda else 1)
+    per_layer = hv * record_len * v_dim * ring_b + h_k * record_len * k_dim * ring_b + g_elems * _FP32_BYTES
+    return per_layer * len(cache_params.layers) + _CURSOR_BYTES
+
+
+def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_rest_memory: float) -> Any:
+    """Run SGLang's mamba sizing with the decode ring added to the per-slot price.
+
+    Invariant: ``configurator.extra_mamba_cache_bytes_per_req`` is restored afterwards (also on
+    error), and nothing changes unless the decode ring (not the spec ring) is on.
+    """
+    from sglang.srt.runtime_context import get_exec
+
+    mamba = get_exec().mamba
+    mambaish = getattr(configurator, "mambaish_config", None)
+    if (
+        mambaish is None
+        or not mamba.enable_linear_replayssm
+        or getattr(mamba, "enable_linear_replayssm_spec", False)
+    ):
+        return original(configurator, total_rest_memory)
+    ring = decode_ring_bytes_per_slot(mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len)
+    saved = configurator.extra_mamba_cache_bytes_per_req
+    configurator.extra_mamba_cache_bytes_per_req = saved + ring
+    try:
+        return original(configurator, total_rest_memory)
+    finally:
+        configurator.extra_mamba_cache_bytes_per_req = saved

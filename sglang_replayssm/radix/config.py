@@ -1,0 +1,98 @@
+"""Switches for the radix adapter: one per fix, so every fix can be A/B'd against SGLang.
+
+Environment (read once per process, inherited by SGLang's spawned scheduler processes):
+
+* ``SGLANG_REPLAYSSM_ADAPTER=0`` turns the whole adapter off: :func:`hooks.register` installs
+  nothing, so SGLang runs exactly as shipped.
+* ``SGLANG_REPLAYSSM_DISABLE_FIXES=a,b`` turns single fixes off (names in :data:`FIXES`); a
+  disabled fix's hook calls straight through to SGLang's function with the same arguments.
+
+Tests flip fixes at run time with :func:`override`; hooks read :func:`enabled` on every call, so
+an installed hook with its fix off is a pure pass-through (SGLang's behaviour).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "ADAPTER_ENV",
+    "DISABLE_ENV",
+    "FIXES",
+    "adapter_enabled",
+    "enabled",
+    "enabled_fixes",
+    "override",
+]
+
+ADAPTER_ENV = "SGLANG_REPLAYSSM_ADAPTER"
+DISABLE_ENV = "SGLANG_REPLAYSSM_DISABLE_FIXES"
+
+#: Every fix the adapter can make, with what it changes (the keys are the switch names).
+FIXES: dict[str, str] = {
+    "admission": "admit extra_buffer / extra_buffer_lazy with --enable-linear-replayssm (GDN, and KDA "
+    "when a KDA snapshot fix is on); refuse --enable-mixed-chunk with the decode ring",
+    "kda_force_flush": "KDA decode force-flushes the ring at track boundaries like GDN",
+    "cursor_reset": "every mamba slot handed out by the allocator (or loaded from an int8 "
+    "checkpoint) starts with an empty ring",
+    "materialize_copy": "MambaPool.copy_from folds the source's pending ring records into the copy",
+    "materialize_track": "the decode track snapshot folds the working slot's pending records",
+    "finish_donation": "no_buffer finish: materialise the full state, donate at the real depth",
+    "ring_budget": "charge the decode ring to the mamba memory budget",
+    "lost_hit_metric": "count prompt tokens whose KV hit was dropped for lack of a mamba state",
+}
+
+_state: dict[str, bool] | None = None
+
+
+def adapter_enabled() -> bool:
+    """False when ``SGLANG_REPLAYSSM_ADAPTER`` is ``0``/``false``/``off``/``no``."""
+    return os.environ.get(ADAPTER_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _from_env() -> dict[str, bool]:
+    if not adapter_enabled():
+        return dict.fromkeys(FIXES, False)
+    disabled = {x.strip() for x in os.environ.get(DISABLE_ENV, "").split(",") if x.strip()}
+    unknown = disabled - set(FIXES)
+    if unknown:
+        raise ValueError(f"{DISABLE_ENV}: unknown fix name(s) {sorted(unknown)}; known: {sorted(FIXES)}")
+    return {name: name not in disabled for name in FIXES}
+
+
+def _current() -> dict[str, bool]:
+    global _state
+    if _state is None:
+        _state = _from_env()
+    return _state
+
+
+def enabled(fix: str) -> bool:
+    """Whether ``fix`` is on in this process (a KeyError for an unknown name is a bug)."""
+    return _current()[fix]
+
+
+def enabled_fixes() -> list[str]:
+    """Names of the fixes that are on, in :data:`FIXES` order."""
+    state = _current()
+    return [name for name in FIXES if state[name]]
+
+
+@contextmanager
+def override(all_fixes: bool | None = None, **fixes: bool) -> Iterator[None]:
+    """Temporarily set fixes: ``override(False)`` is SGLang's behaviour, ``override(True,
+    cursor_reset=False)`` everything but one fix. Restores the previous state on exit."""
+    global _state
+    unknown = set(fixes) - set(FIXES)
+    if unknown:
+        raise KeyError(f"unknown fix name(s) {sorted(unknown)}")
+    saved = dict(_current())
+    new = dict(saved) if all_fixes is None else dict.fromkeys(FIXES, bool(all_fixes))
+    new.update({k: bool(v) for k, v in fixes.items()})
+    _state = new
+    try:
+        yield
+    finally:
+        _state = saved

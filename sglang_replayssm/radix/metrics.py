@@ -1,0 +1,134 @@
+"""The "mamba-lost hit": prompt tokens whose KV prefix hit was discarded for lack of a mamba state.
+
+A hybrid model can resume a prefix only from a depth that has a mamba state, so the scheduler keeps
+``device_prefix_len`` (the deepest node with a state) of a longer Full-KV hit
+``full_kv_hit_length``; the difference is recomputed. Per request (on the admission match, the one
+with a request attached) the adapter records ``full_kv_hit_length - device_prefix_len -
+host_hit_length`` (host hits are loaded, not lost). When the request enters a prefill batch the
+recorded value is moved into that batch's ``PrefillStats``; ``report_prefill_stats`` then
+
+* appends ``#mamba-lost-hit-token: N`` right after ``#cached-token: M`` in SGLang's
+  "Prefill batch" log line (a logging filter on the metrics reporter's logger), and
+* with ``--enable-metrics`` increments the Prometheus counter
+  ``sglang:replayssm_mamba_lost_hit_tokens_total`` with the collector's labels.
+
+A request is counted once per admission (a chunked prefill's later chunks do not re-match; a
+retracted request that is re-admitted is counted again, as SGLang counts its hit tokens again).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = [
+    "LOG_KEY",
+    "PROMETHEUS_NAME",
+    "collect_for_prefill",
+    "lost_hit_tokens",
+    "process_total",
+    "record_match",
+    "report_prefill",
+]
+
+PROMETHEUS_NAME = "sglang:replayssm_mamba_lost_hit_tokens_total"
+LOG_KEY = "#mamba-lost-hit-token"
+_REQ_ATTR = "_replayssm_mamba_lost_hit_tokens"
+_STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
+_REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
+
+_pending: contextvars.ContextVar[int | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
+_lock = threading.Lock()
+_total = 0
+_counter: Any = None
+_filter_installed = False
+_CACHED_RE = re.compile(r"(#cached-token: \d+, )")
+
+
+def lost_hit_tokens(result: Any) -> int:
+    """KV-hit tokens of a match result that no mamba state (device or host) can resume from."""
+    full = int(getattr(result, "full_kv_hit_length", 0) or 0)
+    kept = int(result.device_prefix_len) + int(getattr(result, "host_hit_length", 0) or 0)
+    return max(0, full - kept)
+
+
+def record_match(params: Any, result: Any) -> None:
+    """After a match with a request attached, remember its lost hit on the request (overwrites
+    the value of an earlier match of the same request, e.g. one that was not admitted)."""
+    req = getattr(params, "req", None)
+    if req is not None:
+        setattr(req, _REQ_ATTR, lost_hit_tokens(result))
+
+
+def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
+    """Move the recorded lost hits of the newly admitted ``reqs`` onto ``stats``; return the sum."""
+    n = 0
+    for req in reqs:
+        n += int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+    setattr(stats, _STATS_ATTR, n)
+    return n
+
+
+def process_total() -> int:
+    """Lost-hit tokens reported by this process so far (also what the counter holds)."""
+    return _total
+
+
+class _AppendLostHit(logging.Filter):
+    """Adds ``#mamba-lost-hit-token: N, `` after ``#cached-token: M, `` of a prefill log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        n = _pending.get()
+        if n is not None and isinstance(record.msg, str) and record.msg.startswith("Prefill batch"):
+            text, hits = _CACHED_RE.subn(rf"\g<1>{LOG_KEY}: {n}, ", record.msg, count=1)
+            record.msg = text if hits else f"{record.msg}, {LOG_KEY}: {n}"
+        return True
+
+
+def _install_filter() -> None:
+    global _filter_installed
+    with _lock:
+        if not _filter_installed:
+            logging.getLogger(_REPORTER_LOGGER).addFilter(_AppendLostHit())
+            _filter_installed = True
+
+
+def _prometheus_counter(labelnames: list[str]) -> Any:
+    global _counter
+    with _lock:
+        if _counter is None:
+            from prometheus_client import Counter
+
+            _counter = Counter(
+                name=PROMETHEUS_NAME,
+                documentation=(
+                    "Prompt tokens whose KV prefix hit was discarded because no mamba state "
+                    "existed at that depth (recomputed instead), sglang-replayssm."
+                ),
+                labelnames=labelnames,
+            )
+        return _counter
+
+
+def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around ``SchedulerMetricsReporter.report_prefill_stats``: log and count the batch's lost hits."""
+    global _total
+    stats = kwargs.get("prefill_stats", args[1] if len(args) > 1 else None)
+    n = int(getattr(stats, _STATS_ATTR, 0) or 0)
+    with _lock:
+        _total += n
+    collector = getattr(reporter, "metrics_collector", None)
+    if n and getattr(reporter, "current_scheduler_metrics_enabled", False) and collector is not None:
+        labels = dict(getattr(collector, "labels", {}) or {})
+        counter = _prometheus_counter(list(labels))
+        (counter.labels(**labels) if labels else counter).inc(n)
+    _install_filter()
+    token = _pending.set(n)
+    try:
+        return original(reporter, *args, **kwargs)
+    finally:
+        _pending.reset(token)
