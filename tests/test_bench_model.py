@@ -72,6 +72,10 @@ def test_real_tiny_gdn_has_linear_layers_and_a_vocabulary(tmp_path: Path) -> Non
     ids = vocab_ids(model)
     config = json.loads((model / "config.json").read_text())
     assert len(ids) > 1000 and max(ids) < config["vocab_size"]
+    from transformers import AutoTokenizer
+
+    specials = {i for i, t in AutoTokenizer.from_pretrained(str(model)).added_tokens_decoder.items() if t.special}
+    assert specials and specials.isdisjoint(ids)
 
 
 def test_vocab_ids_skip_special_tokens_and_ids_past_the_embedding(tmp_path: Path) -> None:

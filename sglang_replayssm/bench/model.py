@@ -88,6 +88,8 @@ def vocab_ids(model_dir: Path) -> list[int]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True)
     special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special |= {i for i, tok in added.items() if getattr(tok, "special", False)}
     limit = None
     try:
         for cfg in _configs(load_config(model_dir)):
