@@ -1,0 +1,147 @@
+"""`sglang-replayssm bench` end to end with stand-in servers: outputs, error paths, partial results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_replayssm.bench import cli
+from sglang_replayssm.bench.arms import Arm
+from sglang_replayssm.bench.fake_server import FakeServer, write_fake_model_dir
+
+SMALL = ["--gsp-num-groups", "2", "--gsp-prompts-per-group", "2", "--gsp-system-prompt-len", "24",
+         "--gsp-question-len", "4", "--gsp-output-len", "3", "--disable-tqdm"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fake_model_dir(tmp_path_factory.mktemp("model") / "hybrid", 300)
+
+
+def read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def test_unreachable_url_is_one_clear_message_and_nonzero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    rc = cli.main(["--url", "http://127.0.0.1:9", "--json", str(out), *SMALL])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0
+    assert len(err) == 1 and err[0].startswith("error: cannot reach an SGLang server at http://127.0.0.1:9")
+    doc = read(out)
+    assert doc["arms"] == {} and "cannot reach" in doc["error"]
+
+
+def test_model_without_linear_attention_is_refused_before_any_server(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = write_fake_model_dir(tmp_path / "plain", 100, linear=False)
+
+    def no_launch(*a: object, **k: object) -> list[str]:
+        raise AssertionError("a server was about to be launched")
+
+    monkeypatch.setattr(cli, "server_command", no_launch)
+    rc = cli.main(["--model-path", str(plain), "--json", str(tmp_path / "r.json"), *SMALL])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "no linear-attention" in err and err.count("\n") == 1
+    assert "linear-attention" in read(tmp_path / "r.json")["error"]
+
+
+def test_model_without_linear_attention_is_refused_with_url_too(tmp_path: Path) -> None:
+    plain = write_fake_model_dir(tmp_path / "plain", 100, linear=False)
+    with FakeServer(model_path=str(plain)) as url:
+        assert cli.main(["--url", url, *SMALL]) == 2
+
+
+@pytest.mark.parametrize("argv", [["--arms", "baseline,turbo"], ["--gsp-zipf-alpha", "1.0"],
+                                  ["--gsp-num-groups", "0"], ["--no-such-flag"]])
+def test_bad_arguments_exit_nonzero(argv: list[str], model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "server_command", lambda *a, **k: pytest.fail("no server expected"))
+    assert cli.main(["--model-path", str(model_dir), *SMALL, *argv]) != 0
+
+
+def test_url_run_writes_table_json_and_plots(model_dir: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(model_path=str(model_dir), vocab_size=300) as url:
+        rc = cli.main(["--url", url, "--arms", "mine", "--json", str(tmp_path / "r.json"),
+                       "--plot-dir", str(tmp_path / "plots"), "--gsp-ordered", "--max-concurrency", "1", *SMALL])
+    stdout = capsys.readouterr().out
+    assert rc == 0
+    assert any(line.startswith("mine ") for line in stdout.splitlines())
+    doc = read(tmp_path / "r.json")
+    arm = doc["arms"]["mine"]
+    assert doc["arm_order"] == ["mine"] and doc["failed_arms"] == {}
+    assert doc["workload"]["requests"] == 4
+    assert len(arm["requests"]) == 4
+    # Ordered, one at a time, ideal cache: the second prompt of each group hits its 24-token system prompt.
+    assert arm["hit_rate"] == pytest.approx(2 * 24 / (4 * 28))
+    assert arm["hit_rate_server"] == pytest.approx(arm["hit_rate"])
+    assert arm["agreement"] == 1.0 and arm["server_cmd"] is None
+    assert all(len(r["output_ids"]) == 3 for r in arm["requests"])
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["hit_rate.png", "ttft_cdf.png"]
+
+
+def fake_server_command(fail: set[str]) -> Any:
+    """Stand-in for arms.server_command: the fake server, salted per arm so outputs differ by arm."""
+    def command(arm: Arm, model_path: Path, port: int, **_: object) -> list[str]:
+        if arm.name in fail:
+            return [sys.executable, "-c", f"import sys; print('cannot start {arm.name}'); sys.exit(1)"]
+        salt = "" if arm.name != "plugin" else "diverge"
+        return [sys.executable, "-m", "sglang_replayssm.bench.fake_server", "--port", str(port),
+                "--model-path", str(model_path), "--vocab-size", "300", "--salt", salt,
+                "--mamba-radix-cache-strategy", "x"]
+    return command
+
+
+def test_launched_arms_failed_arm_and_agreement(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "server_command", fake_server_command(fail={"upstream"}))
+    out = tmp_path / "r.json"
+    rc = cli.main(["--model-path", str(model_dir), "--device", "cpu", "--json", str(out),
+                   "--arms", "baseline,upstream,plugin", *SMALL])
+    captured = capsys.readouterr()
+    assert rc == 1
+    failures = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(failures) == 1 and "upstream" in failures[0] and "exited with code 1" in failures[0]
+    doc = read(out)
+    assert doc["arm_order"] == ["baseline", "upstream", "plugin"]
+    assert set(doc["arms"]) == {"baseline", "plugin"}
+    assert "cannot start upstream" in doc["failed_arms"]["upstream"]["error"]
+    base, plug = doc["arms"]["baseline"], doc["arms"]["plugin"]
+    assert base["agreement"] == 1.0
+    assert plug["agreement"] < 1.0
+    assert plug["agreement_detail"]["reference"] == "baseline"
+    assert plug["agreement_detail"]["first_diff_rid"] == "0.0"
+    for name, arm in doc["arms"].items():
+        assert arm["server_cmd"].startswith("SGLANG_PLUGINS=replayssm_cpu,replayssm_radix ")
+        assert f"[{name}] server: {arm['server_cmd']}" in captured.out
+        saved = (tmp_path / "r-logs" / f"server-{name}.cmd").read_text().strip()
+        assert saved == arm["server_cmd"]
+        assert Path(arm["log"]).is_file()
+    assert "upstream: FAILED" in captured.out
+
+
+def test_arms_that_ran_survive_an_interrupt(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sglang_replayssm.bench.runner as runner
+
+    monkeypatch.setattr(cli, "server_command", fake_server_command(fail=set()))
+    real = runner.run_arm
+    calls = []
+
+    def run_then_interrupt(*a: Any, **k: Any) -> Any:
+        calls.append(k["label"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "run_arm", run_then_interrupt)
+    out = tmp_path / "r.json"
+    rc = cli.main(["--model-path", str(model_dir), "--device", "cpu", "--json", str(out), "--arms",
+                   "plugin,baseline", *SMALL])
+    assert rc == 130
+    doc = read(out)
+    assert set(doc["arms"]) == {"plugin"} and doc["error"] == "interrupted"
