@@ -285,3 +285,46 @@ def test_ring_decode_rejects_invalid_calls() -> None:
     with pytest.raises(ValueError, match="d_cache"):
         call([0, 3], [0, 1], d=pool.d[:, :, :, :-1])
     call([0, -1], [0, L + 7])  # a padded row's cursor is never looked at
+
+
+_SUBPROCESS_CHECK = r"""
+import torch, triton
+from triton.runtime.jit import JITFunction
+import sglang.kernels.ops.attention.linear.fused_recurrent_linear_replayssm as real
+from sglang_replayssm.kernels.sglang_triton import sglang_replayssm_decode, load_sglang_triton_module
+from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
+assert isinstance(real.fused_recurrent_linear_replayssm_decode_kernel, JITFunction)  # compiled mode
+mod = load_sglang_triton_module()
+assert mod is not real and isinstance(real.fused_recurrent_linear_replayssm_decode_kernel, JITFunction)
+fn = sglang_replayssm_decode()
+torch.manual_seed(0)
+H, HV, K, V, L = 1, 2, 32, 32, 4
+args = lambda: [torch.randn(2, 2 * H * K + HV * V), torch.randn(2, HV), torch.randn(2, HV),
+                torch.rand(HV), torch.randn(HV), K ** -0.5]
+a = args(); torch.manual_seed(1)
+pools = [[torch.randn(3, HV, V, K), torch.randn(3, HV, L, V), torch.randn(3, H, L, K), -torch.rand(3, HV, L)]]
+pools.append([t.clone() for t in pools[0]])
+outs = []
+for f, p in zip((fn, ring_decode_torch), pools):
+    out = torch.empty(2, 1, HV, V)
+    f(*a, *p, out, torch.tensor([2, 0], dtype=torch.int32), torch.tensor([3, 1], dtype=torch.int32),
+      use_qk_l2norm_in_kernel=True)
+    outs.append(out)
+assert torch.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5), (outs[0] - outs[1]).abs().max()
+for x, y in zip(*pools):
+    assert torch.allclose(x, y, rtol=1e-5, atol=1e-5)
+print("OK")
+"""
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only loader path")
+def test_loader_interprets_even_if_triton_was_imported_compiled() -> None:
+    """Triton and SGLang's module imported without TRITON_INTERPRET: the loader still runs the kernel."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _SUBPROCESS_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stderr[-3000:]
