@@ -1,0 +1,54 @@
+"""Packed GDN decode on CPU tensors: the ReplaySSM ring decode (torch reference with SGLang's exact
+ring layout, cursor and flush semantics) when the pool has rings, the conventional recurrent update
+otherwise. Bound as an AROUND hook on TritonGDNKernel.packed_decode (see cpu/hooks.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_replayssm.cpu.standin import gdn
+from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
+
+#: Counts ring-decode calls in this process (tests read it to prove the ring path ran).
+RING_DECODE_CALLS = 0
+
+
+def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out) -> None:
+    n, hv, v_dim = out.shape[0], out.shape[2], out.shape[3]
+    k_dim = ssm_states.shape[-1]
+    h = (mixed_qkv.shape[1] - hv * v_dim) // (2 * k_dim)
+    x = mixed_qkv.float()
+    q = x[:, : h * k_dim].reshape(n, h, k_dim)
+    k = x[:, h * k_dim : 2 * h * k_dim].reshape(n, h, k_dim)
+    v = x[:, 2 * h * k_dim :].reshape(n, hv, v_dim)
+    qe, ke = gdn.prepare_qk(q, k, hv, scale, True)
+    g = gdn.gdn_gate(A_log, a.reshape(n, hv), dt_bias)
+    beta = torch.sigmoid(b.reshape(n, hv).float())
+    out.zero_()
+    rows = (cache_indices.long() >= 0).nonzero().flatten()
+    if rows.numel() == 0:
+        return
+    slots = cache_indices.long()[rows]
+    o, s = gdn.delta_rule_step(ssm_states[slots].float(), qe[rows], ke[rows], v[rows], g[rows], beta[rows])
+    ssm_states[slots] = s.to(ssm_states.dtype)
+    out[rows, 0] = o.to(out.dtype)
+
+
+def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices,
+                      num_v_heads, head_v_dim, **kwargs):
+    """AROUND hook body: torch on CPU tensors, SGLang's Triton path on any other device."""
+    global RING_DECODE_CALLS
+    if mixed_qkv.device.type != "cpu":
+        return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                        ssm_states=ssm_states, cache_indices=cache_indices, num_v_heads=num_v_heads,
+                        head_v_dim=head_v_dim, **kwargs)
+    out = mixed_qkv.new_empty(mixed_qkv.shape[0], 1, num_v_heads, head_v_dim)
+    ring = [kwargs.get(n) for n in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")]
+    if all(t is not None for t in ring):
+        d, k, g, wp = ring
+        ring_decode_torch(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, d, k, g, out, cache_indices, wp,
+                          kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True)
+        RING_DECODE_CALLS += 1
+    else:
+        _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
+    return out.transpose(0, 1)
