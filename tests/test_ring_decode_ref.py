@@ -13,15 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from sglang_replayssm.kernels.naive import (
-    compute_beta_fp64,
-    compute_gate_fp64,
-    delta_fp64,
-    fold_records_fp64,
-    l2norm_fp64,
-    recurrent_step_fp64,
-    unpack_mixed_qkv,
-)
+from sglang_replayssm.kernels.naive import fold_records_fp64, packed_step_fp64
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -87,11 +79,9 @@ def random_token(model: Model, n: int, gen: torch.Generator) -> tuple[torch.Tens
 
 
 def fp64_step(model: Model, state: torch.Tensor, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
-    q, k, v = unpack_mixed_qkv(mixed, model.H, K, model.HV, V)
-    g = compute_gate_fp64(a, model.A_log, model.dt_bias, is_kda=model.is_kda)
-    beta = compute_beta_fp64(b)
-    o, new = recurrent_step_fp64(state, q, k, v, g, beta, scale=K**-0.5)
-    return o, new, delta_fp64(state, k, v, g, beta), l2norm_fp64(k), g
+    return packed_step_fp64(
+        state, mixed, a, b, model.A_log, model.dt_bias, num_k_heads=model.H, is_kda=model.is_kda, scale=K**-0.5
+    )
 
 
 def make_pool(model: Model, gen: torch.Generator) -> tuple[Pool, dict[int, torch.Tensor]]:

@@ -43,6 +43,7 @@ __all__ = [
     "expand_kv_heads",
     "fold_records_fp64",
     "l2norm_fp64",
+    "packed_step_fp64",
     "recurrence_fp64",
     "recurrent_step_fp64",
     "softplus_fp64",
@@ -267,3 +268,33 @@ def fold_records_fp64(
         s = _decay_state(s, gj.to(_F64))
         s = s + d[..., j, :].to(_F64)[..., :, None] * kk[..., j, :][..., None, :]
     return s
+
+
+def packed_step_fp64(
+    state: torch.Tensor,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    *,
+    num_k_heads: int,
+    is_kda: bool,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step from the packed-decode inputs SGLang's kernels take, in float64.
+
+    ``state`` ``[B, HV, V, K]``; ``mixed_qkv`` ``[B, 2*H*K + HV*V]``; GDN ``a`` ``[B, HV]`` /
+    ``dt_bias`` ``[HV]``, KDA ``a`` ``[B, HV, K]`` / ``dt_bias`` ``[HV, K]``; ``b`` ``[B, HV]``;
+    ``A_log`` ``[HV]``. q/k are L2-normalised (``use_qk_l2norm_in_kernel=True``, as SGLang passes).
+
+    Returns ``(o [B, HV, V], new_state, d [B, HV, V], k_normed [B, H, K], g)``: the last three are
+    exactly the ring record (``d``, ``k``, ``g``) a non-flush ReplaySSM step writes for this token.
+    """
+    HV, V, K = state.shape[-3], state.shape[-2], state.shape[-1]
+    q, k, v = unpack_mixed_qkv(mixed_qkv, num_k_heads, K, HV, V)
+    g = compute_gate_fp64(a, A_log, dt_bias, is_kda=is_kda)
+    beta = compute_beta_fp64(b)
+    o, new_state = recurrent_step_fp64(state, q, k, v, g, beta, scale=scale)
+    d = delta_fp64(state, k, v, g, beta)
+    return o, new_state, d, l2norm_fp64(k), g
