@@ -3,11 +3,12 @@
 Triton decides at *decoration* time (``@triton.jit``) whether a kernel is compiled
 (``JITFunction``) or interpreted (``InterpretedFunction``): it reads ``TRITON_INTERPRET`` when the
 defining module is imported. On a GPU-less machine a module that was imported without the variable
-holds kernels that can never run ("0 active drivers"). Rather than flipping a process-wide switch
-afterwards or editing SGLang's files, :func:`load_sglang_triton_module` executes a *private copy*
-of the SGLang module (same source file, a different ``sys.modules`` name) with
-``triton.knobs.runtime.interpret`` forced on for the duration of the import. SGLang's own module
-object is never touched, so compiled users of it (if any) are unaffected.
+holds kernels that can never run ("0 active drivers"). Without editing SGLang's files,
+:func:`load_sglang_triton_module` forces ``triton.knobs.runtime.interpret`` on for the duration of
+an import: if the SGLang module is not imported yet, it is imported that way (so SGLang's own
+callers get the interpreted kernel as well); if it was already imported in compiled mode, a
+*private copy* (same source file, another ``sys.modules`` name) is executed instead and SGLang's
+module object is left as it is.
 
 Interpreter blockers from ``cpu-runtime-facts.md`` §3 and how they apply here:
 
