@@ -6,7 +6,8 @@ runtime can bind :func:`ring_decode_torch` where ``TritonGDNKernel.packed_decode
 ``TritonKDAKernel.packed_decode`` call the kernel. Arithmetic is fp32 and mirrors the kernel's
 casts (the reconstruction operands are rounded to ``out.dtype``; the ring key is stored as
 ``out.dtype``; ``beta`` is rounded to ``b.dtype``), so with fp32 I/O it agrees with the Triton
-kernel to fp32 rounding.
+kernel to fp32 rounding (on CUDA tensors the einsums follow torch's TF32 switch,
+``torch.backends.cuda.matmul.allow_tf32``, off by default; SGLang's kernel itself uses TF32 there).
 
 Per decode row ``i`` with slot ``s = ssm_state_indices[i]`` and cursor ``m = write_pos[i]``:
 
