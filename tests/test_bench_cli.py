@@ -85,7 +85,7 @@ def test_url_run_writes_table_json_and_plots(model_dir: Path, tmp_path: Path,
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["hit_rate.png", "ttft_cdf.png"]
 
 
-def fake_server_command(fail: set[str]) -> Any:
+def fake_server_command(fail: set[str], crash: frozenset[str] = frozenset()) -> Any:
     """Stand-in for arms.server_command: the fake server, salted per arm so outputs differ by arm."""
     def command(arm: Arm, model_path: Path, port: int, **_: object) -> list[str]:
         if arm.name in fail:
@@ -93,7 +93,7 @@ def fake_server_command(fail: set[str]) -> Any:
         salt = "" if arm.name != "plugin" else "diverge"
         return [sys.executable, "-m", "sglang_replayssm.bench.fake_server", "--port", str(port),
                 "--model-path", str(model_path), "--vocab-size", "300", "--salt", salt,
-                "--mamba-radix-cache-strategy", "x"]
+                "--mamba-radix-cache-strategy", "x", *(["--exit-on-generate"] if arm.name in crash else [])]
     return command
 
 
@@ -145,3 +145,18 @@ def test_arms_that_ran_survive_an_interrupt(model_dir: Path, tmp_path: Path, mon
     assert rc == 130
     doc = read(out)
     assert set(doc["arms"]) == {"plugin"} and doc["error"] == "interrupted"
+
+
+def test_server_crash_during_the_run_reports_the_log_tail(model_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "server_command", fake_server_command(fail=set(), crash=frozenset({"plugin"})))
+    out = tmp_path / "r.json"
+    rc = cli.main(["--model-path", str(model_dir), "--device", "cpu", "--json", str(out), "--arms",
+                   "baseline,plugin", *SMALL])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "arm plugin failed" in err and "simulated crash" in err and "exited with code 3" in err
+    doc = read(out)
+    assert set(doc["arms"]) == {"baseline"}
+    assert "simulated crash" in doc["failed_arms"]["plugin"]["error"]

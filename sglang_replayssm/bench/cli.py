@@ -224,7 +224,10 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
             with ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}",
                                args.ready_check_timeout_sec) as srv:
                 print(f"[{name}] server healthy after {srv.startup_s:.1f} s", flush=True)
-                run = run_arm(srv.base_url, conversations, warmup, label=name, **run_kw)
+                try:
+                    run = run_arm(srv.base_url, conversations, warmup, label=name, **run_kw)
+                except ArmRunError as exc:
+                    raise ArmRunError(f"{exc}\n{srv.diagnosis()}") from exc
         except (ServerStartError, ArmRunError, OSError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"error: arm {name} failed: {exc}", file=sys.stderr, flush=True)
@@ -299,6 +302,8 @@ def main(argv: list[str]) -> int:
         print(f"json: {args.json}")
     partial = [n for n, a in bench.doc["arms"].items() if a.get("requests_failed")]
     for name in partial:
-        print(f"error: arm {name}: {bench.doc['arms'][name]['requests_failed']} request(s) failed "
-              "(see their 'error' in the JSON)", file=sys.stderr)
+        arm = bench.doc["arms"][name]
+        where = f"; server log {arm['log']}" if arm.get("log") else ""
+        print(f"error: arm {name}: {arm['requests_failed']} request(s) failed (see their 'error' in the JSON)"
+              f"{where}", file=sys.stderr)
     return 1 if bench.doc["failed_arms"] or partial else 0

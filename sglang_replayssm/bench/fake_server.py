@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ class FakeState:
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
         self.requests = 0
+        self.exit_on_generate = False  # simulate a server crash (process exit) on /generate
 
     def cached(self, prompt: Sequence[int]) -> int:
         best = 0
@@ -92,6 +94,9 @@ async def _flush(request: web.Request) -> web.Response:
 
 async def _generate(request: web.Request) -> web.StreamResponse:
     st: FakeState = request.app[STATE]
+    if st.exit_on_generate:
+        print("Scheduler hit an exception: simulated crash", flush=True)
+        os._exit(3)
     body: dict[str, Any] = await request.json()
     prompt = list(body["input_ids"])
     n = int(body["sampling_params"]["max_new_tokens"])
@@ -113,9 +118,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(model_path: str = "", vocab_size: int = 1000, salt: str = "", incremental: bool = False,
-             step_s: float = 0.0, metrics: bool = True) -> web.Application:
+             step_s: float = 0.0, metrics: bool = True, exit_on_generate: bool = False) -> web.Application:
     app = web.Application()
     app[STATE] = FakeState(model_path, vocab_size, salt, incremental, step_s, metrics)
+    app[STATE].exit_on_generate = exit_on_generate
     app.router.add_get("/health", _health)
     app.router.add_get("/model_info", _model_info)
     app.router.add_get("/metrics", _metrics)
@@ -192,9 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=1000)
     p.add_argument("--step-s", type=float, default=0.0)
     p.add_argument("--salt", default="")
+    p.add_argument("--exit-on-generate", action="store_true", help="die on the first /generate (a crash)")
     args, _unknown = p.parse_known_args(argv)  # tolerate real server flags
-    web.run_app(make_app(args.model_path, args.vocab_size, args.salt, step_s=args.step_s),
-                host=args.host, port=args.port, print=None)
+    app = make_app(args.model_path, args.vocab_size, args.salt, step_s=args.step_s,
+                   exit_on_generate=args.exit_on_generate)
+    web.run_app(app, host=args.host, port=args.port, print=None)
     return 0
 
 
