@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from sglang_replayssm.bench.arms import ARMS, COMMON_FLAGS, parse_arms, server_command, server_env
+from sglang_replayssm.bench.arms import (
+    ARMS,
+    COMMON_FLAGS,
+    command_line,
+    parse_arms,
+    server_command,
+    server_env,
+)
 from sglang_replayssm.bench.server import ServerProcess, ServerStartError, _group_alive, pick_port, probe
 from sglang_replayssm.cpu.launch import cpu_server_args
 
@@ -107,3 +114,11 @@ def test_parse_arms() -> None:
         parse_arms("baseline,turbo")
     with pytest.raises(ValueError):
         parse_arms(" , ")
+
+
+def test_command_line_shows_only_the_environment_the_launch_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEEP", "same")
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    env = {**os.environ, "SGLANG_PLUGINS": "replayssm_cpu", "X": "a b"}
+    line = command_line(["python", "-m", "sglang.launch_server", "--model-path", "/m dir"], env)
+    assert line == "SGLANG_PLUGINS=replayssm_cpu X='a b' python -m sglang.launch_server --model-path '/m dir'"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,3 +96,9 @@ def server_env(arm: Arm, device: str) -> dict[str, str]:
         env = dict(os.environ)
     env["SGLANG_PLUGINS"] = ",".join(arm.plugins)
     return env
+
+
+def command_line(cmd: list[str], env: dict[str, str]) -> str:
+    """A shell line reproducing the launch: the variables ``env`` sets or changes, then the command."""
+    changed = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if os.environ.get(k) != v]
+    return " ".join([*changed, shlex.join(cmd)])

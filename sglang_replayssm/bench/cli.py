@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from sglang_replayssm import __version__
-from sglang_replayssm.bench.arms import ARMS, DEFAULT_ARMS, parse_arms, server_command, server_env
+from sglang_replayssm.bench.arms import (
+    ARMS,
+    DEFAULT_ARMS,
+    command_line,
+    parse_arms,
+    server_command,
+    server_env,
+)
 from sglang_replayssm.bench.metrics import agreement
 from sglang_replayssm.bench.model import (
     DEFAULT_MODEL,
@@ -215,7 +222,7 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
         port = pick_port()
         cmd = server_command(arm, model_dir, port, device=device, tp=args.tp, extra_args=extra)
         env = server_env(arm, device)
-        cmd_str = f"SGLANG_PLUGINS={env['SGLANG_PLUGINS']} {shlex.join(cmd)}"
+        cmd_str = command_line(cmd, env)
         log_path = log_dir / f"server-{name}.log"
         (log_dir / f"server-{name}.cmd").write_text(cmd_str + "\n")
         print(f"[{name}] {arm.description}\n[{name}] server: {cmd_str}\n[{name}] log: {log_path}", flush=True)

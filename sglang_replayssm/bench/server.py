@@ -98,9 +98,17 @@ class ServerProcess:
                     f"the server was not healthy after {self.timeout_s:.0f} s (last /health: {reason})"))
             time.sleep(self.poll_s)
 
-    def diagnosis(self, lines: int = 25) -> str:
-        """Whether the server is still up, its log path and the log's last lines."""
-        code = self.proc.poll() if self.proc is not None else None
+    def diagnosis(self, lines: int = 25, settle_s: float = 10.0) -> str:
+        """Whether the server is still up, its log path and the log's last lines.
+
+        A crashing SGLang server takes a few seconds to go down; give it ``settle_s`` to do so.
+        """
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=settle_s)
+            except subprocess.TimeoutExpired:
+                code = None
         state = f"the server exited with code {code}" if code is not None else "the server is still running"
         return f"{state}; log {self.log_path}, last lines:\n{log_tail(self.log_path, lines)}"
 
