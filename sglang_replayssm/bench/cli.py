@@ -205,7 +205,7 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
         try:
             run = run_arm(args.url, conversations, warmup, label=name, **run_kw)
         except ArmRunError as exc:
-            print(f"error: {name}: {exc}", file=sys.stderr)
+            print(f"error: arm {name} failed: {exc}", file=sys.stderr)
             bench.add_failure(name, str(exc), None, url=args.url)
             return
         bench.add_arm(name, run, None, url=args.url)
@@ -225,7 +225,8 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
         cmd_str = command_line(cmd, env)
         log_path = log_dir / f"server-{name}.log"
         (log_dir / f"server-{name}.cmd").write_text(cmd_str + "\n")
-        print(f"[{name}] {arm.description}\n[{name}] server: {cmd_str}\n[{name}] log: {log_path}", flush=True)
+        print(f"[{name}] {arm.description}\n[{name}] server: {cmd_str}\n[{name}] log: {log_path}\n"
+              f"[{name}] waiting for /health (up to {args.ready_check_timeout_sec:.0f} s) ...", flush=True)
         t0 = time.monotonic()
         try:
             with ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}",
