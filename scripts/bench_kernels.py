@@ -63,7 +63,9 @@ def log(*a: object) -> None:
 # ----------------------------------------------------------------------------- timing
 
 
-def time_us(fn: Callable[[], object], *, n_meas: int = 9, target_ms: float = 3.0) -> tuple[float, str]:
+def time_us(
+    fn: Callable[[], object], *, n_meas: int = 9, target_ms: float = 3.0, graph: bool = True
+) -> tuple[float, str]:
     """Median microseconds per call of ``fn`` over CUDA-graph replays (or eager launches)."""
     cur = torch.cuda.current_stream()
     side = torch.cuda.Stream()
@@ -75,12 +77,15 @@ def time_us(fn: Callable[[], object], *, n_meas: int = 9, target_ms: float = 3.0
     torch.cuda.synchronize()
     method = "graph"
     try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if not graph:
+            raise RuntimeError("eager timing requested")
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
             fn()
-        run = graph.replay
+        run = cuda_graph.replay
     except Exception as e:  # some launchers cannot be captured
-        log(f"    (graph capture failed: {type(e).__name__}: {str(e)[:120]}; timing eager launches)")
+        if graph:
+            log(f"    (graph capture failed: {type(e).__name__}: {str(e)[:120]}; timing eager launches)")
         torch.cuda.synchronize()
         method = "eager"
         run = fn  # type: ignore[assignment]
@@ -120,18 +125,36 @@ def _read_kernel(x, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(out + pid, tl.sum(acc, axis=0))
 
 
+@triton.jit
+def _copy_kernel(x, y, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    base = pid.to(tl.int64) * BLOCK * ITERS
+    for i in range(ITERS):
+        idx = base + i * BLOCK + offs
+        tl.store(y + idx, tl.load(x + idx, mask=idx < n), mask=idx < n)
+
+
 def floors(nbytes_state: int) -> dict:
+    """Copy of the state pool's bytes three ways (the fastest is the read+write floor), and a read kernel."""
     n = nbytes_state // 4
     src = torch.randn(n, device="cuda")
     dst = torch.empty_like(src)
-    t_copy, _ = time_us(lambda: dst.copy_(src))
-    BLOCK, ITERS = 4096, 8
+    t_graph, _ = time_us(lambda: dst.copy_(src))
+    t_eager, _ = time_us(lambda: dst.copy_(src), graph=False)
+    BLOCK, ITERS = 4096, 4
     grid = triton.cdiv(n, BLOCK * ITERS)
-    partial = torch.empty(grid, device="cuda")
-    t_read, _ = time_us(lambda: _read_kernel[(grid,)](src, partial, n, BLOCK=BLOCK, ITERS=ITERS, num_warps=8))
+    t_tcopy, _ = time_us(lambda: _copy_kernel[(grid,)](src, dst, n, BLOCK=BLOCK, ITERS=ITERS, num_warps=8))
+    grid_r = triton.cdiv(n, BLOCK * 8)
+    partial = torch.empty(grid_r, device="cuda")
+    t_read, _ = time_us(lambda: _read_kernel[(grid_r,)](src, partial, n, BLOCK=BLOCK, ITERS=8, num_warps=8))
+    t_copy = min(t_graph, t_eager, t_tcopy)
     return {
         "state_bytes": nbytes_state,
         "copy_us": t_copy,
+        "copy_graph_memcpy_us": t_graph,
+        "copy_eager_memcpy_us": t_eager,
+        "copy_triton_us": t_tcopy,
         "rw_floor_us": t_copy,
         "ro_floor_us": t_copy / 2,
         "read_kernel_us": t_read,
@@ -218,30 +241,36 @@ def cache_keys() -> set:
 
 
 def sweep_configs(model: str, B: int, quick: bool) -> list[dict]:
-    cfgs = [
-        {"block_v": 8, "num_warps": 1, "flush_mode": "loop"},
-        {"block_v": 16, "num_warps": 2, "flush_mode": "ieee"},
-        {"block_v": 16, "num_warps": 2, "flush_mode": "loop"},
-        {"block_v": 32, "num_warps": 4, "flush_mode": "ieee"},
-        {"block_v": 32, "num_warps": 2, "flush_mode": "ieee"},
-        {"block_v": 64, "num_warps": 4, "flush_mode": "ieee"},
-        {"block_v": 64, "num_warps": 8, "flush_mode": "ieee"},
-        {"block_v": 64, "num_warps": 4, "flush_mode": "loop"},
-        {"block_v": 64, "num_warps": 4, "flush_mode": "tf32x3"},
-        {"block_v": 64, "num_warps": 4, "flush_mode": "ieee", "split": True},
-        {"block_v": 128, "num_warps": 8, "flush_mode": "ieee"},
-        {"block_v": 128, "num_warps": 4, "flush_mode": "loop"},
+    """Launch variants to time (v_split left to pick_config unless given)."""
+    cfgs: list[dict] = [
+        {"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": False},
+        {"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": False, "num_stages": 2},
+        {"block_v": 16, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 16, "num_warps": 8, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 32, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 32, "num_warps": 8, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 8, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 8, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": "tf32x3", "prefetch": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": True},
+        {"block_v": 64, "num_warps": 8, "flush_mode": "fma", "prefetch": True},
     ]
     if model == "gdn":
-        cfgs += [
-            {"block_v": 64, "num_warps": 4, "flush_mode": "ieee", "group": 2},
-            {"block_v": 32, "num_warps": 4, "flush_mode": "ieee", "group": 2},
-            {"block_v": 128, "num_warps": 8, "flush_mode": "ieee", "group": 2},
-        ]
+        cfgs.append({"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": True, "group": 2})
     if B <= 1:
-        cfgs = [c for c in cfgs if c["block_v"] <= 32]
-    elif B >= 256:
-        cfgs = [c for c in cfgs if c["block_v"] >= 32]
+        cfgs += [
+            {"block_v": 8, "v_split": 16, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 8, "v_split": 8, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 16, "v_split": 8, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": "fma", "prefetch": True},
+        ]
+    elif B <= 64:
+        cfgs += [
+            {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 16, "v_split": 4, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 8, "v_split": 2, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
+        ]
     if quick:
         cfgs = cfgs[:3]
     return cfgs
@@ -252,6 +281,7 @@ def bench_model(model: str, B: int, sgl: object | None, quick: bool) -> dict:
     row: dict = {"model": model, "B": B}
     row.update(floors(pb.state_bytes()))
     row["ideal_window_us"] = pb.ideal_window_bytes() / (row["copy_TBps"] * 1e6)
+    row["ideal_window_at_read_bw_us"] = pb.ideal_window_bytes() / (row["read_TBps"] * 1e6)
     # ours: sweep
     sweep = []
     for cfg in sweep_configs(model, B, quick):
@@ -269,13 +299,19 @@ def bench_model(model: str, B: int, sgl: object | None, quick: bool) -> dict:
     dflt = pick_config(B, pb.H, pb.HV, pb.K, pb.V, L_RING, is_kda=pb.is_kda)
     t, _ = time_us(pb.window(ring_decode_triton))
     row["ours_default_us"] = t / L_RING
-    row["ours_default_cfg"] = list(dflt)
+    row["ours_default_cfg"] = dflt._asdict()
     if best:
         per_m = {}
         for m in (0, L_RING // 2, L_RING - 2, L_RING - 1):
             tm, _ = time_us(lambda m=m: pb.ring_step(ring_decode_triton, m, **best["cfg"]))
             per_m[str(m)] = tm
         row["ours_best_per_cursor_us"] = per_m
+        if sgl is not None:
+            per_m = {}
+            for m in (0, L_RING - 2, L_RING - 1):
+                tm, _ = time_us(lambda m=m: pb.ring_step(sgl.replayssm, m))
+                per_m[str(m)] = tm
+            row["sglang_replayssm_per_cursor_us"] = per_m
     # SGLang
     if sgl is not None:
         try:

@@ -45,6 +45,8 @@ tensors are contiguous within a slot.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -58,10 +60,10 @@ __all__ = [
     "kda_ring_decode_triton",
 ]
 
-#: How the flush step folds the live records into the checkpoint tile.
-#: ``ieee``: one ``tl.dot`` in IEEE fp32; ``tf32x3``: ``tl.dot`` with 3xTF32 (near fp32);
-#: ``loop``: a runtime loop over the ``m`` live records with fp32 FMAs (no ``tl.dot``).
-FLUSH_MODES: dict[str, int] = {"ieee": 0, "tf32x3": 1, "loop": 2}
+#: How the flush step folds the live records into each checkpoint chunk.
+#: ``fma``: an unrolled loop over the ring positions with IEEE fp32 FMAs (no ``tl.dot``);
+#: ``tf32x3``: ``tl.dot`` with 3xTF32 (tensor cores, near fp32); ``ieee``: ``tl.dot`` in IEEE fp32.
+FLUSH_MODES: dict[str, int] = {"fma": 0, "tf32x3": 1, "ieee": 2}
 
 _SOFTPLUS_THRESHOLD = 20.0
 _L2NORM_EPS = 1e-6
@@ -96,24 +98,30 @@ def _ring_decode_kernel(
     V: tl.constexpr,
     L: tl.constexpr,
     BC: tl.constexpr,
-    BV: tl.constexpr,
+    BVC: tl.constexpr,
+    VPER: tl.constexpr,
     GROUP: tl.constexpr,
     IS_KDA: tl.constexpr,
     HAS_FF: tl.constexpr,
     USE_L2NORM: tl.constexpr,
     FLUSH_MODE: tl.constexpr,
-    ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    """One program: decode row ``pid(1)``, value heads ``pid(2)*GROUP ..``, V block ``pid(0)``.
+    """One program: decode row ``pid(1)``, value heads ``pid(2)*GROUP ..``, V rows
+    ``[pid(0)*VPER, (pid(0)+1)*VPER)`` streamed in chunks of ``BVC`` rows (next chunk prefetched).
 
-    ``ROWS``: 0 = every row, 1 = non-flush rows only, 2 = flush rows only (split launches).
+    Everything that does not depend on the V row (q/k norms, the key ring, gates, replay weights,
+    per-record coefficients) is computed once per program; the per-chunk work is two fused
+    mat-vecs over the checkpoint chunk and one over the delta ring chunk.
     """
-    i_v = tl.program_id(0)
+    i_s = tl.program_id(0)
     i_n = tl.program_id(1)
     hv0 = tl.program_id(2) * GROUP
     i_h = hv0 // (HV // H)
+    NCH: tl.constexpr = VPER // BVC
+    v_base = i_s * VPER
 
-    o_v = i_v * BV + tl.arange(0, BV)
+    o_r = tl.arange(0, BVC)
     o_k = tl.arange(0, K)
     o_c = tl.arange(0, BC)
 
@@ -122,24 +130,18 @@ def _ring_decode_kernel(
     is_flush = m == L - 1
     if HAS_FF:
         is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
-    if ROWS == 1:
-        skip = is_flush
-    elif ROWS == 2:
-        skip = not is_flush
-    else:
-        skip = False
-    if skip:
-        return
     if slot < 0:
         for gi in tl.static_range(GROUP):
-            tl.store(
-                out + (i_n * HV + hv0 + gi) * V + o_v,
-                tl.zeros([BV], dtype=tl.float32).to(out.dtype.element_ty),
-            )
+            for c in range(NCH):
+                tl.store(
+                    out + (i_n * HV + hv0 + gi) * V + v_base + c * BVC + o_r,
+                    tl.zeros([BVC], dtype=tl.float32).to(out.dtype.element_ty),
+                )
         return
 
     # Live records j < m (and never past the ring, whatever the cursor holds).
     valid = (o_c < m) & (o_c < L)
+    in_ring = m < L
 
     p_row = qkv + i_n * stride_qkv
     q = tl.load(p_row + i_h * K + o_k).to(tl.float32)
@@ -160,158 +162,145 @@ def _ring_decode_kernel(
 
     for gi in tl.static_range(GROUP):
         hv = hv0 + gi
-        p_s = state + slot * stride_state + (hv * V + o_v[:, None]) * K + o_k[None, :]
-        s0 = tl.load(p_s).to(tl.float32)  # [BV, K]
-        p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + o_v[:, None]
-        dm = tl.load(p_d, mask=valid[None, :], other=0.0).to(tl.float32)  # [BV, BC]
         a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
         b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
         beta = tl.sigmoid(b_raw).to(b.dtype.element_ty).to(tl.float32)
-        v = tl.load(p_row + 2 * H * K + hv * V + o_v).to(tl.float32)
-
+        # Per head: read-out vectors qv/kv (applied to S0 rows), record coefficients cqv/ckv
+        # (applied to the delta ring), flush scale sa (on S0) and flush factors fk (on the ring).
         if not IS_KDA:
             gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
             g_tot = tl.sum(gr, axis=0)
             suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
-            w = tl.where(valid, tl.exp(suffix), 0.0)
-            a_tot = tl.exp(g_tot)
             x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
             sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
             g_cur = -a_decay * sp
             alpha = tl.exp(g_cur)
-            s0q = tl.sum(s0 * q[None, :], axis=1)
-            s0k = tl.sum(s0 * k[None, :], axis=1)
-            rq = tl.sum(dm * (w * cq0)[None, :], axis=1)
-            rk = tl.sum(dm * (w * ck0)[None, :], axis=1)
-            sq = alpha * (a_tot * s0q + rq)
-            sk = alpha * (a_tot * s0k + rk)
+            fw = tl.where(valid, alpha * tl.exp(suffix), 0.0)  # alpha * W_j, [BC]
+            sa_s = alpha * tl.exp(g_tot)
+            sa = tl.zeros([K], dtype=tl.float32) + sa_s
+            qv = q * sa_s
+            kv = k * sa_s
+            cqv = fw * cq0
+            ckv = fw * ck0
+            if FLUSH_MODE != 0:
+                fk = kr * fw[:, None]
         else:
             p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
             gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
             g_tot = tl.sum(gr, axis=0)  # [K]
             suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
-            wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
-            a_tot = tl.exp(g_tot)
             x = tl.load(a + i_n * stride_a + hv * K + o_k).to(tl.float32) + tl.load(dt_bias + hv * K + o_k).to(
                 tl.float32
             )
             sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
             g_cur = -a_decay * sp  # [K]
             alpha = tl.exp(g_cur)
+            wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
             qe = alpha * q
             ke = alpha * k
-            cq = tl.sum(wk * qe[None, :], axis=1)
-            ck = tl.sum(wk * ke[None, :], axis=1)
-            s0q = tl.sum(s0 * (a_tot * qe)[None, :], axis=1)
-            s0k = tl.sum(s0 * (a_tot * ke)[None, :], axis=1)
-            sq = s0q + tl.sum(dm * cq[None, :], axis=1)
-            sk = s0k + tl.sum(dm * ck[None, :], axis=1)
+            cqv = tl.sum(wk * qe[None, :], axis=1)
+            ckv = tl.sum(wk * ke[None, :], axis=1)
+            sa = alpha * tl.exp(g_tot)
+            qv = sa * q
+            kv = sa * k
+            if FLUSH_MODE != 0:
+                fk = wk * alpha[None, :]
 
-        d_cur = beta * (v - sk)
-        o = sq + d_cur * kq
-        tl.store(out + (i_n * HV + hv) * V + o_v, o.to(out.dtype.element_ty))
-
-        if is_flush:
-            # S_new = (S0 . Diag(A) + sum_j d_j (W_j o k_j)^T) . Diag(alpha) + d_cur k^T
-            if not IS_KDA:
-                acc = s0 * (alpha * a_tot)
-                if FLUSH_MODE == 2:
-                    g_run = g_tot * 0.0
-                    for j in range(0, m):
-                        g_j = tl.load(g_ring + slot * stride_g + hv * L + j)
-                        g_run += g_j
-                        w_j = alpha * tl.exp(g_tot - g_run)
-                        d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + o_v).to(tl.float32)
-                        k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k).to(tl.float32)
-                        acc += (d_j * w_j)[:, None] * k_j[None, :]
+        p_s = state + slot * stride_state + (hv * V + v_base + o_r[:, None]) * K + o_k[None, :]
+        p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + v_base + o_r[:, None]
+        p_v = p_row + 2 * H * K + hv * V + v_base + o_r
+        p_o = out + (i_n * HV + hv) * V + v_base + o_r
+        s0 = tl.load(p_s).to(tl.float32)  # [BVC, K]
+        for c in range(NCH):
+            if PREFETCH:
+                s0n = tl.load(p_s + (c + 1) * BVC * K, mask=(o_r[:, None] < BVC) & (c + 1 < NCH), other=0.0).to(
+                    tl.float32
+                )
+            dm = tl.load(p_d + c * BVC, mask=valid[None, :], other=0.0).to(tl.float32)  # [BVC, BC]
+            v = tl.load(p_v + c * BVC).to(tl.float32)
+            sq = tl.sum(s0 * qv[None, :], axis=1) + tl.sum(dm * cqv[None, :], axis=1)
+            sk = tl.sum(s0 * kv[None, :], axis=1) + tl.sum(dm * ckv[None, :], axis=1)
+            d_cur = beta * (v - sk)
+            tl.store(p_o + c * BVC, (sq + d_cur * kq).to(out.dtype.element_ty))
+            if is_flush:
+                # S_new = S0 . Diag(A alpha) + sum_j d_j (alpha W_j o k_j)^T + d_cur k^T
+                acc = s0 * sa[None, :]
+                if FLUSH_MODE == 0:
+                    g_run = tl.zeros([K], dtype=tl.float32)
+                    for j in tl.static_range(BC):
+                        ok = (j < m) & (j < L)
+                        d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + v_base + c * BVC + o_r,
+                                      mask=(o_r < BVC) & ok, other=0.0).to(tl.float32)  # fmt: skip
+                        k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k,
+                                      mask=(o_k < K) & ok, other=0.0).to(tl.float32)  # fmt: skip
+                        if IS_KDA:
+                            g_j = tl.load(g_ring + slot * stride_g + (hv * L + j) * K + o_k,
+                                          mask=(o_k < K) & ok, other=0.0)  # fmt: skip
+                            g_run += g_j
+                            f_j = tl.where(ok, alpha * tl.exp(g_tot - g_run), 0.0) * k_j
+                        else:
+                            f_j = tl.sum(tl.where(o_c == j, fw, 0.0), axis=0) * k_j
+                        acc += d_j[:, None] * f_j[None, :]
                 elif FLUSH_MODE == 1:
-                    acc = tl.dot(dm * (alpha * w)[None, :], kr, acc, input_precision="tf32x3")
+                    acc = tl.dot(dm, fk, acc, input_precision="tf32x3")
                 else:
-                    acc = tl.dot(dm * (alpha * w)[None, :], kr, acc, input_precision="ieee")
+                    acc = tl.dot(dm, fk, acc, input_precision="ieee")
+                acc += d_cur[:, None] * k[None, :]
+                tl.store(p_s + c * BVC * K, acc.to(state.dtype.element_ty))
             else:
-                acc = s0 * (alpha * a_tot)[None, :]
-                if FLUSH_MODE == 2:
-                    g_run = g_tot * 0.0
-                    for j in range(0, m):
-                        g_j = tl.load(g_ring + slot * stride_g + (hv * L + j) * K + o_k)
-                        g_run += g_j
-                        wk_j = alpha * tl.exp(g_tot - g_run)
-                        d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + o_v).to(tl.float32)
-                        k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k).to(tl.float32)
-                        acc += d_j[:, None] * (k_j * wk_j)[None, :]
-                elif FLUSH_MODE == 1:
-                    acc = tl.dot(dm, wk * alpha[None, :], acc, input_precision="tf32x3")
-                else:
-                    acc = tl.dot(dm, wk * alpha[None, :], acc, input_precision="ieee")
-            acc += d_cur[:, None] * k[None, :]
-            tl.store(p_s, acc.to(state.dtype.element_ty))
-        else:
-            in_ring = m < L
-            tl.store(
-                d_ring + slot * stride_d + (hv * L + m) * V + o_v,
-                d_cur.to(d_ring.dtype.element_ty),
-                mask=(o_v < V) & in_ring,
-            )
-            if i_v == 0:
-                if IS_KDA:
-                    tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
-                else:
-                    tl.store(g_ring + slot * stride_g + hv * L + m, g_cur, mask=in_ring)
-                if hv % (HV // H) == 0:
-                    tl.store(
-                        k_ring + slot * stride_k + (i_h * L + m) * K + o_k,
-                        k.to(k_ring.dtype.element_ty),
-                        mask=(o_k < K) & in_ring,
-                    )
+                tl.store(
+                    d_ring + slot * stride_d + (hv * L + m) * V + v_base + c * BVC + o_r,
+                    d_cur.to(d_ring.dtype.element_ty),
+                    mask=(o_r < BVC) & in_ring,
+                )
+            if PREFETCH:
+                s0 = s0n
+            else:
+                s0 = tl.load(p_s + (c + 1) * BVC * K, mask=(o_r[:, None] < BVC) & (c + 1 < NCH), other=0.0).to(
+                    tl.float32
+                )
+
+        if (not is_flush) and (i_s == 0):
+            if IS_KDA:
+                tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
+            else:
+                tl.store(g_ring + slot * stride_g + hv * L + m, g_cur, mask=in_ring)
+            if hv % (HV // H) == 0:
+                tl.store(
+                    k_ring + slot * stride_k + (i_h * L + m) * K + o_k,
+                    k.to(k_ring.dtype.element_ty),
+                    mask=(o_k < K) & in_ring,
+                )
 
 
-class RingDecodeConfig(tuple):
-    """``(block_v, group, num_warps, flush_mode, split)`` launch choice; see :func:`pick_config`."""
+class RingDecodeConfig(NamedTuple):
+    """Launch choice; see :func:`pick_config`.
 
-    __slots__ = ()
+    ``block_v``: V rows per streamed chunk; ``v_split``: programs per (row, value head), each
+    streaming ``V / v_split`` rows; ``group``: value heads per program (GDN key-head sharing);
+    ``flush_mode``: see :data:`FLUSH_MODES`; ``prefetch``: load chunk c+1 before computing chunk c.
+    """
 
-    def __new__(cls, block_v: int, group: int, num_warps: int, flush_mode: str, split: bool) -> RingDecodeConfig:
-        return super().__new__(cls, (block_v, group, num_warps, flush_mode, split))
-
-    @property
-    def block_v(self) -> int:
-        return self[0]
-
-    @property
-    def group(self) -> int:
-        return self[1]
-
-    @property
-    def num_warps(self) -> int:
-        return self[2]
-
-    @property
-    def flush_mode(self) -> str:
-        return self[3]
-
-    @property
-    def split(self) -> bool:
-        return self[4]
+    block_v: int
+    v_split: int
+    group: int
+    num_warps: int
+    flush_mode: str
+    prefetch: bool
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
-    """Default launch configuration (chosen from the H200 sweep recorded in notes/kernels.md).
+    """Default launch configuration (from the H200 sweeps recorded in notes/kernels.md).
 
-    Small batches split V finely so the state read spreads over every SM; large batches use
-    wide V blocks (fewer redundant key-ring reads). ``group`` serves the value heads of one key
-    head together for GDN.
+    Enough programs to fill the GPU several times over: small batches split V across programs,
+    large batches stream all of V in one program per (row, head).
     """
     rows_heads = B * HV
-    if rows_heads >= 2048:
-        block_v = min(V, 64)
-    elif rows_heads >= 512:
-        block_v = min(V, 32)
-    else:
-        block_v = min(V, 16)
-    group = 1
-    num_warps = 4 if block_v >= 32 else 2
-    flush_mode = "ieee" if block_v >= 16 else "loop"
-    return RingDecodeConfig(block_v, group, num_warps, flush_mode, False)
+    block_v = min(V, 16)
+    v_split = 1
+    while rows_heads * v_split < 4096 and V // (v_split * 2) >= block_v:
+        v_split *= 2
+    return RingDecodeConfig(block_v, v_split, 1, 4, "fma", True)
 
 
 def _check_inputs(
@@ -405,16 +394,17 @@ def ring_decode_triton(
     num_stages: int | None = None,
     nk: int | None = None,
     *,
+    v_split: int | None = None,
     group: int | None = None,
     flush_mode: str | None = None,
-    split: bool | None = None,
+    prefetch: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
-    Arguments are SGLang's (``nk`` is accepted and ignored: this kernel never tiles K;
-    ``num_stages`` defaults to 1). Keyword-only extras select the launch (defaults from
-    :func:`pick_config`): ``group`` value heads per program, ``flush_mode`` (see
-    :data:`FLUSH_MODES`), ``split`` (two launches: non-flush rows, then flush rows).
+    Arguments are SGLang's (``nk`` is accepted and ignored: this kernel never tiles K; ``block_v``
+    is the streamed chunk height; ``num_stages`` defaults to 1). Keyword-only extras select the
+    launch (defaults from :func:`pick_config`): ``v_split`` programs per (row, head), ``group``
+    value heads per program, ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch``.
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -428,39 +418,36 @@ def ring_decode_triton(
     if B == 0:
         return out, initial_state
     cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda)
-    bv = block_v if block_v is not None else cfg.block_v
-    bv = min(bv, V)
+    bv = min(block_v if block_v is not None else cfg.block_v, V)
+    vs = v_split if v_split is not None else cfg.v_split
     grp = group if group is not None else cfg.group
     nw = num_warps if num_warps is not None else cfg.num_warps
     fm = flush_mode if flush_mode is not None else cfg.flush_mode
-    sp = split if split is not None else cfg.split
-    if V % bv != 0:
-        raise ValueError(f"block_v={bv} must divide V={V}")
+    pf = prefetch if prefetch is not None else cfg.prefetch
+    if bv <= 0 or bv & (bv - 1) or V % (bv * vs) != 0:
+        raise ValueError(f"block_v={bv} must be a power of two with block_v * v_split dividing V={V}")
     if (HV // H) % grp != 0:
         raise ValueError(f"group={grp} must divide HV/H={HV // H}")
     if fm not in FLUSH_MODES:
         raise ValueError(f"flush_mode must be one of {sorted(FLUSH_MODES)}")
-    if fm != "loop" and bv < 16:
-        fm = "loop"  # tl.dot needs every dim >= 16
+    if fm != "fma" and bv < 16:
+        fm = "fma"  # tl.dot needs every dim >= 16
     bc = triton.next_power_of_2(L)
-    if fm != "loop":
+    if fm != "fma":
         bc = max(bc, 16)
 
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
-    grid = (V // bv, B, HV // grp)
-    passes = (1, 2) if sp else (0,)
-    for rows in passes:
-        _ring_decode_kernel[grid](
-            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
-            ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
-            mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
-            d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
-            H=H, HV=HV, K=K, V=V, L=L, BC=bc, BV=bv, GROUP=grp, IS_KDA=is_kda,
-            HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
-            FLUSH_MODE=FLUSH_MODES[fm], ROWS=rows,
-            num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
-        )  # fmt: skip
+    _ring_decode_kernel[(vs, B, HV // grp)](
+        mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+        ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
+        mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
+        d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
+        H=H, HV=HV, K=K, V=V, L=L, BC=bc, BVC=bv, VPER=V // vs, GROUP=grp, IS_KDA=is_kda,
+        HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
+        FLUSH_MODE=FLUSH_MODES[fm], PREFETCH=pf,
+        num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
+    )  # fmt: skip
     return out, initial_state
 
 
