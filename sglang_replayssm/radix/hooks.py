@@ -51,7 +51,7 @@ from typing import Any
 
 from sglang_replayssm.radix import config
 
-__all__ = ["HOOKS", "Hook", "applied_hooks", "register"]
+__all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
 
 # ---- arguments -------------------------------------------------------------------------------
@@ -374,3 +374,18 @@ def register() -> str:
     if not fixes:
         return "radix adapter with every fix disabled"
     return f"radix adapter ({len(fixes)}/{len(config.FIXES)} fixes: {', '.join(fixes)})"
+
+
+def install() -> list[Hook]:
+    """Register and apply the hooks now, then clear the registry; returns the applied hooks.
+
+    For tests and scripts, where no ``load_plugins`` runs: applying is permanent for the process
+    (``HookRegistry.reset()`` forgets registrations, not patches), so hooks are switched at run time
+    with :func:`config.override`. Idempotent: a second call applies nothing twice.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    register()
+    HookRegistry.apply_hooks()
+    HookRegistry.reset()
+    return applied_hooks()

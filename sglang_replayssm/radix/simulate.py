@@ -70,6 +70,9 @@ class SimConfig:
     vocab: int = 10
     conv_kernel: int = 4
     seed: int = 0
+    #: Run SGLang's Triton track-copy kernel (interpreted on CPU, ~0.1 s a launch) instead of
+    #: an equivalent torch copy.
+    triton_track_copy: bool = False
 
     @property
     def extra_buffer(self) -> bool:
@@ -198,6 +201,31 @@ class SimReq:
         """Tokens whose state the request's working slot holds (``kv_committed_len`` of them)."""
         fill = list(self.req.origin_input_ids) + list(self.req.output_ids)
         return fill[: self.req.kv.kv_committed_len]
+
+
+def _torch_track_all_layers(
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    mamba_track_mask: torch.Tensor,
+    mamba_track_indices: torch.Tensor,
+    batch_size: int,
+    check_freed_slots: bool = False,
+) -> None:
+    """Torch stand-in for SGLang's ``track_mamba_states_all_layers`` / ``_if_needed`` (slot dim 1
+    for all-layer pools, 0 for one layer's tensors, told apart by ``ssm_states.dim()``)."""
+    rows = torch.nonzero(mamba_track_mask[:batch_size]).flatten()
+    src = cache_indices[rows].long()
+    dst = mamba_track_indices[rows].long()
+    if check_freed_slots:
+        ok = (src >= 0) & (dst >= 0)
+        src, dst = src[ok], dst[ok]
+    if ssm_states.dim() == 5:
+        conv_states[:, dst] = conv_states[:, src]
+        ssm_states[:, dst] = ssm_states[:, src]
+    else:
+        conv_states[dst] = conv_states[src]
+        ssm_states[dst] = ssm_states[src]
 
 
 def _cache_params(cfg: SimConfig, model: ToyModel, layer_ids: list[int]) -> Any:
@@ -569,9 +597,10 @@ class Sim:
             )
             for row, slot in enumerate(md.mamba_cache_indices.tolist()):
                 self.conv[li, slot] = m.extend_conv(self.conv[li, slot], li, [int(fed[row])])
-            backend._track_mamba_state_decode(
-                fb, self.conv[li], cache.temporal[li], md.mamba_cache_indices, li
-            )
+            with self._track_copy():
+                backend._track_mamba_state_decode(
+                    fb, self.conv[li], cache.temporal[li], md.mamba_cache_indices, li
+                )
         # Result processing: track bookkeeping (SGLang's), the next token, finish.
         for i, sreq in enumerate(batch_reqs):
             req = sreq.req
@@ -580,6 +609,24 @@ class Sim:
             req.output_ids.append(sreq.script[len(req.output_ids)])
             if len(req.output_ids) >= len(sreq.script):
                 self._finish(sreq)
+
+    def _track_copy(self) -> Any:
+        """Context in which SGLang's decode track copies rows with torch instead of its Triton
+        kernel (unless ``triton_track_copy``); same semantics: for each row with ``mask``,
+        ``conv[:, dst] = conv[:, src]`` and ``temporal[:, dst] = temporal[:, src]``."""
+        from contextlib import ExitStack
+
+        from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
+
+        stack = ExitStack()
+        if not self.cfg.triton_track_copy:
+            stack.enter_context(
+                mock.patch.object(hlab, "track_mamba_states_all_layers", _torch_track_all_layers)
+            )
+            stack.enter_context(
+                mock.patch.object(hlab, "track_mamba_states_if_needed", _torch_track_all_layers)
+            )
+        return stack
 
     def _track_bookkeeping(self, req: Any, batch: Any, i: int) -> None:
         """The mamba part of ``BatchResultProcessor._handle_finish_state_updated_req`` with no
