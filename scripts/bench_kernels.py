@@ -242,35 +242,36 @@ def cache_keys() -> set:
 
 def sweep_configs(model: str, B: int, quick: bool) -> list[dict]:
     """Launch variants to time (v_split left to pick_config unless given)."""
+    f = "fma"
     cfgs: list[dict] = [
-        {"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": False},
-        {"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": False, "num_stages": 2},
-        {"block_v": 16, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 16, "num_warps": 8, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 32, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 32, "num_warps": 8, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 8, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 8, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": "tf32x3", "prefetch": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": True},
-        {"block_v": 64, "num_warps": 8, "flush_mode": "fma", "prefetch": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": False},
+        {"block_v": 16, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
+        {"block_v": 8, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
+        {"block_v": 8, "num_warps": 2, "flush_mode": f, "prefetch": 1, "split": True},
+        {"block_v": 8, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": True},
+        {"block_v": 32, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": True},
+        {"block_v": 32, "num_warps": 8, "flush_mode": f, "prefetch": 2, "split": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": "tf32x3", "prefetch": 2, "split": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": True},
     ]
-    if model == "gdn":
-        cfgs.append({"block_v": 16, "num_warps": 4, "flush_mode": "fma", "prefetch": True, "group": 2})
     if B <= 1:
+        cfgs = [dict(c, split=False) for c in cfgs if c["block_v"] <= 16]
         cfgs += [
-            {"block_v": 8, "v_split": 16, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
-            {"block_v": 8, "v_split": 8, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
-            {"block_v": 16, "v_split": 8, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
-            {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
+            {"block_v": 8, "v_split": 16, "num_warps": 2, "flush_mode": f, "prefetch": 1, "split": False},
+            {"block_v": 8, "v_split": 8, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
+            {"block_v": 8, "v_split": 4, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": False},
         ]
     elif B <= 64:
         cfgs += [
-            {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
-            {"block_v": 16, "v_split": 4, "num_warps": 4, "flush_mode": "fma", "prefetch": True},
-            {"block_v": 8, "v_split": 2, "num_warps": 2, "flush_mode": "fma", "prefetch": True},
+            {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True},
+            {"block_v": 8, "v_split": 1, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
+            {"block_v": 8, "v_split": 4, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
         ]
+    else:
+        cfgs.append({"block_v": 16, "v_split": 2, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True})
     if quick:
         cfgs = cfgs[:3]
     return cfgs
@@ -301,11 +302,14 @@ def bench_model(model: str, B: int, sgl: object | None, quick: bool) -> dict:
     row["ours_default_us"] = t / L_RING
     row["ours_default_cfg"] = dflt._asdict()
     if best:
-        per_m = {}
-        for m in (0, L_RING // 2, L_RING - 2, L_RING - 1):
-            tm, _ = time_us(lambda m=m: pb.ring_step(ring_decode_triton, m, **best["cfg"]))
-            per_m[str(m)] = tm
-        row["ours_best_per_cursor_us"] = per_m
+        for rank, cand in enumerate(sorted(ok, key=lambda x: x["us_step"])[:3]):
+            per_m = {}
+            for m in (0, L_RING // 2, L_RING - 2, L_RING - 1):
+                tm, _ = time_us(lambda m=m, cand=cand: pb.ring_step(ring_decode_triton, m, **cand["cfg"]))
+                per_m[str(m)] = tm
+            cand["per_cursor_us"] = per_m
+            if rank == 0:
+                row["ours_best_per_cursor_us"] = per_m
         if sgl is not None:
             per_m = {}
             for m in (0, L_RING - 2, L_RING - 1):

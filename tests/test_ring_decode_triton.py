@@ -163,24 +163,24 @@ def _run(shape: Shape, is_kda: bool, kernel_kwargs: dict, io_dtype: torch.dtype,
 if CUDA:
     VARIANTS = [
         {},  # pick_config defaults
-        {"block_v": 16, "v_split": 1, "flush_mode": "fma", "prefetch": True},
-        {"block_v": 32, "v_split": 2, "flush_mode": "fma", "prefetch": False, "num_warps": 8},
-        {"block_v": 8, "v_split": 8, "flush_mode": "fma", "num_warps": 2},
-        {"block_v": 16, "v_split": 4, "flush_mode": "ieee"},
-        {"block_v": 16, "v_split": 1, "flush_mode": "fma", "group": 2},
+        {"block_v": 16, "v_split": 1, "flush_mode": "fma", "prefetch": 1, "split": False},
+        {"block_v": 16, "v_split": 1, "flush_mode": "fma", "prefetch": 2, "split": True},
+        {"block_v": 32, "v_split": 2, "flush_mode": "fma", "prefetch": 2, "num_warps": 8},
+        {"block_v": 8, "v_split": 8, "flush_mode": "fma", "num_warps": 2, "split": False},
+        {"block_v": 16, "v_split": 4, "flush_mode": "ieee", "split": True},
         {"block_v": 64, "v_split": 1, "flush_mode": "fma", "num_warps": 8},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
     VARIANTS = [
-        {"block_v": 8, "v_split": 2, "flush_mode": "fma"},
-        {"block_v": 16, "v_split": 1, "flush_mode": "ieee", "prefetch": False, "group": 2},
+        {"block_v": 8, "v_split": 2, "flush_mode": "fma", "prefetch": 2, "split": True},
+        {"block_v": 16, "v_split": 1, "flush_mode": "ieee", "prefetch": 1, "split": False},
     ]
     TF32X3 = []
 
 
 def _variants(is_kda: bool) -> list[dict]:
-    return [v for v in VARIANTS if not (is_kda and v.get("group", 1) > 1)]
+    return VARIANTS
 
 
 @pytest.mark.interpret

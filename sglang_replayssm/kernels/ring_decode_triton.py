@@ -26,21 +26,23 @@ Cursor and flush (per decode row ``n`` with ``slot = ssm_state_indices[n]``, ``m
 
 What differs from SGLang's kernel (the function computed is the same):
 
-* *Output-only form.* On a non-flush step the state tile is never rebuilt. With
-  ``q~ = alpha o q`` (GDN: the scalar ``alpha`` is applied at the end) the read-out is
-  ``S q~ = S0 (A o q~) + sum_j d_j ((W_j o k_j) . q~)``: one pass over ``S0`` (two mat-vecs, for
-  ``q`` and ``k``) plus ``L`` dot products of length K and one ``[V, L]`` mat-vec. SGLang
-  rebuilds ``S0 + D K^T`` tile by tile with a rank-``L`` tensor-core product every step.
+* *Output-only form.* On a non-flush step the state is never rebuilt. With ``alpha = exp(g_cur)``
+  the read-out is ``S (alpha o q) = S0 (A o alpha o q) + sum_j d_j ((W_j o k_j) . (alpha o q))``:
+  one streamed pass over ``S0`` (two fused mat-vecs, for ``q`` and ``k``), ``L`` dot products of
+  length K per program and one ``[V, L]`` mat-vec over the delta ring. SGLang rebuilds
+  ``S0 + D K^T`` tile by tile with a rank-``L`` tensor-core product every step.
+* *Streaming.* A program owns one (row, value head) and ``V / v_split`` rows of it, streamed in
+  chunks of ``block_v`` rows with 1-2 chunks requested ahead; the first chunks are requested
+  before the per-program setup (norms, gates, key ring) so that its latency overlaps the stream.
+  With ``split`` the flush path lives in a second launch, so the every-step kernel is small.
 * *Exact fp32.* No bf16/TF32 rounding anywhere: the ring stores ``k`` in the ring's dtype (SGLang
   first rounds it to the output dtype) and the flush's rank-``m`` fold runs in IEEE fp32
-  (``flush_mode`` ``"ieee"`` or ``"loop"``); ``"tf32x3"`` is available as a measured option.
-* Key-head reuse: with ``group > 1`` one program serves ``group`` value heads of one key head,
-  so the key ring and the ``k_j . q`` products are read/computed once for them.
+  (``flush_mode`` ``"fma"`` or ``"ieee"``); ``"tf32x3"`` (3xTF32 tensor cores) is an option.
 
 Invariants the kernel relies on (checked by the wrapper): ``K`` and ``V`` are powers of two,
-``V % block_v == 0``, ``HV % H == 0``, ``(HV // H) % group == 0``; ``write_pos``/``force_flush``
-are int32 ``[B]``; ``g_cache`` is fp32; the last dim of every tensor is contiguous and the ring
-tensors are contiguous within a slot.
+``block_v * v_split`` divides ``V``, ``HV % H == 0``; ``write_pos``/``force_flush`` are int32
+``[B]``; ``g_cache`` is fp32; the last dim of every tensor is contiguous and the ring tensors
+are contiguous within a slot.
 """
 
 from __future__ import annotations
@@ -67,6 +69,61 @@ FLUSH_MODES: dict[str, int] = {"fma": 0, "tf32x3": 1, "ieee": 2}
 
 _SOFTPLUS_THRESHOLD = 20.0
 _L2NORM_EPS = 1e-6
+
+
+@triton.jit
+def _flush_chunk(
+    s0,
+    dm,
+    fk,
+    sa,
+    fw,
+    alpha,
+    g_tot,
+    d_cur,
+    k,
+    d_ring,
+    k_ring,
+    g_ring,
+    slot,
+    stride_d,
+    stride_k,
+    stride_g,
+    hv,
+    i_h,
+    v0,
+    m,
+    o_r,
+    o_k,
+    o_c,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L: tl.constexpr,
+    BC: tl.constexpr,
+    BVC: tl.constexpr,
+    IS_KDA: tl.constexpr,
+    FLUSH_MODE: tl.constexpr,
+):
+    """New checkpoint rows ``v0 .. v0+BVC``: ``S0 . Diag(A alpha) + sum_j d_j (alpha W_j o k_j)^T + d_cur k^T``."""
+    acc = s0 * sa[None, :]
+    if FLUSH_MODE == 0:
+        g_run = tl.zeros([K], dtype=tl.float32)
+        for j in tl.static_range(BC):
+            ok = (j < m) & (j < L)
+            d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + v0 + o_r, mask=(o_r < BVC) & ok, other=0.0)
+            k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k, mask=(o_k < K) & ok, other=0.0)
+            if IS_KDA:
+                g_j = tl.load(g_ring + slot * stride_g + (hv * L + j) * K + o_k, mask=(o_k < K) & ok, other=0.0)
+                g_run += g_j
+                f_j = tl.where(ok, alpha * tl.exp(g_tot - g_run), 0.0) * k_j.to(tl.float32)
+            else:
+                f_j = tl.sum(tl.where(o_c == j, fw, 0.0), axis=0) * k_j.to(tl.float32)
+            acc += d_j.to(tl.float32)[:, None] * f_j[None, :]
+    elif FLUSH_MODE == 1:
+        acc = tl.dot(dm, fk, acc, input_precision="tf32x3")
+    else:
+        acc = tl.dot(dm, fk, acc, input_precision="ieee")
+    return acc + d_cur[:, None] * k[None, :]
 
 
 @triton.jit
@@ -100,24 +157,25 @@ def _ring_decode_kernel(
     BC: tl.constexpr,
     BVC: tl.constexpr,
     VPER: tl.constexpr,
-    GROUP: tl.constexpr,
     IS_KDA: tl.constexpr,
     HAS_FF: tl.constexpr,
     USE_L2NORM: tl.constexpr,
     FLUSH_MODE: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PF: tl.constexpr,
+    PASS: tl.constexpr,
 ):
-    """One program: decode row ``pid(1)``, value heads ``pid(2)*GROUP ..``, V rows
-    ``[pid(0)*VPER, (pid(0)+1)*VPER)`` streamed in chunks of ``BVC`` rows (next chunk prefetched).
+    """One program: decode row ``pid(1)``, value head ``pid(2)``, V rows ``[pid(0)*VPER, +VPER)``
+    streamed in chunks of ``BVC`` rows with ``PF`` (1 or 2) chunks in flight ahead of the one being
+    computed; the first chunks are requested before the per-program setup so that the setup's
+    latency overlaps the state stream.
 
-    Everything that does not depend on the V row (q/k norms, the key ring, gates, replay weights,
-    per-record coefficients) is computed once per program; the per-chunk work is two fused
-    mat-vecs over the checkpoint chunk and one over the delta ring chunk.
+    ``PASS``: 0 = every row; 1 = non-flush rows only (flush code compiled out); 2 = flush rows
+    only. Padded rows (slot < 0) get a zero output in passes 0 and 1.
     """
     i_s = tl.program_id(0)
     i_n = tl.program_id(1)
-    hv0 = tl.program_id(2) * GROUP
-    i_h = hv0 // (HV // H)
+    hv = tl.program_id(2)
+    i_h = hv // (HV // H)
     NCH: tl.constexpr = VPER // BVC
     v_base = i_s * VPER
 
@@ -131,17 +189,35 @@ def _ring_decode_kernel(
     if HAS_FF:
         is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
     if slot < 0:
-        for gi in tl.static_range(GROUP):
+        if PASS != 2:
             for c in range(NCH):
                 tl.store(
-                    out + (i_n * HV + hv0 + gi) * V + v_base + c * BVC + o_r,
+                    out + (i_n * HV + hv) * V + v_base + c * BVC + o_r,
                     tl.zeros([BVC], dtype=tl.float32).to(out.dtype.element_ty),
                 )
+        return
+    if PASS == 1:
+        skip = is_flush
+    elif PASS == 2:
+        skip = not is_flush
+    else:
+        skip = False
+    if skip:
         return
 
     # Live records j < m (and never past the ring, whatever the cursor holds).
     valid = (o_c < m) & (o_c < L)
     in_ring = m < L
+    row_ok = o_r[:, None] < BVC
+
+    # Request the first chunk(s) of S0 and of the delta ring now.
+    p_s = state + slot * stride_state + (hv * V + v_base + o_r[:, None]) * K + o_k[None, :]
+    p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + v_base + o_r[:, None]
+    s_cur = tl.load(p_s).to(tl.float32)  # [BVC, K]
+    d_cur_t = tl.load(p_d, mask=valid[None, :], other=0.0).to(tl.float32)  # [BVC, BC]
+    if PF == 2:
+        s_nxt = tl.load(p_s + BVC * K, mask=row_ok & (NCH > 1), other=0.0).to(tl.float32)
+        d_nxt = tl.load(p_d + BVC, mask=valid[None, :] & (NCH > 1), other=0.0).to(tl.float32)
 
     p_row = qkv + i_n * stride_qkv
     q = tl.load(p_row + i_h * K + o_k).to(tl.float32)
@@ -155,111 +231,85 @@ def _ring_decode_kernel(
     # Key ring of this key head: [BC, K], rows j >= m masked to zero.
     p_kr = k_ring + slot * stride_k + (i_h * L + o_c[:, None]) * K + o_k[None, :]
     kr = tl.load(p_kr, mask=valid[:, None], other=0.0).to(tl.float32)
+    a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
+    b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
+    beta = tl.sigmoid(b_raw).to(b.dtype.element_ty).to(tl.float32)
+    # Per head: read-out vectors qv/kv (applied to S0 rows), record coefficients cqv/ckv
+    # (applied to the delta ring), flush scale sa (on S0) and flush factors fw/fk (on the ring).
     if not IS_KDA:
-        # GDN: k_j . q and k_j . k are shared by every value head of the key head.
-        cq0 = tl.sum(kr * q[None, :], axis=1)
-        ck0 = tl.sum(kr * k[None, :], axis=1)
+        gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
+        g_tot = tl.sum(gr, axis=0)
+        suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
+        x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
+        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+        g_cur = -a_decay * sp
+        alpha = tl.exp(g_cur)
+        fw = tl.where(valid, alpha * tl.exp(suffix), 0.0)  # alpha * W_j, [BC]
+        sa_s = alpha * tl.exp(g_tot)
+        sa = tl.zeros([K], dtype=tl.float32) + sa_s
+        qv = q * sa_s
+        kv = k * sa_s
+        cqv = fw * tl.sum(kr * q[None, :], axis=1)
+        ckv = fw * tl.sum(kr * k[None, :], axis=1)
+        fk = kr * fw[:, None]
+    else:
+        p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
+        gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
+        g_tot = tl.sum(gr, axis=0)  # [K]
+        suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
+        x = tl.load(a + i_n * stride_a + hv * K + o_k).to(tl.float32) + tl.load(dt_bias + hv * K + o_k).to(
+            tl.float32
+        )
+        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+        g_cur = -a_decay * sp  # [K]
+        alpha = tl.exp(g_cur)
+        wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
+        cqv = tl.sum(wk * (alpha * q)[None, :], axis=1)
+        ckv = tl.sum(wk * (alpha * k)[None, :], axis=1)
+        sa = alpha * tl.exp(g_tot)
+        qv = sa * q
+        kv = sa * k
+        fw = cqv  # unused for KDA
+        fk = wk * alpha[None, :]
 
-    for gi in tl.static_range(GROUP):
-        hv = hv0 + gi
-        a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
-        b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
-        beta = tl.sigmoid(b_raw).to(b.dtype.element_ty).to(tl.float32)
-        # Per head: read-out vectors qv/kv (applied to S0 rows), record coefficients cqv/ckv
-        # (applied to the delta ring), flush scale sa (on S0) and flush factors fk (on the ring).
-        if not IS_KDA:
-            gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
-            g_tot = tl.sum(gr, axis=0)
-            suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
-            x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
-            sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
-            g_cur = -a_decay * sp
-            alpha = tl.exp(g_cur)
-            fw = tl.where(valid, alpha * tl.exp(suffix), 0.0)  # alpha * W_j, [BC]
-            sa_s = alpha * tl.exp(g_tot)
-            sa = tl.zeros([K], dtype=tl.float32) + sa_s
-            qv = q * sa_s
-            kv = k * sa_s
-            cqv = fw * cq0
-            ckv = fw * ck0
-            if FLUSH_MODE != 0:
-                fk = kr * fw[:, None]
+    p_v = p_row + 2 * H * K + hv * V + v_base + o_r
+    p_o = out + (i_n * HV + hv) * V + v_base + o_r
+    for c in range(NCH):
+        ahead = c + PF
+        s_new = tl.load(p_s + ahead * BVC * K, mask=row_ok & (ahead < NCH), other=0.0).to(tl.float32)
+        d_new = tl.load(p_d + ahead * BVC, mask=valid[None, :] & (ahead < NCH), other=0.0).to(tl.float32)
+        v = tl.load(p_v + c * BVC).to(tl.float32)
+        sq = tl.sum(s_cur * qv[None, :], axis=1) + tl.sum(d_cur_t * cqv[None, :], axis=1)
+        sk = tl.sum(s_cur * kv[None, :], axis=1) + tl.sum(d_cur_t * ckv[None, :], axis=1)
+        d_cur = beta * (v - sk)
+        tl.store(p_o + c * BVC, (sq + d_cur * kq).to(out.dtype.element_ty))
+        v0 = v_base + c * BVC
+        p_dw = d_ring + slot * stride_d + (hv * L + m) * V + v0 + o_r
+        if PASS == 1:
+            tl.store(p_dw, d_cur.to(d_ring.dtype.element_ty), mask=(o_r < BVC) & in_ring)
+        elif PASS == 2:
+            acc = _flush_chunk(s_cur, d_cur_t, fk, sa, fw, alpha, g_tot, d_cur, k, d_ring, k_ring, g_ring, slot,
+                               stride_d, stride_k, stride_g, hv, i_h, v0, m, o_r, o_k, o_c,
+                               K, V, L, BC, BVC, IS_KDA, FLUSH_MODE)  # fmt: skip
+            tl.store(p_s + c * BVC * K, acc.to(state.dtype.element_ty))
         else:
-            p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
-            gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
-            g_tot = tl.sum(gr, axis=0)  # [K]
-            suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
-            x = tl.load(a + i_n * stride_a + hv * K + o_k).to(tl.float32) + tl.load(dt_bias + hv * K + o_k).to(
-                tl.float32
-            )
-            sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
-            g_cur = -a_decay * sp  # [K]
-            alpha = tl.exp(g_cur)
-            wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
-            qe = alpha * q
-            ke = alpha * k
-            cqv = tl.sum(wk * qe[None, :], axis=1)
-            ckv = tl.sum(wk * ke[None, :], axis=1)
-            sa = alpha * tl.exp(g_tot)
-            qv = sa * q
-            kv = sa * k
-            if FLUSH_MODE != 0:
-                fk = wk * alpha[None, :]
-
-        p_s = state + slot * stride_state + (hv * V + v_base + o_r[:, None]) * K + o_k[None, :]
-        p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + v_base + o_r[:, None]
-        p_v = p_row + 2 * H * K + hv * V + v_base + o_r
-        p_o = out + (i_n * HV + hv) * V + v_base + o_r
-        s0 = tl.load(p_s).to(tl.float32)  # [BVC, K]
-        for c in range(NCH):
-            if PREFETCH:
-                s0n = tl.load(p_s + (c + 1) * BVC * K, mask=(o_r[:, None] < BVC) & (c + 1 < NCH), other=0.0).to(
-                    tl.float32
-                )
-            dm = tl.load(p_d + c * BVC, mask=valid[None, :], other=0.0).to(tl.float32)  # [BVC, BC]
-            v = tl.load(p_v + c * BVC).to(tl.float32)
-            sq = tl.sum(s0 * qv[None, :], axis=1) + tl.sum(dm * cqv[None, :], axis=1)
-            sk = tl.sum(s0 * kv[None, :], axis=1) + tl.sum(dm * ckv[None, :], axis=1)
-            d_cur = beta * (v - sk)
-            tl.store(p_o + c * BVC, (sq + d_cur * kq).to(out.dtype.element_ty))
             if is_flush:
-                # S_new = S0 . Diag(A alpha) + sum_j d_j (alpha W_j o k_j)^T + d_cur k^T
-                acc = s0 * sa[None, :]
-                if FLUSH_MODE == 0:
-                    g_run = tl.zeros([K], dtype=tl.float32)
-                    for j in tl.static_range(BC):
-                        ok = (j < m) & (j < L)
-                        d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + v_base + c * BVC + o_r,
-                                      mask=(o_r < BVC) & ok, other=0.0).to(tl.float32)  # fmt: skip
-                        k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k,
-                                      mask=(o_k < K) & ok, other=0.0).to(tl.float32)  # fmt: skip
-                        if IS_KDA:
-                            g_j = tl.load(g_ring + slot * stride_g + (hv * L + j) * K + o_k,
-                                          mask=(o_k < K) & ok, other=0.0)  # fmt: skip
-                            g_run += g_j
-                            f_j = tl.where(ok, alpha * tl.exp(g_tot - g_run), 0.0) * k_j
-                        else:
-                            f_j = tl.sum(tl.where(o_c == j, fw, 0.0), axis=0) * k_j
-                        acc += d_j[:, None] * f_j[None, :]
-                elif FLUSH_MODE == 1:
-                    acc = tl.dot(dm, fk, acc, input_precision="tf32x3")
-                else:
-                    acc = tl.dot(dm, fk, acc, input_precision="ieee")
-                acc += d_cur[:, None] * k[None, :]
+                acc = _flush_chunk(s_cur, d_cur_t, fk, sa, fw, alpha, g_tot, d_cur, k, d_ring, k_ring, g_ring,
+                                   slot, stride_d, stride_k, stride_g, hv, i_h, v0, m, o_r, o_k, o_c,
+                                   K, V, L, BC, BVC, IS_KDA, FLUSH_MODE)  # fmt: skip
                 tl.store(p_s + c * BVC * K, acc.to(state.dtype.element_ty))
             else:
-                tl.store(
-                    d_ring + slot * stride_d + (hv * L + m) * V + v_base + c * BVC + o_r,
-                    d_cur.to(d_ring.dtype.element_ty),
-                    mask=(o_r < BVC) & in_ring,
-                )
-            if PREFETCH:
-                s0 = s0n
-            else:
-                s0 = tl.load(p_s + (c + 1) * BVC * K, mask=(o_r[:, None] < BVC) & (c + 1 < NCH), other=0.0).to(
-                    tl.float32
-                )
+                tl.store(p_dw, d_cur.to(d_ring.dtype.element_ty), mask=(o_r < BVC) & in_ring)
+        if PF == 2:
+            s_cur = s_nxt
+            d_cur_t = d_nxt
+            s_nxt = s_new
+            d_nxt = d_new
+        else:
+            s_cur = s_new
+            d_cur_t = d_new
 
+    if PASS != 2:
         if (not is_flush) and (i_s == 0):
             if IS_KDA:
                 tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
@@ -277,16 +327,17 @@ class RingDecodeConfig(NamedTuple):
     """Launch choice; see :func:`pick_config`.
 
     ``block_v``: V rows per streamed chunk; ``v_split``: programs per (row, value head), each
-    streaming ``V / v_split`` rows; ``group``: value heads per program (GDN key-head sharing);
-    ``flush_mode``: see :data:`FLUSH_MODES`; ``prefetch``: load chunk c+1 before computing chunk c.
+    streaming ``V / v_split`` rows; ``flush_mode``: see :data:`FLUSH_MODES`; ``prefetch``: chunks
+    in flight ahead of the one being computed (1 or 2); ``split``: two launches per step, one for
+    non-flush rows (compiled without the flush path) and one for flush rows.
     """
 
     block_v: int
     v_split: int
-    group: int
     num_warps: int
     flush_mode: str
-    prefetch: bool
+    prefetch: int
+    split: bool
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
@@ -300,7 +351,7 @@ def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool
     v_split = 1
     while rows_heads * v_split < 4096 and V // (v_split * 2) >= block_v:
         v_split *= 2
-    return RingDecodeConfig(block_v, v_split, 1, 4, "fma", True)
+    return RingDecodeConfig(block_v, v_split, 4, "fma", 1, B >= 16)
 
 
 def _check_inputs(
@@ -395,16 +446,17 @@ def ring_decode_triton(
     nk: int | None = None,
     *,
     v_split: int | None = None,
-    group: int | None = None,
     flush_mode: str | None = None,
-    prefetch: bool | None = None,
+    prefetch: int | None = None,
+    split: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
     Arguments are SGLang's (``nk`` is accepted and ignored: this kernel never tiles K; ``block_v``
     is the streamed chunk height; ``num_stages`` defaults to 1). Keyword-only extras select the
-    launch (defaults from :func:`pick_config`): ``v_split`` programs per (row, head), ``group``
-    value heads per program, ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch``.
+    launch (defaults from :func:`pick_config`): ``v_split`` programs per (row, head),
+    ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch`` (1 or 2 chunks ahead), ``split``
+    (separate launches for non-flush and flush rows).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -420,14 +472,14 @@ def ring_decode_triton(
     cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda)
     bv = min(block_v if block_v is not None else cfg.block_v, V)
     vs = v_split if v_split is not None else cfg.v_split
-    grp = group if group is not None else cfg.group
     nw = num_warps if num_warps is not None else cfg.num_warps
     fm = flush_mode if flush_mode is not None else cfg.flush_mode
-    pf = prefetch if prefetch is not None else cfg.prefetch
+    pf = int(prefetch if prefetch is not None else cfg.prefetch)
+    sp = split if split is not None else cfg.split
     if bv <= 0 or bv & (bv - 1) or V % (bv * vs) != 0:
         raise ValueError(f"block_v={bv} must be a power of two with block_v * v_split dividing V={V}")
-    if (HV // H) % grp != 0:
-        raise ValueError(f"group={grp} must divide HV/H={HV // H}")
+    if pf not in (1, 2):
+        raise ValueError(f"prefetch must be 1 or 2 (got {pf})")
     if fm not in FLUSH_MODES:
         raise ValueError(f"flush_mode must be one of {sorted(FLUSH_MODES)}")
     if fm != "fma" and bv < 16:
@@ -438,16 +490,17 @@ def ring_decode_triton(
 
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
-    _ring_decode_kernel[(vs, B, HV // grp)](
-        mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
-        ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
-        mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
-        d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
-        H=H, HV=HV, K=K, V=V, L=L, BC=bc, BVC=bv, VPER=V // vs, GROUP=grp, IS_KDA=is_kda,
-        HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
-        FLUSH_MODE=FLUSH_MODES[fm], PREFETCH=pf,
-        num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
-    )  # fmt: skip
+    for pass_id in (1, 2) if sp else (0,):
+        _ring_decode_kernel[(vs, B, HV)](
+            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+            ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
+            mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
+            d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
+            H=H, HV=HV, K=K, V=V, L=L, BC=bc, BVC=bv, VPER=V // vs, IS_KDA=is_kda,
+            HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
+            FLUSH_MODE=FLUSH_MODES[fm], PF=pf, PASS=pass_id,
+            num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
+        )  # fmt: skip
     return out, initial_state
 
 
