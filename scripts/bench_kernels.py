@@ -255,6 +255,8 @@ def sweep_configs(model: str, B: int, quick: bool) -> list[dict]:
         {"block_v": 32, "num_warps": 8, "flush_mode": f, "prefetch": 2, "split": True},
         {"block_v": 16, "num_warps": 4, "flush_mode": "tf32x3", "prefetch": 2, "split": True},
         {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": True},
+        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True, "evict_first": True},
+        {"block_v": 8, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True, "evict_first": True},
     ]
     if B <= 1:
         cfgs = [dict(c, split=False) for c in cfgs if c["block_v"] <= 16]

@@ -163,6 +163,7 @@ def _ring_decode_kernel(
     FLUSH_MODE: tl.constexpr,
     PF: tl.constexpr,
     PASS: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
     """One program: decode row ``pid(1)``, value head ``pid(2)``, V rows ``[pid(0)*VPER, +VPER)``
     streamed in chunks of ``BVC`` rows with ``PF`` (1 or 2) chunks in flight ahead of the one being
@@ -213,10 +214,10 @@ def _ring_decode_kernel(
     # Request the first chunk(s) of S0 and of the delta ring now.
     p_s = state + slot * stride_state + (hv * V + v_base + o_r[:, None]) * K + o_k[None, :]
     p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + v_base + o_r[:, None]
-    s_cur = tl.load(p_s).to(tl.float32)  # [BVC, K]
+    s_cur = tl.load(p_s, eviction_policy=EVICT).to(tl.float32)  # [BVC, K]
     d_cur_t = tl.load(p_d, mask=valid[None, :], other=0.0).to(tl.float32)  # [BVC, BC]
     if PF == 2:
-        s_nxt = tl.load(p_s + BVC * K, mask=row_ok & (NCH > 1), other=0.0).to(tl.float32)
+        s_nxt = tl.load(p_s + BVC * K, mask=row_ok & (NCH > 1), other=0.0, eviction_policy=EVICT).to(tl.float32)
         d_nxt = tl.load(p_d + BVC, mask=valid[None, :] & (NCH > 1), other=0.0).to(tl.float32)
 
     p_row = qkv + i_n * stride_qkv
@@ -276,7 +277,9 @@ def _ring_decode_kernel(
     p_o = out + (i_n * HV + hv) * V + v_base + o_r
     for c in range(NCH):
         ahead = c + PF
-        s_new = tl.load(p_s + ahead * BVC * K, mask=row_ok & (ahead < NCH), other=0.0).to(tl.float32)
+        s_new = tl.load(p_s + ahead * BVC * K, mask=row_ok & (ahead < NCH), other=0.0, eviction_policy=EVICT).to(
+            tl.float32
+        )
         d_new = tl.load(p_d + ahead * BVC, mask=valid[None, :] & (ahead < NCH), other=0.0).to(tl.float32)
         v = tl.load(p_v + c * BVC).to(tl.float32)
         sq = tl.sum(s_cur * qv[None, :], axis=1) + tl.sum(d_cur_t * cqv[None, :], axis=1)
@@ -449,6 +452,7 @@ def ring_decode_triton(
     flush_mode: str | None = None,
     prefetch: int | None = None,
     split: bool | None = None,
+    evict_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -456,7 +460,7 @@ def ring_decode_triton(
     is the streamed chunk height; ``num_stages`` defaults to 1). Keyword-only extras select the
     launch (defaults from :func:`pick_config`): ``v_split`` programs per (row, head),
     ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch`` (1 or 2 chunks ahead), ``split``
-    (separate launches for non-flush and flush rows).
+    (separate launches for non-flush and flush rows), ``evict_first`` (L2 hint on the state stream).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -498,7 +502,7 @@ def ring_decode_triton(
             d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
             H=H, HV=HV, K=K, V=V, L=L, BC=bc, BVC=bv, VPER=V // vs, IS_KDA=is_kda,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
-            FLUSH_MODE=FLUSH_MODES[fm], PF=pf, PASS=pass_id,
+            FLUSH_MODE=FLUSH_MODES[fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
             num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
         )  # fmt: skip
     return out, initial_state
