@@ -195,6 +195,8 @@ class SimReq:
 
     req: Any
     script: list[int]
+    #: ``req.prefix_len`` right after the admission match (SGLang advances it after prefill).
+    matched: int = 0
 
     @property
     def consumed(self) -> list[int]:
@@ -452,7 +454,7 @@ class Sim:
             self.req_pool.write((row, slice(0, req.prefix_len)), prefix)
         self.req_pool.write((row, slice(req.prefix_len, req.extend_end)), new)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end
-        sreq = SimReq(req, list(script))
+        sreq = SimReq(req, list(script), matched=req.prefix_len)
         self._prefill(sreq)
         req.output_ids.append(sreq.script[0])
         if len(req.output_ids) >= len(sreq.script):
@@ -656,6 +658,39 @@ class Sim:
         """Finish a running request before its script ends (e.g. a stop token)."""
         del sreq.script[len(sreq.req.output_ids) :]
         self._finish(sreq)
+
+    def abort(self, sreq: SimReq) -> None:
+        """Abort a running request: SGLang's release without checkpoint (also the retract path)."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        req = sreq.req
+        req.finished_reason = FINISH_ABORT("simulated abort")
+        release_kv_cache(req, self.cache, checkpoint=False)
+        if sreq in self.running:
+            self.running.remove(sreq)
+
+    @property
+    def mamba_component(self) -> Any:
+        """The cache's ``MambaComponent``."""
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+        return next(c for c in self.cache._components_tuple if c.component_type == ComponentType.MAMBA)
+
+    def next_mamba_slots(self, first: Sequence[int]) -> None:
+        """Reorder the mamba allocator's free list so its next allocations return ``first`` (all
+        free) in order, through the allocator's own alloc/free. The adapter's reset-on-alloc is
+        held off for this bookkeeping alloc, so cursors of free slots stay as their last owner left
+        them (what the path under test then allocates)."""
+        from sglang_replayssm.radix import config
+
+        alloc = self.req_pool.mamba_allocator
+        with config.override(cursor_reset=False):
+            free = alloc.alloc(alloc.available_size())
+        rest = [int(x) for x in free.tolist() if int(x) not in set(first)]
+        if len(rest) + len(first) != free.numel():
+            raise ValueError(f"slots {list(first)} are not all free")
+        alloc.free(torch.tensor([*first, *rest], dtype=free.dtype))
 
     def evict(self, num_tokens: int = 0, mamba_num: int = 0) -> Any:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
