@@ -277,7 +277,10 @@ def test_copy_from_unflushed_source_is_exact(kind, debug_pool, adapter_on):
         _decode_until_pending(sim, a, min_steps=2)
         src = int(a.req.kv.mamba_pool_idx)
         cache = sim.mamba_pool.mamba_cache
-        before = [t[:, src].clone() for t in (cache.temporal, cache.replayssm_d, cache.replayssm_k, cache.replayssm_g)]
+        before = [
+            t[:, src].clone()
+            for t in (cache.temporal, cache.replayssm_d, cache.replayssm_k, cache.replayssm_g)
+        ]
         wp_before = int(sim.write_pos[src])
         dst = sim.req_pool.mamba_allocator.alloc(1)
         sim.mamba_pool.debug_memory_pool = debug_pool
