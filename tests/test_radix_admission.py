@@ -1,0 +1,119 @@
+"""Deliverable 1 (admission): SGLang's real ``handle_linear_attn_backend`` with the adapter on/off.
+
+SGLang 0.5.23 refuses ``--mamba-radix-cache-strategy extra_buffer`` / ``extra_buffer_lazy`` with
+``--enable-linear-replayssm``. With the adapter they are admitted (for GDN, and for KDA while a
+KDA snapshot fix is on); every other SGLang check in that function still fires, and combinations
+the adapter cannot make exact fail with one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix.admission import ReplaySSMArgsError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _adapter_installed():
+    hooks.install()
+
+
+def _handle(**overrides):
+    """Run SGLang's resolution hook (as the arg pipeline imports it) on fresh server args."""
+    from sglang.srt.arg_groups import attention_hook
+    from sglang.srt.runtime_context import override_platform
+    from sglang.srt.server_args import ServerArgs
+
+    kwargs = {"model_path": "dummy", "enable_linear_replayssm": True}
+    kwargs.update(overrides)
+    server_args = ServerArgs(**kwargs)
+    with override_platform(is_cuda=False):
+        attention_hook.handle_linear_attn_backend(server_args)
+    return server_args
+
+
+def test_the_pipeline_sees_the_hooked_function():
+    from sglang.srt.arg_groups.attention_hook import handle_linear_attn_backend
+
+    assert hooks._wraps_hook(handle_linear_attn_backend, hooks.admit_linear_attn)
+
+
+@pytest.mark.parametrize("strategy", ["extra_buffer", "extra_buffer_lazy"])
+@pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
+def test_extra_buffer_admitted_with_the_decode_ring(strategy, adapter_on):
+    with config.override(adapter_on):
+        if adapter_on:
+            _handle(mamba_radix_cache_strategy=strategy)
+        else:
+            with pytest.raises(ValueError, match="requires --mamba-radix-cache-strategy no_buffer"):
+                _handle(mamba_radix_cache_strategy=strategy)
+
+
+@pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
+def test_no_buffer_and_ring_off_are_untouched(adapter_on):
+    with config.override(adapter_on):
+        _handle(mamba_radix_cache_strategy="no_buffer")
+        _handle(mamba_radix_cache_strategy="extra_buffer", enable_linear_replayssm=False)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"linear_attn_decode_backend": "flashinfer"}, "requires Triton, or Helion"),
+        ({"linear_replayssm_cache_len": 0}, "must be >= 1"),
+        ({"enable_linear_replayssm_spec": True}, "mutually exclusive"),
+    ],
+    ids=["decode-backend", "cache-len", "spec-flag"],
+)
+def test_sglang_validations_still_fire_with_extra_buffer(overrides, message):
+    with config.override(True), pytest.raises(ValueError, match=message):
+        _handle(mamba_radix_cache_strategy="extra_buffer", **overrides)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert "\n" not in text and text.startswith("sglang-replayssm: ")
+    return text
+
+
+def test_kda_extra_buffer_needs_a_kda_snapshot_fix():
+    """Without force flush or track materialisation a KDA (or unreadable) model is refused."""
+    with config.override(True, kda_force_flush=False, materialize_track=False):
+        with pytest.raises(ReplaySSMArgsError) as info:
+            _handle(mamba_radix_cache_strategy="extra_buffer")
+    assert "kda_force_flush or materialize_track" in _one_line(info.value)
+    for fix in ("kda_force_flush", "materialize_track"):
+        with config.override(False, admission=True, cursor_reset=True, **{fix: True}):
+            _handle(mamba_radix_cache_strategy="extra_buffer")
+
+
+def test_extra_buffer_needs_the_cursor_choke_point():
+    with config.override(True, cursor_reset=False):
+        with pytest.raises(ReplaySSMArgsError) as info:
+            _handle(mamba_radix_cache_strategy="extra_buffer_lazy")
+    assert "cursor_reset" in _one_line(info.value)
+
+
+@pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
+def test_mixed_chunk_with_the_decode_ring(adapter_on):
+    """Mixed batches run decode rows through extend kernels that ignore pending ring records;
+    SGLang accepts the combination silently, the adapter refuses it."""
+    with config.override(adapter_on):
+        if adapter_on:
+            with pytest.raises(ReplaySSMArgsError) as info:
+                _handle(mamba_radix_cache_strategy="no_buffer", enable_mixed_chunk=True)
+            assert "--enable-mixed-chunk" in _one_line(info.value)
+        else:
+            _handle(mamba_radix_cache_strategy="no_buffer", enable_mixed_chunk=True)
+
+
+def test_guard_is_restored_after_the_call():
+    from sglang.srt.arg_groups import attention_hook
+    from sglang.srt.arg_groups.overrides import mamba_extra_buffer_of
+
+    with config.override(True):
+        _handle(mamba_radix_cache_strategy="extra_buffer")
+        with pytest.raises(ValueError):
+            _handle(mamba_radix_cache_strategy="extra_buffer", linear_replayssm_cache_len=0)
+    assert attention_hook.mamba_extra_buffer_of is mamba_extra_buffer_of
