@@ -1,0 +1,121 @@
+"""Deliverable 5: the decode ring is charged to SGLang's mamba memory budget.
+
+``KVCacheConfigurator._handle_max_mamba_cache`` (SGLang's real method) sizes the mamba pool from
+``mamba_cache_per_req`` (conv + temporal); with ``--enable-linear-replayssm`` every slot also
+carries a ring that ``MambaPool`` allocates afterwards. With the adapter the per-slot price is
+exactly the bytes a real ``MambaPool`` allocates per slot.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
+from sglang_replayssm.radix.simulate import SimConfig, ToyModel, _cache_params, build_fixture
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _adapter_installed():
+    hooks.install()
+
+
+def _pool_bytes_per_slot(kind: str, ring_len: int):
+    """Build a real decode-ring MambaPool; return (cache params, its bytes per slot, ring part)."""
+    cfg = SimConfig(kind=kind, ring_len=ring_len, mamba_slots=7)
+    model = ToyModel(cfg)
+    _, _, req_pool = build_fixture(cfg, model)
+    pool = req_pool.mamba_pool
+    cache = pool.mamba_cache
+    slots = pool.size + 1
+    ring = cache.replayssm_d.nbytes + cache.replayssm_k.nbytes + cache.replayssm_g.nbytes
+    ring += pool.replayssm_write_pos.nbytes
+    state = sum(c.nbytes for c in cache.conv) + cache.temporal.nbytes
+    assert (ring + state) % slots == 0 and ring % slots == 0
+    return _cache_params(cfg, model, list(range(cfg.mamba_layers))), (ring + state) // slots, ring // slots
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("ring_len", [4, 16])
+def test_ring_bytes_per_slot_match_the_real_pool(kind, ring_len):
+    params, per_slot, ring = _pool_bytes_per_slot(kind, ring_len)
+    assert decode_ring_bytes_per_slot(params, ring_len) == ring
+    # What SGLang prices per slot leaves the ring out; with it, the price is the allocation.
+    assert params.mamba_cache_per_req + ring == per_slot
+    assert ring > 0.1 * params.mamba_cache_per_req
+
+
+def _sizing(params, *, kda: bool):
+    """SGLang's configurator with just the fields its mamba sizing reads (no model, no GPU)."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    class _Sizing(KVCacheConfigurator):
+        def fused_entry_bytes(self, sub_pool_name):  # no fused draft pool
+            return None
+
+    c = object.__new__(_Sizing)
+    fields = {
+        "mambaish_config": SimpleNamespace(mamba2_cache_params=params),
+        "pp_size": 1,
+        "attn_dp_size": 1,
+        "model_config": None,
+        "spec_algorithm": SpeculativeAlgorithm.NONE,
+        "hybrid_gdn_config": None if kda else object(),
+        "hybrid_kda_config": object() if kda else None,
+        "extra_mamba_cache_bytes_per_req": 0,
+    }
+    for name, value in fields.items():
+        setattr(c, name, value)
+    return c
+
+
+def _publish(**kw):
+    from sglang.srt.runtime_context import get_schedule
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", **kw))
+    return get_schedule()
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("explicit_size", [None, 100], ids=["auto-fit", "max-mamba-cache-size"])
+@pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
+def test_mamba_sizing_charges_the_decode_ring(kind, explicit_size, adapter_on):
+    ring_len, rest_gib = 16, 0.02
+    params, per_slot, ring = _pool_bytes_per_slot(kind, ring_len)
+    schedule = _publish(
+        enable_linear_replayssm=True, linear_replayssm_cache_len=ring_len, max_mamba_cache_size=explicit_size
+    )
+    sizing = _sizing(params, kda=kind == "kda")
+    with config.override(adapter_on):
+        left = sizing._handle_max_mamba_cache(rest_gib)
+    assert sizing.extra_mamba_cache_bytes_per_req == 0  # restored
+    priced = params.mamba_cache_per_req + (ring if adapter_on else 0)
+    size = schedule.max_mamba_cache_size
+    if explicit_size is None:
+        budget = rest_gib * schedule.mamba_full_memory_ratio / (1 + schedule.mamba_full_memory_ratio) * GIB
+        assert size == int((budget - priced) // priced)
+        # What the pool will really allocate (+1 padding slot) fits the mamba budget only when priced.
+        assert ((size + 1) * per_slot <= budget) == adapter_on
+    else:
+        assert size == explicit_size
+    assert left == pytest.approx(rest_gib - (size + 1) * priced / GIB, rel=1e-12)
+
+
+def test_spec_ring_sizing_is_left_to_sglang():
+    """``--enable-linear-replayssm-spec`` prices its own ring; the adapter adds nothing there."""
+    params, _, _ = _pool_bytes_per_slot("gdn", 4)
+    results = []
+    for on in (True, False):
+        schedule = _publish(
+            enable_linear_replayssm_spec=True, linear_replayssm_cache_len=4, max_running_requests=8
+        )
+        with config.override(on):
+            left = _sizing(params, kda=False)._handle_max_mamba_cache(0.02)
+        results.append((left, schedule.max_mamba_cache_size))
+    assert results[0] == results[1]
