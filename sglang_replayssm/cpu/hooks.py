@@ -21,6 +21,11 @@ def _no_host_register(buffer, registration_granularity_bytes=None) -> None:
     return None
 
 
+def _pin_memory_noop(self, device=None):
+    """Without a CUDA driver page-locking is meaningless (and raises); the tensor is returned as is."""
+    return self
+
+
 def register() -> list[str]:
     """Register the CPU runtime's hooks; returns their short names for the load log line."""
     hooks = [
@@ -45,4 +50,9 @@ def register() -> list[str]:
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 
     TritonGDNKernel.supports_packed_decode = True
-    return [name for *_, name in hooks]
+    # sglang/srt/managers/schedule_batch.py (prepare_for_decode, mamba track mask) and others call
+    # `.pin_memory()` on host tensors before an async H2D copy; with no CUDA driver that raises.
+    import torch
+
+    torch.Tensor.pin_memory = _pin_memory_noop
+    return [name for *_, name in hooks] + ["pin_memory-noop"]

@@ -52,25 +52,41 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, hv: int, scale: float, l2: bool
     return expand_heads(q * scale, hv), expand_heads(k, hv)
 
 
+#: Chunk length of SGLang's chunked prefill kernels (fla chunk_delta_h.CHUNK_SIZE); the per-chunk
+#: states `h` that extra_buffer's prefill tracking reads are taken on this grid.
+CHUNK = 64
+
+
 def recurrent_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state_pool: torch.Tensor, state_indices: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, l2: bool,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill over packed sequences: q,k [T,H,K], v [T,HV,V], g [T,HV(,K)], beta [T,HV].
-    Reads and writes state_pool[state_indices[i]] in place; returns o [T,HV,V] in v's dtype."""
+
+    Reads and writes state_pool[state_indices[i]] in place. Returns (o [T,HV,V] in v's dtype,
+    h [NT,HV,V,K]): for sequence i with L_i tokens, ceil(L_i/CHUNK) states, the j-th being the
+    state before its chunk j (after j*CHUNK of its tokens), sequences concatenated in order."""
     hv = v.shape[-2]
     qe, ke = prepare_qk(q, k, hv, scale, l2)
     out = torch.empty(v.shape, dtype=torch.float32)
     cu = cu_seqlens.tolist()
+    h: list[torch.Tensor] = []
     for i in range(len(cu) - 1):
         slot = int(state_indices[i])
         lo, hi = cu[i], cu[i + 1]
-        if slot < 0 or hi <= lo:
+        if hi <= lo:
+            continue
+        if slot < 0:
+            out[lo:hi] = 0
+            h += [torch.zeros(state_pool.shape[1:])] * ((hi - lo - 1) // CHUNK + 1)
             continue
         s = state_pool[slot].float().unsqueeze(0)
         for t in range(lo, hi):
+            if (t - lo) % CHUNK == 0:
+                h.append(s[0].clone())
             o, s = delta_rule_step(s, qe[t : t + 1], ke[t : t + 1], v[t : t + 1].float(),
                                    g[t : t + 1].float(), beta[t : t + 1].float())
             out[t] = o[0]
         state_pool[slot] = s[0].to(state_pool.dtype)
-    return out.to(v.dtype)
+    hs = torch.stack(h) if h else torch.zeros((0, *state_pool.shape[1:]))
+    return out.to(v.dtype), hs

@@ -20,6 +20,5 @@ def causal_conv1d_update_cpu(x, conv_states, weight, bias, activation, conv_stat
 
 def chunk_gated_delta_rule_cpu(q, k, v, g, beta, initial_state, cu_seqlens, head_first,
                                use_qk_l2norm_in_kernel, initial_state_indices, **unused):
-    o, state = ops.chunk_gated_delta_rule_cpu(q, k, v, g, beta, initial_state, True, cu_seqlens, head_first,
-                                              use_qk_l2norm_in_kernel, initial_state_indices)
-    return o, state, None
+    return ops.chunk_gated_delta_rule_cpu(q, k, v, g, beta, initial_state, True, cu_seqlens, head_first,
+                                          use_qk_l2norm_in_kernel, initial_state_indices)

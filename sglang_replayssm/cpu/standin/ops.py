@@ -139,13 +139,14 @@ def fused_gdn_gating_cpu(A_log, a, b, dt_bias):
 @op
 def chunk_gated_delta_rule_cpu(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, head_first,
                                use_qk_l2norm_in_kernel, initial_state_indices):
-    """Prefill: q,k [1,T,H,K], v [1,T,HV,V], g/beta [1,T,HV]; state pool updated in place."""
+    """Prefill: q,k [1,T,H,K], v [1,T,HV,V], g/beta [1,T,HV]; state pool updated in place.
+    Returns (o, state pool, h [1,NT,HV,V,K] per-chunk states, see gdn.recurrent_varlen)."""
     if head_first:
         raise NotImplementedError("head_first layout is not used by SGLang's CPU engine")
     scale = q.shape[-1] ** -0.5
-    o = gdn.recurrent_varlen(q[0], k[0], v[0], g[0], beta[0], initial_state, initial_state_indices,
-                             cu_seqlens, scale, bool(use_qk_l2norm_in_kernel))
-    return o.unsqueeze(0), initial_state
+    o, h = gdn.recurrent_varlen(q[0], k[0], v[0], g[0], beta[0], initial_state, initial_state_indices,
+                                cu_seqlens, scale, bool(use_qk_l2norm_in_kernel))
+    return o.unsqueeze(0), initial_state, h.to(q.dtype).unsqueeze(0)
 
 
 @op

@@ -1,0 +1,104 @@
+"""Real SGLang 0.5.23 servers on the CPU runtime, tiny fp32 models: greedy tokens equal HF transformers'.
+
+Covers ReplaySSM off/on x every mamba radix strategy, HiCache, and the ring decode's pool contents.
+Each case starts one server (~30 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sglang_replayssm.models import make_models
+from sglang_replayssm.testing.hf_reference import hf_greedy
+from sglang_replayssm.testing.serve import cpu_server, generate, generate_batch
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
+
+RING_LEN = 4  # small ring: a 20-token decode flushes 5 times and wraps the cursor
+NEW_TOKENS = 20
+MODEL_NAMES = ("tiny-gdn", "tiny-kda")
+
+
+@pytest.fixture(scope="session")
+def models() -> dict[str, Path]:
+    return make_models(names=MODEL_NAMES, log=lambda *a: None)
+
+
+def _prompts(seed: int = 0) -> list[list[int]]:
+    """A shared 70-token prefix (crosses one 64-token track boundary) + distinct 9..15-token tails."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(10, 2000) for _ in range(70)]
+    return [prefix + [rng.randrange(10, 2000) for _ in range(9 + 3 * i)] for i in range(3)]
+
+
+def _check_against_hf(url: str, model_dir: Path) -> dict[str, list[int]]:
+    prompts = _prompts()
+    expected = hf_greedy(model_dir, prompts, NEW_TOKENS, ignore_eos=True)
+    # One at a time first (later prompts can hit the prefix cache), then all three batched.
+    single = [generate(url, p, NEW_TOKENS) for p in prompts]
+    batched = generate_batch(url, prompts, NEW_TOKENS)
+    for i, exp in enumerate(expected):
+        assert single[i]["output_ids"] == exp, f"single request {i} differs from HF"
+        assert batched[i]["output_ids"] == exp, f"batched request {i} differs from HF"
+    return {"single_cached": [r["cached_tokens"] for r in single],
+            "batched_cached": [r["cached_tokens"] for r in batched]}
+
+
+CASES = [
+    # (replayssm, strategy, extra flags)
+    (False, "no_buffer", ["--disable-overlap-schedule"]),
+    (True, "no_buffer", ["--disable-overlap-schedule"]),
+    (False, "extra_buffer", []),
+    (False, "extra_buffer_lazy", []),
+    (True, "extra_buffer", []),
+    (True, "extra_buffer_lazy", []),
+]
+
+
+@pytest.mark.parametrize("model_name", MODEL_NAMES)
+@pytest.mark.parametrize(("replayssm", "strategy", "extra"), CASES,
+                         ids=[f"{'ring' if r else 'plain'}-{s}" for r, s, _ in CASES])
+def test_greedy_tokens_equal_hf(models, tmp_path, model_name, replayssm, strategy, extra):
+    flags = ["--mamba-radix-cache-strategy", strategy, *extra]
+    if replayssm:
+        flags += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", str(RING_LEN)]
+    with cpu_server(models[model_name], flags, tmp_path / "server.log") as url:
+        cached = _check_against_hf(url, models[model_name])
+    if strategy != "no_buffer":
+        # The second and third single requests share the 70-token prefix: a hit at the 64-token track.
+        assert min(cached["single_cached"][1:]) >= 64, cached
+
+
+@pytest.mark.parametrize("model_name", MODEL_NAMES)
+def test_hierarchical_cache(models, tmp_path, model_name):
+    flags = ["--mamba-radix-cache-strategy", "extra_buffer", "--enable-hierarchical-cache",
+             "--hicache-ratio", "2"]
+    with cpu_server(models[model_name], flags, tmp_path / "server.log") as url:
+        _check_against_hf(url, models[model_name])
+
+
+def test_ring_decode_runs_in_server(models, tmp_path):
+    """The pool itself shows the ring at work: cursors advance and wrap, records are written on
+    non-flush steps, and the checkpoint is written exactly at write_pos == L-1 (or a forced flush)."""
+    trace = tmp_path / "ring.jsonl"
+    flags = ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+             "--enable-linear-replayssm", "--linear-replayssm-cache-len", str(RING_LEN)]
+    model = models["tiny-gdn"]
+    with cpu_server(model, flags, tmp_path / "server.log",
+                    env={"SGLANG_REPLAYSSM_RING_TRACE": str(trace)}) as url:
+        prompt = _prompts()[0]
+        out = generate(url, prompt, NEW_TOKENS)
+    assert out["output_ids"] == hf_greedy(model, [prompt], NEW_TOKENS, ignore_eos=True)[0]
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    # The first token comes from prefill; every later token is one ring decode step of this slot.
+    assert len(steps) == NEW_TOKENS - 1
+    cursors = [s["write_pos"] for s in steps]
+    assert cursors == [i % RING_LEN for i in range(len(steps))], cursors
+    for s in steps:
+        flush = s["write_pos"] == RING_LEN - 1
+        assert s["checkpoint_written"] == flush, s
+        assert s["record_written"] == (not flush), s
