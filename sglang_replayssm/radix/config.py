@@ -25,6 +25,7 @@ __all__ = [
     "enabled",
     "enabled_fixes",
     "override",
+    "reload",
 ]
 
 ADAPTER_ENV = "SGLANG_REPLAYSSM_ADAPTER"
@@ -67,6 +68,13 @@ def _current() -> dict[str, bool]:
     if _state is None:
         _state = _from_env()
     return _state
+
+
+def reload() -> list[str]:
+    """Re-read the environment (e.g. after a test changed it); returns the enabled fixes."""
+    global _state
+    _state = _from_env()
+    return enabled_fixes()
 
 
 def enabled(fix: str) -> bool:
