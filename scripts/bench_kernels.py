@@ -240,46 +240,47 @@ def cache_keys() -> set:
     return keys
 
 
-def sweep_configs(model: str, B: int, quick: bool) -> list[dict]:
-    """Launch variants to time (v_split left to pick_config unless given)."""
+def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[dict]:
+    """Launch variants to time (v_split left to pick_config unless given).
+
+    ``final``: the defaults' neighbourhood; ``explore``: register-cap / order / depth variants.
+    """
     f = "fma"
-    cfgs: list[dict] = [
-        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": False},
-        {"block_v": 16, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
-        {"block_v": 8, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
-        {"block_v": 8, "num_warps": 2, "flush_mode": f, "prefetch": 1, "split": True},
-        {"block_v": 8, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": True},
-        {"block_v": 32, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": True},
-        {"block_v": 32, "num_warps": 8, "flush_mode": f, "prefetch": 2, "split": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": "tf32x3", "prefetch": 2, "split": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": True},
-        {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True, "evict_first": True},
-        {"block_v": 8, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True, "evict_first": True},
-    ]
-    if B <= 1:
-        cfgs = [dict(c, split=False) for c in cfgs if c["block_v"] <= 16]
-        cfgs += [
-            {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
-            {"block_v": 8, "v_split": 16, "num_warps": 2, "flush_mode": f, "prefetch": 1, "split": False},
-            {"block_v": 8, "v_split": 8, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
-            {"block_v": 8, "v_split": 4, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": False},
-        ]
-    elif B <= 64:
-        cfgs += [
+    base = {"block_v": 8, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": B > 1}
+    if mode == "explore":
+        cfgs = [
+            base,
+            dict(base, prefetch=1),
+            dict(base, row_major=True),
+            dict(base, maxnreg=128),
+            dict(base, maxnreg=96),
+            dict(base, block_v=4),
+            dict(base, block_v=4, maxnreg=96),
+            dict(base, block_v=16, prefetch=1),
+            dict(base, prefetch=1, maxnreg=96),
+            dict(base, flush_mode="tf32x3"),
+            dict(base, num_warps=2, prefetch=1, maxnreg=96),
             {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True},
-            {"block_v": 8, "v_split": 1, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
-            {"block_v": 8, "v_split": 4, "num_warps": 2, "flush_mode": f, "prefetch": 2, "split": True},
         ]
     else:
-        cfgs.append({"block_v": 16, "v_split": 2, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": True})
+        cfgs = [
+            base,
+            dict(base, prefetch=1),
+            {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": B > 1},
+            {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": B > 1},
+            {"block_v": 32, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": B > 1},
+        ]
+        if B <= 1:
+            cfgs += [
+                {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
+                {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": False},
+            ]
     if quick:
         cfgs = cfgs[:3]
     return cfgs
 
 
-def bench_model(model: str, B: int, sgl: object | None, quick: bool) -> dict:
+def bench_model(model: str, B: int, sgl: object | None, quick: bool, mode: str = "final") -> dict:
     pb = Problem(model, B)
     row: dict = {"model": model, "B": B}
     row.update(floors(pb.state_bytes()))
@@ -287,7 +288,7 @@ def bench_model(model: str, B: int, sgl: object | None, quick: bool) -> dict:
     row["ideal_window_at_read_bw_us"] = pb.ideal_window_bytes() / (row["read_TBps"] * 1e6)
     # ours: sweep
     sweep = []
-    for cfg in sweep_configs(model, B, quick):
+    for cfg in sweep_configs(model, B, quick, mode):
         before = cache_keys()
         try:
             t, meth = time_us(pb.window(ring_decode_triton, **cfg))
@@ -546,6 +547,8 @@ def main() -> int:
     ap.add_argument("--batches", type=str, default="1,64,256,512")
     ap.add_argument("--models", type=str, default="gdn,kda")
     ap.add_argument("--quick", action="store_true", help="3 sweep configs only")
+    ap.add_argument("--sweep", choices=["final", "explore"], default="final")
+    ap.add_argument("--skip-materialize", action="store_true")
     ap.add_argument("--skip-graph-check", action="store_true")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -581,7 +584,7 @@ def main() -> int:
         for B in [int(x) for x in args.batches.split(",")]:
             t0 = time.time()
             try:
-                row = bench_model(model, B, sgl, args.quick)
+                row = bench_model(model, B, sgl, args.quick, args.sweep)
             except Exception:
                 log(traceback.format_exc())
                 continue
@@ -597,7 +600,7 @@ def main() -> int:
             )
             json_path.write_text(json.dumps(result, indent=1))
     copy_bw = {r["model"]: r["copy_TBps"] for r in result["rows"] if r["B"] == 256}
-    if copy_bw:
+    if copy_bw and not args.skip_materialize:
         result["materialize"] = bench_materialize(256, copy_bw)
         log("materialize:", json.dumps(result["materialize"]))
     if not args.skip_graph_check:

@@ -164,6 +164,7 @@ def _ring_decode_kernel(
     PF: tl.constexpr,
     PASS: tl.constexpr,
     EVICT: tl.constexpr,
+    ROW_MAJOR: tl.constexpr,
 ):
     """One program: decode row ``pid(1)``, value head ``pid(2)``, V rows ``[pid(0)*VPER, +VPER)``
     streamed in chunks of ``BVC`` rows with ``PF`` (1 or 2) chunks in flight ahead of the one being
@@ -174,8 +175,12 @@ def _ring_decode_kernel(
     only. Padded rows (slot < 0) get a zero output in passes 0 and 1.
     """
     i_s = tl.program_id(0)
-    i_n = tl.program_id(1)
-    hv = tl.program_id(2)
+    if ROW_MAJOR:  # consecutive programs walk the heads of one row (one contiguous slot)
+        hv = tl.program_id(1)
+        i_n = tl.program_id(2)
+    else:
+        i_n = tl.program_id(1)
+        hv = tl.program_id(2)
     i_h = hv // (HV // H)
     NCH: tl.constexpr = VPER // BVC
     v_base = i_s * VPER
@@ -453,6 +458,8 @@ def ring_decode_triton(
     prefetch: int | None = None,
     split: bool | None = None,
     evict_first: bool = False,
+    row_major: bool = False,
+    maxnreg: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -460,7 +467,8 @@ def ring_decode_triton(
     is the streamed chunk height; ``num_stages`` defaults to 1). Keyword-only extras select the
     launch (defaults from :func:`pick_config`): ``v_split`` programs per (row, head),
     ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch`` (1 or 2 chunks ahead), ``split``
-    (separate launches for non-flush and flush rows), ``evict_first`` (L2 hint on the state stream).
+    (separate launches for non-flush and flush rows), ``evict_first`` (L2 hint on the state stream),
+    ``row_major`` (program order: heads of one row consecutive), ``maxnreg`` (register cap).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -494,8 +502,10 @@ def ring_decode_triton(
 
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
+    grid = (vs, HV, B) if row_major else (vs, B, HV)
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
     for pass_id in (1, 2) if sp else (0,):
-        _ring_decode_kernel[(vs, B, HV)](
+        _ring_decode_kernel[grid](
             mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
             ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
             mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
@@ -503,7 +513,7 @@ def ring_decode_triton(
             H=H, HV=HV, K=K, V=V, L=L, BC=bc, BVC=bv, VPER=V // vs, IS_KDA=is_kda,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
             FLUSH_MODE=FLUSH_MODES[fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
-            num_warps=nw, num_stages=num_stages if num_stages is not None else 1,
+            ROW_MAJOR=row_major, num_warps=nw, num_stages=num_stages if num_stages is not None else 1, **extra,
         )  # fmt: skip
     return out, initial_state
 
