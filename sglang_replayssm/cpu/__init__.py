@@ -21,7 +21,7 @@ def activate() -> str:
     if not standin_wanted():
         return "cpu runtime off (CUDA driver present)"
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    from sglang_replayssm.cpu import hooks
+    from sglang_replayssm.cpu import hooks, hooks_hicache, hooks_kda
 
-    names = hooks.register()
+    names = hooks.register() + hooks_kda.register() + hooks_hicache.register()
     return "cpu runtime ON (no CUDA driver; torch reference kernels: " + ", ".join(names) + ")"
