@@ -80,7 +80,7 @@ def server_command(arm: Arm, model_path: Path, port: int, *, device: str, tp: in
     if device == "cpu":
         from sglang_replayssm.cpu.launch import cpu_server_args
 
-        cmd = _merge(cmd, cpu_server_args())
+        cmd = _merge(cmd, cpu_server_args(model_path))
     elif device != "auto":
         cmd = _merge(cmd, ["--device", device])
     return cmd
