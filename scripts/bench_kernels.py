@@ -264,16 +264,19 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
         ]
     else:
         cfgs = [
-            base,
             dict(base, prefetch=1),
-            {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": B > 1},
+            base,
+            dict(base, prefetch=1, flush_block_v=32, flush_num_warps=4),
+            dict(base, prefetch=1, flush_block_v=16, flush_num_warps=2),
+            dict(base, prefetch=1, row_major=True),
+            {"block_v": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": B > 1},
             {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": B > 1},
-            {"block_v": 32, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": B > 1},
         ]
         if B <= 1:
             cfgs += [
                 {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
                 {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": False},
+                {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": False},
             ]
     if quick:
         cfgs = cfgs[:3]

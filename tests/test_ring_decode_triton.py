@@ -169,12 +169,14 @@ if CUDA:
         {"block_v": 8, "v_split": 8, "flush_mode": "fma", "num_warps": 2, "split": False},
         {"block_v": 16, "v_split": 4, "flush_mode": "ieee", "split": True},
         {"block_v": 64, "v_split": 1, "flush_mode": "fma", "num_warps": 8},
+        {"block_v": 8, "num_warps": 1, "prefetch": 1, "split": True, "flush_block_v": 32, "flush_num_warps": 4},
+        {"block_v": 8, "num_warps": 1, "prefetch": 2, "split": True, "row_major": True, "flush_mode": "ieee"},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
     VARIANTS = [
-        {"block_v": 8, "v_split": 2, "flush_mode": "fma", "prefetch": 2, "split": True},
-        {"block_v": 16, "v_split": 1, "flush_mode": "ieee", "prefetch": 1, "split": False},
+        {"block_v": 8, "v_split": 2, "flush_mode": "fma", "prefetch": 2, "split": True, "flush_block_v": 16},
+        {"block_v": 16, "v_split": 1, "flush_mode": "ieee", "prefetch": 1, "split": False, "row_major": True},
     ]
     TF32X3 = []
 

@@ -349,17 +349,20 @@ class RingDecodeConfig(NamedTuple):
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
-    """Default launch configuration (from the H200 sweeps recorded in notes/kernels.md).
+    """Default launch configuration, from the H200 sweeps recorded in notes/kernels.md.
 
-    Enough programs to fill the GPU several times over: small batches split V across programs,
-    large batches stream all of V in one program per (row, head).
+    One-warp programs streaming 8-row chunks won at B >= 64 for both gate kinds (more resident
+    programs per SM beat wider tiles); below 4096 (row, head) pairs V is split across programs
+    so the GPU fills. Small batches keep one launch (no separate flush pass).
     """
-    rows_heads = B * HV
-    block_v = min(V, 16)
     v_split = 1
-    while rows_heads * v_split < 4096 and V // (v_split * 2) >= block_v:
+    while B * HV * v_split < 4096 and V // (v_split * 2) >= min(V, 16):
         v_split *= 2
-    return RingDecodeConfig(block_v, v_split, 4, "fma", 1, B >= 16)
+    if B >= 16:
+        return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True)
+    if is_kda:
+        return RingDecodeConfig(min(V, 16), v_split, 4, "fma", 1, False)
+    return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 2, False)
 
 
 def _check_inputs(
@@ -460,6 +463,8 @@ def ring_decode_triton(
     evict_first: bool = False,
     row_major: bool = False,
     maxnreg: int | None = None,
+    flush_block_v: int | None = None,
+    flush_num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -468,7 +473,8 @@ def ring_decode_triton(
     launch (defaults from :func:`pick_config`): ``v_split`` programs per (row, head),
     ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch`` (1 or 2 chunks ahead), ``split``
     (separate launches for non-flush and flush rows), ``evict_first`` (L2 hint on the state stream),
-    ``row_major`` (program order: heads of one row consecutive), ``maxnreg`` (register cap).
+    ``row_major`` (program order: heads of one row consecutive), ``maxnreg`` (register cap),
+    ``flush_block_v`` / ``flush_num_warps`` (chunk height / warps of the flush launch when split).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -504,16 +510,27 @@ def ring_decode_triton(
     b_arg = b.reshape(B, -1)
     grid = (vs, HV, B) if row_major else (vs, B, HV)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
-    for pass_id in (1, 2) if sp else (0,):
+    launches = [(0, bv, nw, fm, bc)]
+    if sp:
+        fbv = min(flush_block_v if flush_block_v is not None else bv, V // vs)
+        if fbv <= 0 or fbv & (fbv - 1) or (V // vs) % fbv != 0:
+            raise ValueError(f"flush_block_v={fbv} must be a power of two dividing V/v_split={V // vs}")
+        ffm = fm if (fm == "fma" or fbv >= 16) else "fma"
+        fbc = bc if ffm != "fma" else triton.next_power_of_2(L)
+        if ffm != "fma":
+            fbc = max(fbc, 16)
+        fnw = flush_num_warps if flush_num_warps is not None else nw
+        launches = [(1, bv, nw, fm, bc), (2, fbv, fnw, ffm, fbc)]
+    for pass_id, l_bv, l_nw, l_fm, l_bc in launches:
         _ring_decode_kernel[grid](
             mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
             ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
             mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
             d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
-            H=H, HV=HV, K=K, V=V, L=L, BC=bc, BVC=bv, VPER=V // vs, IS_KDA=is_kda,
+            H=H, HV=HV, K=K, V=V, L=L, BC=l_bc, BVC=l_bv, VPER=V // vs, IS_KDA=is_kda,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
-            FLUSH_MODE=FLUSH_MODES[fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
-            ROW_MAJOR=row_major, num_warps=nw, num_stages=num_stages if num_stages is not None else 1, **extra,
+            FLUSH_MODE=FLUSH_MODES[l_fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
+            ROW_MAJOR=row_major, num_warps=l_nw, num_stages=num_stages if num_stages is not None else 1, **extra,
         )  # fmt: skip
     return out, initial_state
 
