@@ -117,3 +117,16 @@ def test_guard_is_restored_after_the_call():
         with pytest.raises(ValueError):
             _handle(mamba_radix_cache_strategy="extra_buffer", linear_replayssm_cache_len=0)
     assert attention_hook.mamba_extra_buffer_of is mamba_extra_buffer_of
+
+
+@pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
+def test_streaming_session_with_the_decode_ring(adapter_on):
+    """A session's next turn extends its kept slot, ignoring the previous turn's pending records;
+    SGLang accepts the combination silently, the adapter refuses it."""
+    with config.override(adapter_on):
+        if adapter_on:
+            with pytest.raises(ReplaySSMArgsError) as info:
+                _handle(mamba_radix_cache_strategy="no_buffer", enable_streaming_session=True)
+            assert "--enable-streaming-session" in _one_line(info.value)
+        else:
+            _handle(mamba_radix_cache_strategy="no_buffer", enable_streaming_session=True)

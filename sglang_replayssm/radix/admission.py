@@ -14,7 +14,9 @@ Refused here, each with one line naming the flags:
 * extra_buffer for a KDA model (or one whose config cannot be read) when neither KDA snapshot fix
   (``kda_force_flush``, ``materialize_track``) is on: KDA does not flush at track boundaries;
 * ``--enable-mixed-chunk`` with the decode ring: decode rows of a mixed batch run the extend
-  kernels, which read ``temporal`` only and ignore pending ring records.
+  kernels, which read ``temporal`` only and ignore pending ring records;
+* ``--enable-streaming-session`` with the decode ring: the next turn of a session extends the
+  kept slot with those same kernels, again ignoring the pending records of the previous turn.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
         raise ReplaySSMArgsError(
             "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported: "
             "mixed batches run decode rows through extend kernels that ignore pending ring records."
+        )
+    if _value(server_args, "enable_streaming_session", False):
+        raise ReplaySSMArgsError(
+            "sglang-replayssm: --enable-streaming-session with --enable-linear-replayssm is unsupported: "
+            "a session's next turn extends its slot with kernels that ignore pending ring records."
         )
     strategy = _value(server_args, "mamba_radix_cache_strategy", None)
     radix_off = bool(_value(server_args, "disable_radix_cache", False))

@@ -34,11 +34,13 @@ DISABLE_ENV = "SGLANG_REPLAYSSM_DISABLE_FIXES"
 #: Every fix the adapter can make, with what it changes (the keys are the switch names).
 FIXES: dict[str, str] = {
     "admission": "admit extra_buffer / extra_buffer_lazy with --enable-linear-replayssm (GDN, and KDA "
-    "when a KDA snapshot fix is on); refuse --enable-mixed-chunk with the decode ring",
+    "when a KDA snapshot fix is on); refuse --enable-mixed-chunk / --enable-streaming-session with the "
+    "decode ring",
     "kda_force_flush": "KDA decode force-flushes the ring at track boundaries like GDN",
     "cursor_reset": "every mamba slot handed out by the allocator (or loaded from an int8 "
     "checkpoint) starts with an empty ring",
-    "materialize_copy": "MambaPool.copy_from folds the source's pending ring records into the copy",
+    "materialize_copy": "MambaPool.copy_from folds the source's pending ring records into the copy "
+    "(only while cursor_reset is on: a record count is trusted only if every slot starts empty)",
     "materialize_track": "the decode track snapshot folds the working slot's pending records",
     "finish_donation": "no_buffer finish: materialise the full state, donate at the real depth",
     "ring_budget": "charge the decode ring to the mamba memory budget",

@@ -111,7 +111,7 @@ def exact_track_decode(
 
 def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: Any, dst_indices: Any) -> Any:
     """AROUND sglang/srt/mem_cache/memory_pool.py:1163 ``MambaPool.copy_from``."""
-    if not config.enabled("materialize_copy"):
+    if not (config.enabled("materialize_copy") and config.enabled("cursor_reset")):
         return original(mamba_pool, src_indices, dst_indices)
     from sglang_replayssm.radix.snapshot import copy_from_exact
 
