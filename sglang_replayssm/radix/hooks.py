@@ -45,6 +45,7 @@ undo patches).
 from __future__ import annotations
 
 import pkgutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -316,13 +317,33 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
-def _live_attr(target: str) -> Any:
+def _live_attr(target: str, *, import_modules: bool = True) -> Any:
+    """The object currently at ``target`` (classmethod/staticmethod unwrapped).
+
+    With ``import_modules=False`` nothing is imported: a target whose module is not imported yet
+    cannot have been patched, and None is returned (keeps :func:`register` cheap in processes
+    that never import the runtime, e.g. the detokenizer).
+    """
     owner_path, name = target.rsplit(".", 1)
-    owner = pkgutil.resolve_name(owner_path)
+    if import_modules:
+        owner = pkgutil.resolve_name(owner_path)
+    else:
+        parts = owner_path.split(".")
+        for i in range(len(parts), 0, -1):
+            module = sys.modules.get(".".join(parts[:i]))
+            if module is not None:
+                break
+        else:
+            return None
+        owner = module
+        for attr in parts[i:]:
+            owner = getattr(owner, attr, None)
+            if owner is None:
+                return None
     raw = owner.__dict__.get(name) if isinstance(owner, type) else None
     if isinstance(raw, (classmethod, staticmethod)):
         return raw.__func__
-    return getattr(owner, name)
+    return getattr(owner, name, None)
 
 
 def _wraps_hook(live: Any, hook_fn: Callable[..., Any]) -> bool:
@@ -339,15 +360,17 @@ def _wraps_hook(live: Any, hook_fn: Callable[..., Any]) -> bool:
     return False
 
 
-def applied_hooks() -> list[Hook]:
-    """The hooks of :data:`HOOKS` that are currently patched into SGLang in this process."""
+def applied_hooks(*, import_modules: bool = True) -> list[Hook]:
+    """The hooks of :data:`HOOKS` that are currently patched into SGLang in this process
+    (``import_modules=False``: looking only at modules already imported)."""
     out = []
     for hook in HOOKS:
         try:
-            if _wraps_hook(_live_attr(hook.target), hook.fn):
-                out.append(hook)
+            live = _live_attr(hook.target, import_modules=import_modules)
         except (ImportError, AttributeError, ValueError):
             continue
+        if live is not None and _wraps_hook(live, hook.fn):
+            out.append(hook)
     return out
 
 
@@ -363,7 +386,7 @@ def register() -> str:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     fixes = config.enabled_fixes()
-    applied = {id(h) for h in applied_hooks()}
+    applied = {id(h) for h in applied_hooks(import_modules=False)}
     for hook in HOOKS:
         if hook.fix not in fixes or id(hook) in applied:
             continue
