@@ -19,7 +19,9 @@ mkdir -p /tmp/kda_packed_build && cp .devcarry/kda_build/*.so /tmp/kda_packed_bu
   python3 -c 'import torch, triton, sys; print(sys.version, torch.__version__, triton.__version__)'; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 400 python3 -m pytest -q -p no:cacheprovider -x tests/test_ring_decode_triton.py tests/test_cursor.py \
-    2>&1 | tee "$OUT/pytest.log" | tail -15
+  timeout 400 python3 -m pytest -q -p no:cacheprovider -rs tests/test_ring_decode_triton.py tests/test_cursor.py \
+    2>&1 | tee "$OUT/pytest.log" | tail -30
 fi
-python3 scripts/bench_kernels.py --sglang-root .devcarry --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 scripts/bench_kernels.py --sglang-root .devcarry --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+fi

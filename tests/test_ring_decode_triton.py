@@ -103,6 +103,7 @@ class RingSim:
         s = self.s
         qkv, a, b = self.inputs()
         ff = (torch.rand(s.B, generator=self.gen) < force_p).to(torch.int32)
+        ff[: s.B // 2] = 0  # the first half of the rows only flushes naturally (and row 0 when forced below)
         if force_row0:
             ff[0] = 1  # row 0 is never padding
         ff = ff.to(DEV)
@@ -155,8 +156,9 @@ class RingSim:
 def _run(shape: Shape, is_kda: bool, kernel_kwargs: dict, io_dtype: torch.dtype, tol: float, seed: int) -> None:
     sim = RingSim(shape, is_kda, io_dtype, seed)
     for t in range(2 * shape.L + 1):
-        # steps 1 and 2 force row 0: at step 2 its cursor is 0 < L-1, so that flush is a forced one
-        sim.step(kernel_kwargs, force_p=0.2, tol=tol, force_row0=t in (1, 2))
+        # steps 1 and 2 force row 0: at step 2 its cursor is 0 < L-1, so that flush is a forced one;
+        # rows 0 .. B/2-1 see no other forced flush, so each reaches L-1 within 2L+1 steps
+        sim.step(kernel_kwargs, force_p=0.3, tol=tol, force_row0=t in (1, 2))
     assert sim.flushes["natural"] > 0 and sim.flushes["forced"] > 0, sim.flushes
 
 
