@@ -130,3 +130,14 @@ def test_streaming_session_with_the_decode_ring(adapter_on):
             assert "--enable-streaming-session" in _one_line(info.value)
         else:
             _handle(mamba_radix_cache_strategy="no_buffer", enable_streaming_session=True)
+
+
+def test_lazy_extra_buffer_without_overlap_is_refused():
+    """SGLang sizes the ping-pong buffer from the overlap flag; lazy mode then indexes a missing
+    second entry at the first decode track boundary (see the simulation test in
+    test_radix_defects.py). The adapter refuses the combination it admits, with one line."""
+    with config.override(True):
+        with pytest.raises(ReplaySSMArgsError) as info:
+            _handle(mamba_radix_cache_strategy="extra_buffer_lazy", disable_overlap_schedule=True)
+        assert "--disable-overlap-schedule" in _one_line(info.value)
+        _handle(mamba_radix_cache_strategy="extra_buffer", disable_overlap_schedule=True)

@@ -299,3 +299,18 @@ def test_copy_from_unflushed_source_is_exact(kind, debug_pool, adapter_on):
         assert int(sim.write_pos[src]) == wp_before
         sim.decode()
         assert sim.live_problems(TOL) == []
+
+
+# ---- an SGLang defect outside the ring: lazy ping-pong without overlap ---------------------------
+
+
+def test_sglang_lazy_extra_buffer_needs_overlap_sized_ping_pong():
+    """Not a ring defect, found on the way: with overlap scheduling off SGLang builds a one-entry
+    ping-pong buffer, and ``mamba_lazy_prealloc_at_boundary`` indexes entry 1 at the first decode
+    track boundary. The adapter's admission refuses extra_buffer_lazy without overlap."""
+    sim = Sim(SimConfig(kind="gdn", strategy="extra_buffer_lazy", track_interval=2, overlap=False))
+    assert sim.req_pool.mamba_ping_pong_track_buffer_size == 1
+    sim.admit([1, 2, 3], [1, 2, 3, 4])
+    with pytest.raises(IndexError):
+        while sim.running:
+            sim.decode()

@@ -16,7 +16,10 @@ Refused here, each with one line naming the flags:
 * ``--enable-mixed-chunk`` with the decode ring: decode rows of a mixed batch run the extend
   kernels, which read ``temporal`` only and ignore pending ring records;
 * ``--enable-streaming-session`` with the decode ring: the next turn of a session extends the
-  kept slot with those same kernels, again ignoring the pending records of the previous turn.
+  kept slot with those same kernels, again ignoring the pending records of the previous turn;
+* ``extra_buffer_lazy`` with ``--disable-overlap-schedule``: SGLang then sizes a one-entry
+  ping-pong buffer, and its lazy prealloc indexes the second entry at the first decode track
+  boundary (an IndexError in ``ScheduleBatch.mamba_lazy_prealloc_at_boundary``; not ring-specific).
 """
 
 from __future__ import annotations
@@ -101,6 +104,11 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
     if radix_off or strategy not in _EXTRA_BUFFER:
         # no_buffer, or auto (resolved later; re-checked when this runs on the resolved value).
         return original(server_args)
+    if strategy == "extra_buffer_lazy" and _value(server_args, "disable_overlap_schedule", False):
+        raise ReplaySSMArgsError(
+            "sglang-replayssm: --mamba-radix-cache-strategy extra_buffer_lazy needs overlap scheduling "
+            "(SGLang 0.5.23 sizes a one-entry ping-pong buffer without it); drop --disable-overlap-schedule."
+        )
     _check_extra_buffer(server_args, strategy)
     module = importlib.import_module(_GUARD_MODULE)
     guard = module.__dict__.get("mamba_extra_buffer_of")

@@ -70,6 +70,9 @@ class SimConfig:
     vocab: int = 10
     conv_kernel: int = 4
     seed: int = 0
+    #: Overlap scheduling as the pools see it (sizes the ping-pong buffer: 2 with overlap, else
+    #: 1); None = on for the extra_buffer strategies, off for no_buffer (SGLang's defaults).
+    overlap: bool | None = None
     #: Run SGLang's Triton track-copy kernel (interpreted on CPU, ~0.1 s a launch) instead of
     #: an equivalent torch copy.
     triton_track_copy: bool = False
@@ -276,7 +279,7 @@ def build_fixture(cfg: SimConfig, model: ToyModel) -> tuple[Any, Any, Any]:
 
     layer_ids = list(range(cfg.mamba_layers))
     params = _cache_params(cfg, model, layer_ids)
-    overlap = cfg.extra_buffer  # ping-pong pairs need the overlap-sized buffer (lazy requires 2)
+    overlap = cfg.extra_buffer if cfg.overlap is None else cfg.overlap
 
     def server_args(**kw: Any) -> Any:
         return ServerArgs(
