@@ -77,15 +77,33 @@ def _one_line(exc: BaseException) -> str:
     return text
 
 
-def test_kda_extra_buffer_needs_a_kda_snapshot_fix():
-    """Without force flush or track materialisation a KDA (or unreadable) model is refused."""
+def _config_dir(tmp_path, name: str) -> str:
+    """A model directory holding just the config.json of one of the package's tiny test models."""
+    import json
+
+    from sglang_replayssm import models
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(models.model_config(models.SPECS[name], 2048)))
+    return str(tmp_path)
+
+
+def test_kda_extra_buffer_needs_a_kda_snapshot_fix(tmp_path):
+    """Without force flush or track materialisation a KDA (or unreadable) model is refused, a GDN
+    model is admitted; with either KDA fix a KDA model is admitted."""
+    kda, gdn = _config_dir(tmp_path / "kda", "tiny-kda"), _config_dir(tmp_path / "gdn", "tiny-gdn")
+    unreadable = tmp_path / "no-config"  # a local directory without config.json (no hub lookup)
+    unreadable.mkdir()
     with config.override(True, kda_force_flush=False, materialize_track=False):
-        with pytest.raises(ReplaySSMArgsError) as info:
-            _handle(mamba_radix_cache_strategy="extra_buffer")
-    assert "kda_force_flush or materialize_track" in _one_line(info.value)
+        for path, what in ((kda, "a KDA model"), (str(unreadable), "config could not be read")):
+            with pytest.raises(ReplaySSMArgsError) as info:
+                _handle(model_path=path, mamba_radix_cache_strategy="extra_buffer")
+            text = _one_line(info.value)
+            assert "kda_force_flush or materialize_track" in text and what in text
+        _handle(model_path=gdn, mamba_radix_cache_strategy="extra_buffer")
     for fix in ("kda_force_flush", "materialize_track"):
         with config.override(False, admission=True, cursor_reset=True, **{fix: True}):
-            _handle(mamba_radix_cache_strategy="extra_buffer")
+            _handle(model_path=kda, mamba_radix_cache_strategy="extra_buffer")
 
 
 def test_extra_buffer_needs_the_cursor_choke_point():
