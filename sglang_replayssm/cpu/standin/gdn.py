@@ -57,6 +57,40 @@ def prepare_qk(q: torch.Tensor, k: torch.Tensor, hv: int, scale: float, l2: bool
 CHUNK = 64
 
 
+def chunk_forward(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact chunk form of `delta_rule_step` over C tokens of one sequence (fp32).
+
+    state [HV,V,K]; q,k [C,HV,K] (normed, scaled, head-expanded); v [C,HV,V]; g [C,HV] or [C,HV,K];
+    beta [C,HV]. With G the in-chunk cumulative log-decay, the corrected values U solve the unit
+    lower-triangular system (I + diag(beta) A) U = diag(beta) (V - S0 (exp(G) * k)), A[t,i] =
+    sum_k k_t exp(G_t - G_i) k_i (i < t); then o_t = S0 (exp(G_t) * q_t) + sum_{i<=t} (q_t exp(G_t-G_i) k_i) u_i
+    and S_C = S0 diag(exp(G_C)) + sum_i u_i (exp(G_C - G_i) * k_i)^T. Returns (o [C,HV,V], S_C)."""
+    c = q.shape[0]
+    gk = g if g.dim() == 3 else g[..., None].expand(-1, -1, k.shape[-1])
+    G = gk.permute(1, 0, 2).cumsum(1)  # [HV,C,K]
+    qh, kh, vh = q.permute(1, 0, 2), k.permute(1, 0, 2), v.permute(1, 0, 2)  # [HV,C,*]
+    bh = beta.t()  # [HV,C]
+    diff = torch.exp((G[:, :, None, :] - G[:, None, :, :]).clamp(max=0.0))  # [HV,t,i,K], <= 1 for i <= t
+    lower = torch.ones(c, c, dtype=torch.bool).tril()
+    strict = lower.clone().fill_diagonal_(False)
+    kk = torch.einsum("htk,htik,hik->hti", kh, diff, kh) * strict
+    qk = torch.einsum("htk,htik,hik->hti", qh, diff, kh) * lower
+    eg = torch.exp(G)
+    rhs = bh[..., None] * (vh - torch.einsum("hvk,htk->htv", state, eg * kh))
+    system = torch.eye(c) + bh[..., None] * kk
+    u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # [HV,C,V]
+    o = torch.einsum("hvk,htk->htv", state, eg * qh) + qk @ u
+    tail = torch.exp(G[:, -1:, :] - G)  # [HV,C,K]
+    new_state = state * eg[:, -1, None, :] + torch.einsum("hiv,hik->hvk", u, tail * kh)
+    return o.permute(1, 0, 2), new_state
+
+
+#: Chunk length of SGLang's chunked prefill kernels (fla chunk_delta_h.CHUNK_SIZE); the per-chunk
+#: states `h` that extra_buffer's prefill tracking reads are taken on this grid.
+CHUNK = 64
+
+
 def recurrent_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state_pool: torch.Tensor, state_indices: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, l2: bool,
@@ -68,7 +102,8 @@ def recurrent_varlen(
     state before its chunk j (after j*CHUNK of its tokens), sequences concatenated in order."""
     hv = v.shape[-2]
     qe, ke = prepare_qk(q, k, hv, scale, l2)
-    out = torch.empty(v.shape, dtype=torch.float32)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    out = torch.zeros(v.shape, dtype=torch.float32)
     cu = cu_seqlens.tolist()
     h: list[torch.Tensor] = []
     for i in range(len(cu) - 1):
@@ -77,16 +112,13 @@ def recurrent_varlen(
         if hi <= lo:
             continue
         if slot < 0:
-            out[lo:hi] = 0
             h += [torch.zeros(state_pool.shape[1:])] * ((hi - lo - 1) // CHUNK + 1)
             continue
-        s = state_pool[slot].float().unsqueeze(0)
-        for t in range(lo, hi):
-            if (t - lo) % CHUNK == 0:
-                h.append(s[0].clone())
-            o, s = delta_rule_step(s, qe[t : t + 1], ke[t : t + 1], v[t : t + 1].float(),
-                                   g[t : t + 1].float(), beta[t : t + 1].float())
-            out[t] = o[0]
-        state_pool[slot] = s[0].to(state_pool.dtype)
+        s = state_pool[slot].float().clone()  # h keeps it: must not alias the pool
+        for c0 in range(lo, hi, CHUNK):
+            c1 = min(c0 + CHUNK, hi)
+            h.append(s)
+            out[c0:c1], s = chunk_forward(s, qe[c0:c1], ke[c0:c1], vf[c0:c1], gf[c0:c1], bf[c0:c1])
+        state_pool[slot] = s.to(state_pool.dtype)
     hs = torch.stack(h) if h else torch.zeros((0, *state_pool.shape[1:]))
     return out.to(v.dtype), hs
