@@ -67,22 +67,31 @@ def chunk_forward(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     sum_k k_t exp(G_t - G_i) k_i (i < t); then o_t = S0 (exp(G_t) * q_t) + sum_{i<=t} (q_t exp(G_t-G_i) k_i) u_i
     and S_C = S0 diag(exp(G_C)) + sum_i u_i (exp(G_C - G_i) * k_i)^T. Returns (o [C,HV,V], S_C)."""
     c = q.shape[0]
-    gk = g if g.dim() == 3 else g[..., None].expand(-1, -1, k.shape[-1])
-    G = gk.permute(1, 0, 2).cumsum(1)  # [HV,C,K]
     qh, kh, vh = q.permute(1, 0, 2), k.permute(1, 0, 2), v.permute(1, 0, 2)  # [HV,C,*]
     bh = beta.t()  # [HV,C]
-    diff = torch.exp((G[:, :, None, :] - G[:, None, :, :]).clamp(max=0.0))  # [HV,t,i,K], <= 1 for i <= t
     lower = torch.ones(c, c, dtype=torch.bool).tril()
     strict = lower.clone().fill_diagonal_(False)
-    kk = torch.einsum("htk,htik,hik->hti", kh, diff, kh) * strict
-    qk = torch.einsum("htk,htik,hik->hti", qh, diff, kh) * lower
-    eg = torch.exp(G)
-    rhs = bh[..., None] * (vh - torch.einsum("hvk,htk->htv", state, eg * kh))
+    if g.dim() == 2:  # GDN: one decay per head, the decay matrix factors out of the k.k products
+        G = g.t().cumsum(1)  # [HV,C]
+        diff = torch.exp((G[:, :, None] - G[:, None, :]).clamp(max=0.0))  # [HV,t,i]
+        kk = (kh @ kh.transpose(1, 2)) * diff * strict
+        qk = (qh @ kh.transpose(1, 2)) * diff * lower
+        eg = torch.exp(G)[..., None]  # [HV,C,1]
+        tail = torch.exp(G[:, -1:] - G)[..., None]  # [HV,C,1]
+        last = eg[:, -1, None, :]  # [HV,1,1]
+    else:  # KDA: per-channel decay
+        G = g.permute(1, 0, 2).cumsum(1)  # [HV,C,K]
+        diff = torch.exp((G[:, :, None, :] - G[:, None, :, :]).clamp(max=0.0))  # [HV,t,i,K], <= 1 for i <= t
+        kk = torch.einsum("htk,htik,hik->hti", kh, diff, kh) * strict
+        qk = torch.einsum("htk,htik,hik->hti", qh, diff, kh) * lower
+        eg = torch.exp(G)
+        tail = torch.exp(G[:, -1:, :] - G)  # [HV,C,K]
+        last = eg[:, -1, None, :]  # [HV,1,K]
+    rhs = bh[..., None] * (vh - (eg * kh) @ state.transpose(1, 2))
     system = torch.eye(c) + bh[..., None] * kk
     u = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # [HV,C,V]
-    o = torch.einsum("hvk,htk->htv", state, eg * qh) + qk @ u
-    tail = torch.exp(G[:, -1:, :] - G)  # [HV,C,K]
-    new_state = state * eg[:, -1, None, :] + torch.einsum("hiv,hik->hvk", u, tail * kh)
+    o = (eg * qh) @ state.transpose(1, 2) + qk @ u
+    new_state = state * last + u.transpose(1, 2) @ (tail * kh)
     return o.permute(1, 0, 2), new_state
 
 
