@@ -26,6 +26,8 @@ def register() -> list[str]:
         (f"{_KERNEL}.packed_decode", kda.packed_decode, HookType.AROUND, "kda-ring-decode"),
         # sglang/srt/layers/attention/linear/kernels/kda_triton.py: unpacked recurrent decode.
         (f"{_KERNEL}.decode", kda.decode, HookType.AROUND, "kda-decode"),
+        # sglang/srt/layers/attention/linear/kernels/kda_triton.py: speculative verify (CPU: clear error).
+        (f"{_KERNEL}.target_verify", kda.target_verify, HookType.AROUND, "kda-verify-unsupported"),
         # sglang/srt/layers/attention/linear/kda_backend.py: prefill conv always uses Triton causal_conv1d_fn.
         ("sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend._convolve_prefill",
          kda.convolve_prefill, HookType.AROUND, "kda-prefill-conv"),

@@ -16,14 +16,18 @@ raises.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from sglang_replayssm.cpu.standin import gdn, ops
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
 logger = logging.getLogger("sglang_replayssm")
+#: The original SGLang method an AROUND hook wraps.
+Hooked = Callable[..., Any]
 
 #: Counts ring-decode (ReplaySSM) and plain packed-decode calls in this process.
 RING_DECODE_CALLS = 0
@@ -96,8 +100,10 @@ def chunk_kda(
     return o
 
 
-def extend(original, self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, A_log=None,
-           dt_bias=None, lower_bound=None, beta_is_raw=False, return_intermediate_states=False, **kwargs):
+def extend(original: Hooked, self: Any, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
+           ssm_states: Tensor, cache_indices: Tensor, query_start_loc: Tensor, A_log: Tensor | None = None,
+           dt_bias: Tensor | None = None, lower_bound: float | None = None, beta_is_raw: bool = False,
+           return_intermediate_states: bool = False, **kwargs: Any) -> Tensor | tuple[Tensor, Tensor]:
     """AROUND hook body for TritonKDAKernel.extend (kernels/kda_triton.py)."""
     if q.device.type != "cpu":
         return original(self, q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
@@ -133,8 +139,9 @@ def _recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return out
 
 
-def packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices,
-                  num_v_heads, head_v_dim, lower_bound=None, **kwargs):
+def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: Tensor, *, A_log: Tensor,
+                  dt_bias: Tensor, scale: float, ssm_states: Tensor, cache_indices: Tensor, num_v_heads: int,
+                  head_v_dim: int, lower_bound: float | None = None, **kwargs: Any) -> Tensor:
     """AROUND hook body for TritonKDAKernel.packed_decode (kernels/kda_triton.py).
 
     With the pool's ReplaySSM rings (replayssm_d/k/g + write cursor) it runs the ring decode
@@ -179,8 +186,9 @@ def packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm
     return out.transpose(0, 1)
 
 
-def decode(original, self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices, query_start_loc,
-           lower_bound=None, **kwargs):
+def decode(original: Hooked, self: Any, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, *, A_log: Tensor,
+           dt_bias: Tensor, ssm_states: Tensor, cache_indices: Tensor, query_start_loc: Tensor | None,
+           lower_bound: float | None = None, **kwargs: Any) -> Tensor:
     """AROUND hook body for TritonKDAKernel.decode (kernels/kda_triton.py): q,k [1,N,H,K],
     v [1,N,HV,V], one token per sequence; returns o [1,N,HV,V]."""
     if q.device.type != "cpu":
@@ -197,7 +205,18 @@ def decode(original, self, q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_i
     return o.to(v.dtype).unsqueeze(0)
 
 
-def convolve_prefill(original, self, layer, forward_batch, mixed_qkv, conv_states, cache_indices):
+def target_verify(original: Hooked, self: Any, *args: Any, **kwargs: Any) -> Tensor:
+    """AROUND hook body for TritonKDAKernel.target_verify (kernels/kda_triton.py): speculative
+    verify has no CPU implementation; on CPU tensors it raises instead of a NameError deep inside."""
+    q = kwargs.get("q", args[2] if len(args) > 2 else None)
+    if q is not None and q.device.type != "cpu":
+        return original(self, *args, **kwargs)
+    raise NotImplementedError("KDA speculative target_verify has no CPU implementation in the sglang-replayssm "
+                              "CPU runtime (run without speculative decoding).")
+
+
+def convolve_prefill(original: Hooked, self: Any, layer: Any, forward_batch: Any, mixed_qkv: Tensor,
+                     conv_states: Tensor, cache_indices: Tensor) -> Tensor:
     """AROUND hook body for KDAAttnBackend._convolve_prefill (kda_backend.py): the varlen causal
     conv over [T, dim] with the pool's [dim, W-1] windows (conv_states is the transposed view)."""
     if mixed_qkv.device.type != "cpu":
@@ -209,7 +228,8 @@ def convolve_prefill(original, self, layer, forward_batch, mixed_qkv, conv_state
     return out.transpose(0, 1)
 
 
-def fused_rmsnorm_gated_forward(original, self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
+def fused_rmsnorm_gated_forward(original: Hooked, self: Any, x: Tensor, g: Tensor, residual: Tensor | None = None,
+                                prenorm: bool = False, residual_in_fp32: bool = False) -> Tensor:
     """AROUND hook body for FusedRMSNormGated.forward (kernels/ops/attention/fla/fused_norm_gate.py):
     y = RMSNorm(x) * weight * act(g) per row of the last dim (Kimi's o_norm uses sigmoid)."""
     if x.device.type != "cpu":
