@@ -38,8 +38,17 @@ _EXTRA_BUFFER = ("extra_buffer", "extra_buffer_lazy")
 _GUARD_MODULE = "sglang.srt.arg_groups.attention_hook"
 
 
-class ReplaySSMArgsError(ValueError):
-    """A server-argument combination the adapter cannot make exact (one-line message)."""
+class ReplaySSMArgsError(SystemExit):
+    """A server-argument combination the adapter cannot make exact.
+
+    A SystemExit, so the launcher prints exactly its one-line message (no traceback) and exits 1,
+    like argparse's own errors; nothing in SGLang's startup path swallows it as an Exception."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return str(self.code)
 
 
 def _value(server_args: Any, name: str, default: Any = None) -> Any:

@@ -1,0 +1,63 @@
+"""Bad flags and unsupported combinations fail at startup with one clear line and a non-zero exit;
+the plugin refuses any SGLang other than the pinned release, naming both versions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sglang_replayssm import SGLANG_PINNED_VERSION
+from sglang_replayssm.cpu.launch import cpu_server_env
+from sglang_replayssm.models import make_models
+from sglang_replayssm.version_check import SGLangVersionError, installed_sglang_version, require_pinned_sglang
+
+
+def _launch(args: list[str]) -> subprocess.CompletedProcess:
+    model = make_models(names=["tiny-gdn"], log=lambda *a: None)["tiny-gdn"]
+    env = cpu_server_env()
+    env["SGLANG_PLUGINS"] = "replayssm_cpu,replayssm_radix"
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+CASES = [
+    (["--mamba-radix-cache-strategy", "bogus"], "invalid choice: 'bogus'"),
+    (["--enable-linear-replayssm", "--enable-mixed-chunk", "--mamba-radix-cache-strategy", "extra_buffer"],
+     "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported"),
+    (["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer_lazy",
+      "--disable-overlap-schedule"], "sglang-replayssm: --mamba-radix-cache-strategy extra_buffer_lazy"),
+]
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(("args", "message"), CASES, ids=["bad-value", "mixed-chunk", "lazy-no-overlap"])
+def test_bad_startup_fails_with_one_clear_line(args, message):
+    proc = _launch(args)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert message in last, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_version_pin_names_both_versions():
+    assert installed_sglang_version() == SGLANG_PINNED_VERSION
+    require_pinned_sglang()  # the installed release passes
+    with pytest.raises(SGLangVersionError) as info:
+        require_pinned_sglang("0.5.22")
+    assert "0.5.22" in str(info.value) and SGLANG_PINNED_VERSION in str(info.value)
+
+
+def test_plugin_registers_nothing_on_another_version(monkeypatch, caplog):
+    from sglang_replayssm import plugin
+
+    monkeypatch.setattr(plugin, "require_pinned_sglang",
+                        lambda: require_pinned_sglang("0.6.0"))
+    called = []
+    monkeypatch.setattr("sglang_replayssm.radix.hooks.register", lambda: called.append(1) or "on")
+    plugin._enabled.clear()
+    with caplog.at_level("ERROR", logger="sglang_replayssm"):
+        plugin.register_radix_adapter()
+    assert not called
+    assert any("0.6.0" in r.getMessage() and SGLANG_PINNED_VERSION in r.getMessage() for r in caplog.records)
