@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag"), default="generated-shared-prefix",
                    help="generated-shared-prefix (SGLang's shape) or rag (multi-turn, documents reused)")
     w.add_argument("--gsp-num-groups", type=int, default=4)
-    w.add_argument("--gsp-prompts-per-group", type=int, default=4)
+    w.add_argument("--gsp-prompts-per-group", type=int, default=6)
     w.add_argument("--gsp-system-prompt-len", type=int, default=1024)
     w.add_argument("--gsp-question-len", type=int, default=64)
     w.add_argument("--gsp-output-len", type=int, default=16)
@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rag-output-len", type=int, default=16)
     w.add_argument("--request-rate", type=float, default=float("inf"),
                    help="conversation starts per second, Poisson (default inf: all at once)")
-    w.add_argument("--max-concurrency", type=int, default=4, help="requests in flight at most (0: no cap)")
+    w.add_argument("--max-concurrency", type=int, default=1,
+                   help="requests in flight at most (0: no cap); 1 by default so TTFT is prefill time, not queueing")
     w.add_argument("--warmup-requests", type=int, default=1, help="short unrelated requests before measuring")
     w.add_argument("--flush-cache", action="store_true", help="POST /flush_cache after warmup")
     w.add_argument("--seed", type=int, default=1)
