@@ -45,6 +45,8 @@ FIXES: dict[str, str] = {
     "finish_donation": "no_buffer finish: materialise the full state, donate at the real depth",
     "ring_budget": "charge the decode ring to the mamba memory budget",
     "lost_hit_metric": "count prompt tokens whose KV hit was dropped for lack of a mamba state",
+    "ring_kernels": "on CUDA, run sglang-replayssm's Triton ring decode in place of SGLang's ReplaySSM "
+    "kernel (same ring layout and semantics)",
 }
 
 _state: dict[str, bool] | None = None

@@ -32,6 +32,10 @@ hook function                   type    target (file:line in SGLang 0.5.23)
                                         (sglang/srt/managers/scheduler_components/metrics_reporter.py:719)
 ``charge_ring_budget``          AROUND  ``KVCacheConfigurator._handle_max_mamba_cache``
                                         (sglang/srt/mem_cache/kv_cache_configurator.py:3229)
+``gdn_ring_kernel``             AROUND  ``TritonGDNKernel.packed_decode``
+                                        (sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46)
+``kda_ring_kernel``             AROUND  ``TritonKDAKernel.packed_decode``
+                                        (sglang/srt/layers/attention/linear/kernels/kda_triton.py:37)
 ==============================  ======  =====================================================
 
 All hooks are method/function hooks through ``sglang.srt.plugins.hook_registry.HookRegistry``;
@@ -65,6 +69,27 @@ def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
     from sglang_replayssm.radix.admission import admit_linear_attn_args
 
     return admit_linear_attn_args(original, server_args)
+
+
+# ---- decode kernels ----------------------------------------------------------------------------
+
+
+def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46 ``packed_decode``."""
+    if not config.enabled("ring_kernels"):
+        return original(kernel, *args, **kwargs)
+    from sglang_replayssm.radix.kernel_binding import ring_packed_decode
+
+    return ring_packed_decode(original, kernel, *args, is_kda=False, **kwargs)
+
+
+def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND sglang/srt/layers/attention/linear/kernels/kda_triton.py:37 ``packed_decode``."""
+    if not config.enabled("ring_kernels"):
+        return original(kernel, *args, **kwargs)
+    from sglang_replayssm.radix.kernel_binding import ring_packed_decode
+
+    return ring_packed_decode(original, kernel, *args, is_kda=True, **kwargs)
 
 
 # ---- decode metadata and track snapshot ------------------------------------------------------
@@ -313,6 +338,20 @@ HOOKS: tuple[Hook, ...] = (
         charge_ring_budget,
         "ring_budget",
         "sglang/srt/mem_cache/kv_cache_configurator.py:3229",
+    ),
+    Hook(
+        "sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode",
+        "AROUND",
+        gdn_ring_kernel,
+        "ring_kernels",
+        "sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46",
+    ),
+    Hook(
+        "sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel.packed_decode",
+        "AROUND",
+        kda_ring_kernel,
+        "ring_kernels",
+        "sglang/srt/layers/attention/linear/kernels/kda_triton.py:37",
     ),
 )
 

@@ -1,0 +1,52 @@
+"""Bind sglang-replayssm's Triton ring decode (kernels/ring_decode_triton.py) where SGLang 0.5.23's
+packed-decode methods would launch its own ReplaySSM kernel, on CUDA tensors only.
+
+Same ring layout, cursor and flush semantics (the kernel takes SGLang's exact argument list), so the
+swap changes speed, not results; rows without rings, the KDA safe gate (lower_bound) and non-CUDA
+tensors go to SGLang's original method unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+_RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
+
+
+def _has_ring(kwargs: dict[str, Any]) -> bool:
+    return all(kwargs.get(key) is not None for key in _RING_KEYS)
+
+
+def _ours_applies(mixed_qkv: Any, kwargs: dict[str, Any]) -> bool:
+    return bool(mixed_qkv.is_cuda and _has_ring(kwargs) and kwargs.get("lower_bound") is None)
+
+
+def _ring_kernel() -> Callable[..., Any]:
+    from sglang_replayssm.kernels.ring_decode_triton import ring_decode_triton
+
+    return ring_decode_triton
+
+
+def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any, a: Any, b: Any, *,
+                       is_kda: bool, **kwargs: Any) -> Any:
+    """Body of the AROUND hooks on TritonGDNKernel/TritonKDAKernel.packed_decode."""
+    if not _ours_applies(mixed_qkv, kwargs):
+        return original(kernel, mixed_qkv, a, b, **kwargs)
+
+    ssm_states = kwargs["ssm_states"]
+    hv, v_dim, k_dim = kwargs["num_v_heads"], kwargs["head_v_dim"], ssm_states.shape[-1]
+    rows = mixed_qkv.shape[0]
+    out = mixed_qkv.new_empty(rows, 1, hv, v_dim)
+    if is_kda:
+        a = a.reshape(rows, hv, k_dim).contiguous()
+        dt_bias = kwargs["dt_bias"].reshape(hv, k_dim).contiguous()
+    else:
+        dt_bias = kwargs["dt_bias"]
+    _ring_kernel()(
+        mixed_qkv, a, b.reshape(rows, hv).contiguous(), kwargs["A_log"].reshape(-1), dt_bias,
+        kwargs["scale"], ssm_states, kwargs["replayssm_d"], kwargs["replayssm_k"], kwargs["replayssm_g"],
+        out, kwargs["cache_indices"], kwargs["replayssm_write_pos"], kwargs.get("replayssm_force_flush"),
+        use_qk_l2norm_in_kernel=True, is_kda=is_kda,
+    )
+    return out.transpose(0, 1)
