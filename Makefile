@@ -2,7 +2,7 @@
 # Each first makes sure the cached environment exists (scripts/ensure_env.sh).
 PY := .venv/bin/python
 MODELS ?= $(HOME)/.cache/sglang-replayssm/models
-BENCH_ARGS ?=
+BENCH_ARGS ?= --json out/bench.json --plot-dir out
 
 .PHONY: env test bench lint models
 
