@@ -16,7 +16,6 @@ def main(argv: list[str]) -> int:
     print(f"CPU reference runtime: {'on' if standin_wanted() else 'off'}")
     from sglang_replayssm.radix import config
 
-    fixes = config.enabled_fixes() if config.adapter_enabled() else {}
-    on = [name for name, value in fixes.items() if value]
+    on = list(config.enabled_fixes()) if config.adapter_enabled() else []
     print(f"radix adapter: {'off' if not config.adapter_enabled() else ', '.join(on) or 'no fixes'}")
     return 0
