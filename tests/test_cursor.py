@@ -69,8 +69,12 @@ def sglang_host_advance(
         translate_mamba_indices=lambda x: x,
     )
 
+    forward_metadata = base._forward_metadata
+    while getattr(forward_metadata, "__wrapped__", None) is not None:  # SGLang's own, not the adapter's hooks
+        forward_metadata = forward_metadata.__wrapped__
+
     class FakeBackend:
-        _forward_metadata = base._forward_metadata
+        _forward_metadata = forward_metadata
         _translate_mamba_indices = base._translate_mamba_indices
         _has_cpu_prefill_track_metadata = staticmethod(base._has_cpu_prefill_track_metadata)
         _replayssm_track_flush_mask = base._replayssm_track_flush_mask

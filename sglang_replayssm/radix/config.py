@@ -37,6 +37,8 @@ FIXES: dict[str, str] = {
     "when a KDA snapshot fix is on); refuse --enable-mixed-chunk / --enable-streaming-session with the "
     "decode ring",
     "kda_force_flush": "KDA decode force-flushes the ring at track boundaries like GDN",
+    "device_cursor": "advance the decode ring cursor and build the forced-flush mask on the device from "
+    "the device seq_lens (no host sync, CUDA-graph safe) instead of SGLang's host-side advance",
     "cursor_reset": "every mamba slot handed out by the allocator (or loaded from an int8 "
     "checkpoint) starts with an empty ring",
     "materialize_copy": "MambaPool.copy_from folds the source's pending ring records into the copy "

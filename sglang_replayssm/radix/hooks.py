@@ -12,6 +12,10 @@ hook function                   type    target (file:line in SGLang 0.5.23)
                                         (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166)
 ``kda_flush_replay_metadata``   AROUND  ``MambaAttnBackendBase._replay_metadata``
                                         (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747)
+``device_cursor_eager``         AROUND  ``MambaAttnBackendBase._forward_metadata``
+                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166)
+``device_cursor_graph``         AROUND  ``MambaAttnBackendBase.init_forward_metadata_out_graph``
+                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368)
 ``exact_track_decode``          AROUND  ``MambaAttnBackendBase._track_mamba_state_decode``
                                         (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975)
 ``exact_copy_from``             AROUND  ``MambaPool.copy_from``
@@ -111,6 +115,25 @@ def kda_flush_replay_metadata(original: Callable[..., Any], backend: Any, *args:
     from sglang_replayssm.radix.flush import with_kda_force_flush
 
     return with_kda_force_flush(original, backend, *args, **kwargs)
+
+
+def device_cursor_eager(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166 ``_forward_metadata``."""
+    if not config.enabled("device_cursor"):
+        return original(backend, *args, **kwargs)
+    from sglang_replayssm.radix.device_cursor import device_forward_metadata
+
+    return device_forward_metadata(original, backend, *args, **kwargs)
+
+
+def device_cursor_graph(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368 ``init_forward_metadata_out_graph``
+    (it calls ``_replay_metadata``, :747, and alone holds the device ``seq_lens``)."""
+    if not config.enabled("device_cursor"):
+        return original(backend, *args, **kwargs)
+    from sglang_replayssm.radix.device_cursor import device_out_graph_metadata
+
+    return device_out_graph_metadata(original, backend, *args, **kwargs)
 
 
 def exact_track_decode(
@@ -268,6 +291,20 @@ HOOKS: tuple[Hook, ...] = (
         kda_flush_replay_metadata,
         "kda_force_flush",
         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747",
+    ),
+    Hook(
+        f"{_BACKEND}._forward_metadata",
+        "AROUND",
+        device_cursor_eager,
+        "device_cursor",
+        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166",
+    ),
+    Hook(
+        f"{_BACKEND}.init_forward_metadata_out_graph",
+        "AROUND",
+        device_cursor_graph,
+        "device_cursor",
+        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368",
     ),
     Hook(
         f"{_BACKEND}._track_mamba_state_decode",
