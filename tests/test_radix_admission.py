@@ -113,17 +113,23 @@ def test_extra_buffer_needs_the_cursor_choke_point():
     assert "cursor_reset" in _one_line(info.value)
 
 
-@pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
-def test_mixed_chunk_with_the_decode_ring(adapter_on):
-    """Mixed batches run decode rows through extend kernels that ignore pending ring records;
-    SGLang accepts the combination silently, the adapter refuses it."""
-    with config.override(adapter_on):
-        if adapter_on:
+@pytest.mark.parametrize("flag", ["enable_mixed_chunk", "enable_streaming_session"])
+@pytest.mark.parametrize("fixes", ["adapter-on", "extend-fold-off", "adapter-off"])
+def test_mixed_chunk_and_streaming_session_with_the_decode_ring(flag, fixes):
+    """Mixed batches and streaming-session turns run extend kernels over slots with pending ring
+    records. SGLang accepts both silently; the adapter admits them while its extend_fold fix folds
+    those records first, and refuses them with one line when that fix is off."""
+    switches = {"adapter-on": {}, "extend-fold-off": {"extend_fold": False}, "adapter-off": None}[fixes]
+    with config.override(switches is not None, **(switches or {})):
+        if fixes == "extend-fold-off":
             with pytest.raises(ReplaySSMArgsError) as info:
-                _handle(mamba_radix_cache_strategy="no_buffer", enable_mixed_chunk=True)
-            assert "--enable-mixed-chunk" in _one_line(info.value)
+                _handle(mamba_radix_cache_strategy="no_buffer", **{flag: True})
+            text = _one_line(info.value)
+            assert "--" + flag.replace("_", "-") in text and "extend_fold" in text
         else:
-            _handle(mamba_radix_cache_strategy="no_buffer", enable_mixed_chunk=True)
+            _handle(mamba_radix_cache_strategy="no_buffer", **{flag: True})
+            if switches is not None:  # (SGLang alone refuses extra_buffer with the ring anyway)
+                _handle(mamba_radix_cache_strategy="extra_buffer", **{flag: True})
 
 
 def test_guard_is_restored_after_the_call():
@@ -137,17 +143,19 @@ def test_guard_is_restored_after_the_call():
     assert attention_hook.mamba_extra_buffer_of is mamba_extra_buffer_of
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
 @pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
-def test_streaming_session_with_the_decode_ring(adapter_on):
-    """A session's next turn extends its kept slot, ignoring the previous turn's pending records;
-    SGLang accepts the combination silently, the adapter refuses it."""
+def test_pd_disaggregation_with_the_decode_ring_is_refused(mode, adapter_on):
+    """PD transfer carries conv + temporal only; SGLang refuses the decode ring under PD with a
+    ValueError (a traceback at launch), the adapter with one line before SGLang's check."""
     with config.override(adapter_on):
         if adapter_on:
             with pytest.raises(ReplaySSMArgsError) as info:
-                _handle(mamba_radix_cache_strategy="no_buffer", enable_streaming_session=True)
-            assert "--enable-streaming-session" in _one_line(info.value)
+                _handle(mamba_radix_cache_strategy="no_buffer", disaggregation_mode=mode)
+            assert f"--disaggregation-mode {mode}" in _one_line(info.value)
         else:
-            _handle(mamba_radix_cache_strategy="no_buffer", enable_streaming_session=True)
+            with pytest.raises(ValueError, match="PD disaggregation"):
+                _handle(mamba_radix_cache_strategy="no_buffer", disaggregation_mode=mode)
 
 
 def test_lazy_extra_buffer_without_overlap_is_refused():

@@ -115,4 +115,5 @@ def test_plugin_entry_point_reports_what_it_enabled():
     from sglang_replayssm import plugin
 
     plugin.register_radix_adapter()
-    assert plugin._enabled["replayssm_radix"].startswith("radix adapter (9/9 fixes")
+    n = len(config.FIXES)
+    assert plugin._enabled["replayssm_radix"].startswith(f"radix adapter ({n}/{n} fixes")

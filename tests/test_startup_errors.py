@@ -14,27 +14,32 @@ from sglang_replayssm.models import make_models
 from sglang_replayssm.version_check import SGLangVersionError, installed_sglang_version, require_pinned_sglang
 
 
-def _launch(args: list[str]) -> subprocess.CompletedProcess:
+def _launch(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     model = make_models(names=["tiny-gdn"], log=lambda *a: None)["tiny-gdn"]
     env = cpu_server_env()
     env["SGLANG_PLUGINS"] = "replayssm_cpu,replayssm_radix"
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
+_NO_EXTEND_FOLD = {"SGLANG_REPLAYSSM_DISABLE_FIXES": "extend_fold"}
 CASES = [
-    (["--mamba-radix-cache-strategy", "bogus"], "invalid choice: 'bogus'"),
+    (["--mamba-radix-cache-strategy", "bogus"], None, "invalid choice: 'bogus'"),
     (["--enable-linear-replayssm", "--enable-mixed-chunk", "--mamba-radix-cache-strategy", "extra_buffer"],
-     "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported"),
+     _NO_EXTEND_FOLD, "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported"),
     (["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer_lazy",
-      "--disable-overlap-schedule"], "sglang-replayssm: --mamba-radix-cache-strategy extra_buffer_lazy"),
+      "--disable-overlap-schedule"], None, "sglang-replayssm: --mamba-radix-cache-strategy extra_buffer_lazy"),
+    (["--enable-linear-replayssm", "--disaggregation-mode", "decode"], None,
+     "sglang-replayssm: --disaggregation-mode decode with --enable-linear-replayssm is unsupported"),
 ]
 
 
 @pytest.mark.server
-@pytest.mark.parametrize(("args", "message"), CASES, ids=["bad-value", "mixed-chunk", "lazy-no-overlap"])
-def test_bad_startup_fails_with_one_clear_line(args, message):
-    proc = _launch(args)
+@pytest.mark.parametrize(("args", "env", "message"), CASES,
+                         ids=["bad-value", "mixed-chunk-without-extend-fold", "lazy-no-overlap", "pd-decode"])
+def test_bad_startup_fails_with_one_clear_line(args, env, message):
+    proc = _launch(args, env)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert message in last, proc.stderr[-2000:]

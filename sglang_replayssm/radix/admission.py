@@ -13,10 +13,13 @@ Refused here, each with one line naming the flags:
   previous owner's cursor);
 * extra_buffer for a KDA model (or one whose config cannot be read) when neither KDA snapshot fix
   (``kda_force_flush``, ``materialize_track``) is on: KDA does not flush at track boundaries;
-* ``--enable-mixed-chunk`` with the decode ring: decode rows of a mixed batch run the extend
-  kernels, which read ``temporal`` only and ignore pending ring records;
-* ``--enable-streaming-session`` with the decode ring: the next turn of a session extends the
-  kept slot with those same kernels, again ignoring the pending records of the previous turn;
+* ``--enable-mixed-chunk`` with the decode ring while the ``extend_fold`` fix is off: decode rows
+  of a mixed batch run the extend kernels, which read ``temporal`` only and ignore pending ring
+  records (with the fix, :mod:`movers` folds them before every extend forward);
+* ``--enable-streaming-session`` with the decode ring while ``extend_fold`` is off: the next turn
+  of a session extends the kept slot with those same kernels;
+* ``--disaggregation-mode`` with the decode ring (SGLang refuses it too, with a traceback): the KV
+  transfer carries conv + temporal only, and the decode-side pool is not wired for the ring;
 * ``extra_buffer_lazy`` with ``--disable-overlap-schedule``: SGLang then sizes a one-entry
   ping-pong buffer, and its lazy prealloc indexes the second entry at the first decode track
   boundary (an IndexError in ``ScheduleBatch.mamba_lazy_prealloc_at_boundary``; not ring-specific).
@@ -98,15 +101,24 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
     """
     if not config.enabled("admission") or not _value(server_args, "enable_linear_replayssm", False):
         return original(server_args)
-    if _value(server_args, "enable_mixed_chunk", False):
+    if _value(server_args, "enable_mixed_chunk", False) and not config.enabled("extend_fold"):
         raise ReplaySSMArgsError(
-            "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported: "
-            "mixed batches run decode rows through extend kernels that ignore pending ring records."
+            "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported "
+            "without the extend_fold fix: mixed batches run decode rows through extend kernels that "
+            "ignore pending ring records."
         )
-    if _value(server_args, "enable_streaming_session", False):
+    if _value(server_args, "enable_streaming_session", False) and not config.enabled("extend_fold"):
         raise ReplaySSMArgsError(
-            "sglang-replayssm: --enable-streaming-session with --enable-linear-replayssm is unsupported: "
-            "a session's next turn extends its slot with kernels that ignore pending ring records."
+            "sglang-replayssm: --enable-streaming-session with --enable-linear-replayssm is unsupported "
+            "without the extend_fold fix: a session's next turn extends its slot with kernels that "
+            "ignore pending ring records."
+        )
+    disaggregation = _value(server_args, "disaggregation_mode", "null")
+    if disaggregation not in (None, "null"):
+        raise ReplaySSMArgsError(
+            f"sglang-replayssm: --disaggregation-mode {disaggregation} with --enable-linear-replayssm is "
+            "unsupported: the prefill->decode transfer carries conv + temporal only (no ring records "
+            "or cursor) and SGLang's decode-side mamba pool is not wired for the ring."
         )
     strategy = _value(server_args, "mamba_radix_cache_strategy", None)
     radix_off = bool(_value(server_args, "disable_radix_cache", False))

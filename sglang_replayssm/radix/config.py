@@ -49,6 +49,11 @@ FIXES: dict[str, str] = {
     "lost_hit_metric": "count prompt tokens whose KV hit was dropped for lack of a mamba state",
     "ring_kernels": "on CUDA, run sglang-replayssm's Triton ring decode in place of SGLang's ReplaySSM "
     "kernel (same ring layout and semantics)",
+    "extend_fold": "before an extend or MIXED forward, fold every row's pending ring records into its "
+    "checkpoint (mixed-chunk decode rows, streaming-session turns); admits --enable-mixed-chunk and "
+    "--enable-streaming-session with the decode ring",
+    "retract_backup": "MambaPool.get_cpu_copy (CPU retraction backup) carries the full state, pending "
+    "records folded in; load_cpu_copy leaves the destination with an empty ring",
 }
 
 _state: dict[str, bool] | None = None

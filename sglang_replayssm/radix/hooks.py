@@ -40,6 +40,12 @@ hook function                   type    target (file:line in SGLang 0.5.23)
                                         (sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46)
 ``kda_ring_kernel``             AROUND  ``TritonKDAKernel.packed_decode``
                                         (sglang/srt/layers/attention/linear/kernels/kda_triton.py:37)
+``fold_rows_before_extend``     AROUND  ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``
+                                        (sglang/srt/model_executor/model_runner.py:1915)
+``exact_cpu_copy``              AROUND  ``MambaPool.get_cpu_copy``
+                                        (sglang/srt/mem_cache/memory_pool.py:1208)
+``empty_ring_on_cpu_load``      AFTER   ``MambaPool.load_cpu_copy``
+                                        (sglang/srt/mem_cache/memory_pool.py:1223)
 ==============================  ======  =====================================================
 
 All hooks are method/function hooks through ``sglang.srt.plugins.hook_registry.HookRegistry``;
@@ -192,6 +198,36 @@ def empty_ring_on_int8_load(
     from sglang_replayssm.radix.cursor import reset_cursors
 
     reset_cursors(getattr(active_mamba_pool, "replayssm_write_pos", None), active_slots)
+
+
+# ---- extend over pending records, CPU retraction backup --------------------------------------
+
+
+def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
+    """AROUND sglang/srt/model_executor/model_runner.py:1915 ``_maybe_execute_deferred_mamba_cow_and_clear``."""
+    if not config.enabled("extend_fold"):
+        return original(runner, forward_batch)
+    from sglang_replayssm.radix.movers import fold_before_extend
+
+    return fold_before_extend(original, runner, forward_batch)
+
+
+def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) -> Any:
+    """AROUND sglang/srt/mem_cache/memory_pool.py:1208 ``MambaPool.get_cpu_copy``."""
+    if not config.enabled("retract_backup"):
+        return original(mamba_pool, indices)
+    from sglang_replayssm.radix.movers import cpu_copy_exact
+
+    return cpu_copy_exact(original, mamba_pool, indices)
+
+
+def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
+    """AFTER sglang/srt/mem_cache/memory_pool.py:1223 ``MambaPool.load_cpu_copy``."""
+    if not config.enabled("retract_backup"):
+        return
+    from sglang_replayssm.radix.movers import empty_ring_after_cpu_load
+
+    empty_ring_after_cpu_load(mamba_pool, indices)
 
 
 # ---- radix tree ------------------------------------------------------------------------------
@@ -389,6 +425,27 @@ HOOKS: tuple[Hook, ...] = (
         kda_ring_kernel,
         "ring_kernels",
         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:37",
+    ),
+    Hook(
+        "sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
+        "AROUND",
+        fold_rows_before_extend,
+        "extend_fold",
+        "sglang/srt/model_executor/model_runner.py:1915",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.memory_pool.MambaPool.get_cpu_copy",
+        "AROUND",
+        exact_cpu_copy,
+        "retract_backup",
+        "sglang/srt/mem_cache/memory_pool.py:1208",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.memory_pool.MambaPool.load_cpu_copy",
+        "AFTER",
+        empty_ring_on_cpu_load,
+        "retract_backup",
+        "sglang/srt/mem_cache/memory_pool.py:1223",
     ),
 )
 

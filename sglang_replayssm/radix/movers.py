@@ -1,0 +1,156 @@
+"""Exact ReplaySSM state across the paths that move or re-read a slot outside the decode kernel.
+
+A decode-ring slot's state is ``checkpoint (temporal[slot]) folded with its first write_pos ring
+records``. SGLang 0.5.23 has two more places, besides the radix snapshots of :mod:`snapshot`, that
+read ``temporal`` alone or copy it alone:
+
+* **Extend over a slot with pending records.** With ``--enable-mixed-chunk`` the decode rows of a
+  MIXED batch run SGLang's extend (chunked-prefill) kernels; with ``--enable-streaming-session`` a
+  session's next turn (or a retracted turn's resume) extends the slot the previous turn decoded
+  into. Extend kernels take ``temporal`` as the initial state and ignore the ring, and they leave
+  the cursor as it is, so the state regresses by ``write_pos`` tokens and the next decode folds
+  the old records a second time. :func:`fold_before_extend` runs right before SGLang's deferred
+  copy-on-write / clear, which ``ModelRunner._forward_raw`` calls before any extend forward reads
+  the pool: it folds every row's pending records into its own checkpoint and empties the ring.
+  Folding is state preserving (``checkpoint + records`` is the same state before and after), so
+  rows without records, or a relabelled decode batch, are unaffected except for the fold itself.
+
+* **CPU retraction backup.** ``Req.offload_kv_cache`` (directly, or through
+  ``HybridLinearKVPool.get_cpu_copy``) stores ``MambaPool.get_cpu_copy``: conv + temporal, no ring,
+  no cursor. :func:`cpu_copy_exact` folds the pending records into the *copy* (the live slot is not
+  modified), and :func:`empty_ring_after_cpu_load` empties the ring of every slot a CPU copy is
+  loaded into (the copy is a full state, so the destination has no pending records).
+
+Invariants: after :func:`fold_before_extend` every slot of the batch's rows has ``write_pos == 0``
+and ``temporal`` equal to its full state; a CPU copy's ``temporal`` is the slot's full state; a
+slot loaded from a CPU copy has ``write_pos == 0``. Pools without the decode ring (ReplaySSM off,
+the spec-verify ring, the unified pool) are never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sglang_replayssm.radix.snapshot import is_kda_pool, materialize_rows, ring_tensors
+
+__all__ = ["cpu_copy_exact", "empty_ring_after_cpu_load", "fold_before_extend", "fold_slots"]
+
+
+def fold_slots(mamba_pool: Any, slots: torch.Tensor) -> None:
+    """Fold each live slot's pending records into its own checkpoint and empty its ring.
+
+    ``slots`` may be any shape; entries ``<= 0`` (the reserved padding slot 0 and -1 sentinels) are
+    left alone. Live slots must be pairwise distinct (one request row per slot). Runs on the pool's
+    device without host syncs; a no-op for pools without the decode ring.
+    """
+    write_pos = getattr(mamba_pool, "replayssm_write_pos", None)
+    if write_pos is None or ring_tensors(mamba_pool) is None:
+        return
+    flat = slots.reshape(-1).to(device=write_pos.device, dtype=torch.long)
+    if flat.numel() == 0:
+        return
+    live = flat > 0
+    flat = torch.where(live, flat, torch.full_like(flat, -1))
+    counts = torch.where(live, write_pos[flat.clamp(min=0)], torch.zeros_like(flat)).to(torch.long)
+    materialize_rows(mamba_pool, flat, flat, counts)
+    # Zero the live slots' cursors; rows left alone write slot 0's own cursor back to it.
+    idx = flat.clamp(min=0)
+    write_pos[idx] = torch.where(live, torch.zeros_like(idx), write_pos[idx].to(torch.long)).to(write_pos.dtype)
+
+
+def _reads_extend_state(runner: Any, forward_batch: Any) -> bool:
+    """Whether this forward runs extend kernels over persistent mamba slots (not a decode batch
+    relabelled as a 1-token extend for DP, not target-verify / draft-extend, not a draft worker)."""
+    if getattr(runner, "is_draft_worker", False):
+        return False
+    mode = getattr(forward_batch, "logical_forward_mode", None) or forward_batch.forward_mode
+    if not mode.is_extend() or mode.is_target_verify():
+        return False
+    return not (hasattr(mode, "is_draft_extend_v2") and mode.is_draft_extend_v2())
+
+
+def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
+    """``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear`` preceded by a fold of every row.
+
+    Runs for extend and MIXED forwards on a decode-ring pool: each row's slot
+    (``req_to_token_pool.get_mamba_indices(req_pool_indices)``, translated to physical ids) has its
+    pending records folded into ``temporal`` and its cursor zeroed; then SGLang's deferred clear /
+    copy-on-write runs as before (a cleared slot ends zero with an empty ring, a copy-on-write
+    destination is overwritten by its exact source). Folding first keeps the order simple: the
+    clear and the copy see a pool where no row of this batch has pending records.
+    """
+    pool = getattr(runner, "req_to_token_pool", None)
+    mamba_pool = getattr(pool, "mamba_pool", None)
+    indices = getattr(forward_batch, "req_pool_indices", None)
+    if (
+        mamba_pool is not None
+        and indices is not None
+        and ring_tensors(mamba_pool) is not None
+        and hasattr(pool, "get_mamba_indices")
+        and _reads_extend_state(runner, forward_batch)
+    ):
+        slots = pool.translate_mamba_indices(pool.get_mamba_indices(indices))
+        fold_slots(mamba_pool, slots)
+    original(runner, forward_batch)
+
+
+def _folded_temporal(mamba_pool: Any, indices: torch.Tensor) -> torch.Tensor | None:
+    """``temporal[:, indices]`` with each slot's pending records folded in, or None when no slot
+    has records (one host read of the cursors; the caller already synchronised the device)."""
+    write_pos = mamba_pool.replayssm_write_pos
+    flat = indices.reshape(-1).to(device=write_pos.device, dtype=torch.long)
+    if flat.numel() == 0:
+        return None
+    counts = write_pos[flat.clamp(min=0)].to(torch.long)
+    counts = torch.where(flat > 0, counts, torch.zeros_like(counts))
+    if not bool((counts > 0).any().item()):
+        return None
+    cache = mamba_pool.mamba_cache
+    d, k, g = ring_tensors(mamba_pool)
+    idx = flat.clamp(min=0)
+    temporal = cache.temporal[:, idx].clone()
+    rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
+    from sglang_replayssm.kernels.materialize import materialize
+
+    materialize(
+        temporal,
+        d[:, idx].contiguous(),
+        k[:, idx].contiguous(),
+        g[:, idx].contiguous(),
+        rows,
+        rows,
+        counts,
+        is_kda=is_kda_pool(mamba_pool),
+    )
+    return temporal.reshape(cache.temporal[:, indices].shape)
+
+
+def cpu_copy_exact(original: Any, mamba_pool: Any, indices: torch.Tensor) -> Any:
+    """``MambaPool.get_cpu_copy`` whose ``temporal`` is the full state of each slot.
+
+    SGLang's copy (conv, temporal, siblings) runs unchanged; when a slot has pending records, the
+    returned temporal is replaced by ``checkpoint + records`` computed on the device from gathered
+    copies of the slot's checkpoint and ring. The live slot (checkpoint, ring, cursor) is not
+    modified, so a copy taken of a request that keeps decoding is harmless.
+    """
+    result = original(mamba_pool, indices)
+    if getattr(mamba_pool, "replayssm_write_pos", None) is None or ring_tensors(mamba_pool) is None:
+        return result
+    folded = _folded_temporal(mamba_pool, torch.as_tensor(indices))
+    if folded is None:
+        return result
+    items = list(result)
+    items[1] = folded.to("cpu")
+    return tuple(items)
+
+
+def empty_ring_after_cpu_load(mamba_pool: Any, indices: torch.Tensor) -> None:
+    """After ``MambaPool.load_cpu_copy``: the destination slots hold full states, empty their rings."""
+    write_pos = getattr(mamba_pool, "replayssm_write_pos", None)
+    if write_pos is None or ring_tensors(mamba_pool) is None:
+        return
+    from sglang_replayssm.radix.cursor import reset_cursors
+
+    reset_cursors(write_pos, torch.as_tensor(indices))
