@@ -91,6 +91,10 @@ def unsupported_reason(pool: str, layout: str, io_backend: str) -> str | None:
     if io_backend not in table:
         return (f"HiCache on the sglang-replayssm CPU runtime: --hicache-io-backend {io_backend} is not "
                 f"supported (use kernel or direct).")
+    if pool == "MambaPoolHost" and layout not in table[io_backend]:
+        return (f"HiCache for mamba hybrids: --hicache-mem-layout {layout} is not supported by SGLang's "
+                f"MambaPoolHost on any device (use --hicache-mem-layout page_first with --hicache-io-backend "
+                f"kernel, or page_first_direct with direct).")
     if layout not in table[io_backend]:
         ok = "; ".join(f"--hicache-io-backend {b} with --hicache-mem-layout {'|'.join(ls)}"
                        for b, ls in table.items())
@@ -131,6 +135,14 @@ def _stream_query(self: torch.cpu.Stream) -> bool:
     return True
 
 
+def patch_cpu_stream() -> None:
+    """Give torch.cpu.Stream the no-op synchronize/query a CUDA stream has (only where missing)."""
+    if not hasattr(torch.cpu.Stream, "synchronize"):
+        torch.cpu.Stream.synchronize = _stream_synchronize  # type: ignore[attr-defined]
+    if not hasattr(torch.cpu.Stream, "query"):
+        torch.cpu.Stream.query = _stream_query  # type: ignore[attr-defined]
+
+
 def register() -> list[str]:
     """Register this part's hooks; returns their short names for the load log line."""
     hooks = [
@@ -150,8 +162,5 @@ def register() -> list[str]:
     logger.debug("sglang-replayssm CPU HiCache ops bound: %s", ", ".join(injected))
     # sglang/srt/mem_cache/l2_transfer.py (L2TransferEngine._submission) calls stream.synchronize() on the
     # device module's stream when a transfer raises; torch.cpu.Stream has no synchronize/query.
-    if not hasattr(torch.cpu.Stream, "synchronize"):
-        torch.cpu.Stream.synchronize = _stream_synchronize  # type: ignore[attr-defined]
-    if not hasattr(torch.cpu.Stream, "query"):
-        torch.cpu.Stream.query = _stream_query  # type: ignore[attr-defined]
+    patch_cpu_stream()
     return ["hicache-transfer-ops", "hicache-layout-check", "cpu-stream-sync"]
