@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sglang_replayssm.cpu import norm
 from sglang_replayssm.cpu.standin import gdn, ops
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
@@ -238,8 +239,6 @@ def fused_rmsnorm_gated_forward(original: Hooked, self: Any, x: Tensor, g: Tenso
         raise NotImplementedError("FusedRMSNormGated on CPU: residual / prenorm are not supported")
     if self.bias is not None:
         raise NotImplementedError("FusedRMSNormGated on CPU: a bias is not supported")
-    from sglang_replayssm.cpu import norm
-
     weight: Any = self.weight if self.weight is not None else torch.ones(x.shape[-1])
     return norm.rms_norm_gated(x, weight, g.reshape(x.shape), self.eps, None, True, self.activation)
 
