@@ -372,6 +372,9 @@ def kda_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     cfg.update(
         architectures=["KimiLinearForCausalLM"],
         model_type="kimi_linear",
+        # SGLang 0.5.23's KimiDeltaAttention never passes config.rms_norm_eps to its o_norm (it keeps
+        # its 1e-5 default); HF reads the config. Use 1e-5 so both libraries compute the same model.
+        rms_norm_eps=1e-5,
         hidden_size=s["hidden_size"],
         intermediate_size=s["intermediate_size"],
         num_hidden_layers=s["num_hidden_layers"],
