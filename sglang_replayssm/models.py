@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # bump whenever a config or weight recipe changes
 MARKER = "replayssm-model.json"
 MODEL_NAMES: tuple[str, ...] = ("tiny-gdn", "tiny-kda", "small-gdn")
 DEFAULT_OUT = Path.home() / ".cache" / "sglang-replayssm" / "models"
