@@ -39,3 +39,28 @@ def test_chunked_prefill_matches_fp64_recurrence(per_channel, lengths):
             assert (h[n_h] - want).norm() / want.norm() < 1e-5
             n_h += 1
     assert n_h == h.shape[0]
+
+
+@pytest.mark.parametrize("all_layers", [False, True])
+def test_track_copy_matches_sglang_triton_kernel(all_layers):
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton as sglang_track
+
+    from sglang_replayssm.cpu.decode import track_states_copy
+
+    torch.manual_seed(0)
+    conv = torch.randn(3, 9, 8, 3) if all_layers else torch.randn(9, 8, 3)
+    ssm = torch.randn(3, 9, 2, 4, 4) if all_layers else torch.randn(9, 2, 4, 4)
+    cache = torch.tensor([1, 4, -1, 6, 2], dtype=torch.int32)
+    mask = torch.tensor([True, False, False, True, True])  # a padded row (-1) is never tracked
+    track = torch.tensor([7, 8, 5, 3, 0], dtype=torch.int32)
+    if all_layers:
+        args = (cache, mask, track, 4, 3, (conv.stride(0), conv.stride(1)), (ssm.stride(0), ssm.stride(1)),
+                conv[0, 0].numel(), ssm[0, 0].numel(), False)
+    else:
+        args = (cache, mask, track, 4, 1, (0, conv.stride(0)), (0, ssm.stride(0)), conv[0].numel(),
+                ssm[0].numel(), False)
+    want_conv, want_ssm = conv.clone(), ssm.clone()
+    sglang_track._launch_track_mamba_states(want_conv, want_ssm, *args)
+    track_states_copy(sglang_track._launch_track_mamba_states, conv, ssm, *args)
+    assert torch.equal(conv, want_conv) and torch.equal(ssm, want_ssm)
+    assert not torch.equal(conv, conv.clone().zero_())  # rows 0 and 3 were copied (row 4 is past batch_size)

@@ -81,3 +81,26 @@ def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale,
     else:
         _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
     return out.transpose(0, 1)
+
+
+def track_states_copy(original, conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices,
+                      batch_size, num_layers, conv_strides, ssm_strides, *args, **kwargs):
+    """AROUND hook body for SGLang's Triton track-copy launcher: on CPU tensors, the same copy in torch
+    (rows < batch_size with the track mask set copy conv and temporal of their working slot into
+    their track slot, for every layer the pools hold); on any other device SGLang's kernel."""
+    if conv_states.device.type != "cpu":
+        return original(conv_states, ssm_states, cache_indices, mamba_track_mask, mamba_track_indices,
+                        batch_size, num_layers, conv_strides, ssm_strides, *args, **kwargs)
+    if batch_size == 0:
+        return None
+    src = cache_indices[:batch_size].reshape(-1).long()
+    dst = mamba_track_indices[:batch_size].reshape(-1).long()
+    rows = mamba_track_mask[:batch_size].reshape(-1).bool() & (src >= 0) & (dst >= 0)
+    src, dst = src[rows], dst[rows]
+    per_layer = num_layers == 1 and conv_strides[0] == 0
+    for pool in (conv_states, ssm_states):
+        if per_layer:
+            pool[dst] = pool[src]
+        else:
+            pool[:, dst] = pool[:, src]
+    return None

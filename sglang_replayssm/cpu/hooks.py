@@ -42,6 +42,10 @@ def register() -> list[str]:
         # sglang/srt/layers/attention/linear/kernels/gdn_triton.py: packed / ReplaySSM ring decode.
         ("sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode",
          decode.gdn_packed_decode, HookType.AROUND, "gdn-ring-decode"),
+        # sglang/kernels/ops/mamba/mamba_state_scatter_triton.py: the extra_buffer track copy is a Triton
+        # kernel (interpreted on CPU: ~0.15 s a launch, every decode step); a torch copy on CPU tensors.
+        ("sglang.kernels.ops.mamba.mamba_state_scatter_triton._launch_track_mamba_states",
+         decode.track_states_copy, HookType.AROUND, "track-copy"),
     ]
     for target, fn, kind, _ in hooks:
         HookRegistry.register(target, fn, kind)
