@@ -60,49 +60,6 @@ def _state_errors(sim: Sim, slot: int, path: list[int]) -> list[float]:
 # ---- extend over a slot with pending records (mixed chunks, streaming sessions) -----------------
 
 
-def _extend_forward(sim: Sim, rows: list[tuple[SimReq, list[int]]], mode_name: str, clear: list[SimReq] = ()) -> None:
-    """One extend-kind forward over running requests, as SGLang runs it.
-
-    Each row feeds its last sampled token plus ``extra`` tokens (a MIXED decode row has no extra
-    token; a streaming session's next turn appends its new prompt). The model runner's deferred
-    copy-on-write / clear entry (the hooked SGLang function) runs first with the batch's
-    ``req_pool_indices``; then the extend "kernel" runs the recurrence from each slot's
-    ``temporal``, ignoring the ring, like SGLang's extend kernels. Afterwards the fed tokens are
-    part of the request (``output_ids``) and one more token is sampled from its script.
-    """
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.model_executor.model_runner import ModelRunner
-
-    starts = []
-    for sreq, extra in rows:
-        req = sreq.req
-        n = 1 + len(extra)
-        sim._evict_kv(n)
-        loc = sim.allocator.alloc(n)
-        pos = req.kv.kv_committed_len
-        sim.req_pool.write((req.kv.req_pool_idx, slice(pos, pos + n)), loc)
-        starts.append(pos)
-        req.kv.kv_committed_len += n
-        req.kv.kv_allocated_len += n
-        req.output_ids.extend(extra)
-    clear_idx = torch.tensor([int(s.req.kv.mamba_pool_idx) for s in clear], dtype=torch.int64) if clear else None
-    fb = SimpleNamespace(
-        forward_mode=ForwardMode[mode_name],
-        req_pool_indices=torch.tensor([s.req.kv.req_pool_idx for s, _ in rows], dtype=torch.int64),
-        mamba_clear_indices=clear_idx,
-        mamba_cow_src_indices=None,
-        mamba_cow_dst_indices=None,
-    )
-    runner = SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False)
-    ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(runner, fb)
-    for (sreq, extra), start in zip(rows, starts):
-        slot = int(sreq.req.kv.mamba_pool_idx)
-        sim._run_extend(slot, sreq.consumed, start, None)
-        fed_before = len(sreq.req.output_ids) - len(extra)
-        sreq.script = list(sreq.req.output_ids) + sreq.script[fed_before:]  # the turn's prompt is context
-        sreq.req.output_ids.append(sreq.script[len(sreq.req.output_ids)])
-
-
 @KINDS
 @pytest.mark.parametrize("fix_on", [True, False], ids=["extend_fold-on", "extend_fold-off"])
 def test_mixed_batch_decode_rows_keep_their_pending_records(kind, fix_on):
@@ -117,7 +74,7 @@ def test_mixed_batch_decode_rows_keep_their_pending_records(kind, fix_on):
         sim.decode([b])
         assert wp_a > 0 and int(sim.write_pos[int(b.req.kv.mamba_pool_idx)]) > 0
         sim.check()
-        _extend_forward(sim, [(a, []), (b, [])], "MIXED")
+        sim.extend_running([(a, []), (b, [])], "MIXED")
         problems = sim.live_problems(TOL)
         if fix_on:
             assert problems == []
@@ -141,7 +98,7 @@ def test_streaming_session_turn_extends_the_kept_slot_exactly(kind, strategy, fi
         sim = Sim(SimConfig(kind=kind, strategy=strategy, track_interval=3))
         turn = sim.admit([1, 2, 3, 4, 5, 6], [7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6])
         _decode_until_pending(sim, turn, min_steps=6)
-        _extend_forward(sim, [(turn, [9, 8, 7, 6, 5])], "EXTEND")  # the next turn's prompt
+        sim.extend_running([(turn, [9, 8, 7, 6, 5])], "EXTEND")  # the next turn's prompt
         errs = _state_errors(sim, int(turn.req.kv.mamba_pool_idx), turn.consumed)
         if fix_on:
             assert max(errs) <= TOL and int(sim.write_pos[int(turn.req.kv.mamba_pool_idx)]) == 0
@@ -216,38 +173,6 @@ def test_which_forwards_fold(mode, original, folds):
 # ---- CPU retraction backup (Req.offload_kv_cache / load_kv_cache) ----------------------------------
 
 
-def _retract_with_backup(sim: Sim, sreq: SimReq) -> None:
-    """SGLang's PD-decode retraction of a running request with the ``cpu_tensor`` backup:
-    ``backup_kv_cache`` (-> ``Req.offload_kv_cache``), then ``release_kv_cache(checkpoint=False)``
-    and ``Req.reset_for_retract`` (what ``release_req`` runs)."""
-    from sglang.srt.mem_cache.common import backup_kv_cache, release_kv_cache
-
-    req = sreq.req
-    assert backup_kv_cache(req, sim.cache, sim.req_pool, sim.allocator, "cpu_tensor")
-    release_kv_cache(req, sim.cache, checkpoint=False)
-    req.reset_for_retract()
-    sim.running.remove(sreq)
-
-
-def _resume_from_backup(sim: Sim, sreq: SimReq) -> int:
-    """SGLang's resume of a retracted request (``DecodePreallocQueue._pre_alloc`` sizes, then
-    ``restore_kv_cache`` -> ``Req.load_kv_cache``): a new request row and mamba slot, KV for the
-    ``seqlen - 1`` tokens already computed, the CPU backup loaded into them. Returns the slot."""
-    from sglang.srt.mem_cache.allocation import alloc_req_slots
-    from sglang.srt.mem_cache.common import restore_kv_cache
-
-    req = sreq.req
-    n = req.seqlen - 1
-    alloc_req_slots(sim.req_pool, [req], sim.cache)
-    sim._evict_kv(n)
-    sim.req_pool.write((req.kv.req_pool_idx, slice(0, n)), sim.allocator.alloc(n))
-    req.kv.kv_committed_len = req.kv.kv_allocated_len = n
-    req.is_retracted = False
-    restore_kv_cache(req, sim.cache, sim.req_pool, sim.allocator, "cpu_tensor")
-    sim.running.append(sreq)
-    return int(req.kv.mamba_pool_idx)
-
-
 ROUTES = pytest.mark.parametrize(
     "route",
     ["kv-pool-carries-mamba", "req-carries-mamba"],
@@ -275,9 +200,9 @@ def test_retracted_request_resumes_with_exactly_its_state(kind, route, fix_on):
             sim.decode([other])  # keeps another ring live in the pool meanwhile
             path = a.consumed
             old_slot = int(a.req.kv.mamba_pool_idx)
-            _retract_with_backup(sim, a)
+            sim.retract(a, backup=True)
             sim.next_mamba_slots([old_slot])  # resume into the very slot it left (stale cursor)
-            slot = _resume_from_backup(sim, a)
+            slot = sim.resume(a)
             assert a.consumed == path
             errs = _state_errors(sim, slot, path)
             if not fix_on:
@@ -363,17 +288,13 @@ def test_slots_leave_the_allocator_only_through_alloc():
 
 def _stale_free_slot(sim: Sim, how: str) -> tuple[int, int]:
     """Free a running request's slot with pending records the way SGLang does for ``how``."""
-    from sglang.srt.mem_cache.common import release_kv_cache
-
     c = sim.admit([9, 8, 7], [(j * 5 + 3) % 10 for j in range(20)])
     slot = int(c.req.kv.mamba_pool_idx)
     wp = _decode_until_pending(sim, c, min_steps=2)
     if how == "abort":
         sim.abort(c)
     else:  # retract to the waiting queue (no backup outside PD): release_req's release + reset
-        release_kv_cache(c.req, sim.cache, checkpoint=False)
-        c.req.reset_for_retract()
-        sim.running.remove(c)
+        sim.retract(c, backup=False)
     return slot, wp
 
 
@@ -405,10 +326,10 @@ def test_a_freed_stale_cursor_is_never_seen_by_the_next_owner(kind, how, next_ow
         else:
             a = sim.admit([3, 1, 4, 1, 5], [(j + 2) % 10 for j in range(20)])
             _decode_until_pending(sim, a, min_steps=3)
-            _retract_with_backup(sim, a)
+            sim.retract(a, backup=True)
             sim.next_mamba_slots([stale])
             b = a
-            assert _resume_from_backup(sim, a) == stale
+            assert sim.resume(a) == stale
         assert int(b.req.kv.mamba_pool_idx) == stale
         assert int(sim.write_pos[stale]) == 0
         sim.check()

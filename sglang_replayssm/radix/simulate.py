@@ -439,11 +439,16 @@ class Sim:
         ``script[0]`` is the token sampled at the end of prefill. A one-token script finishes at
         prefill (and donates its state there).
         """
-        from sglang.srt.mem_cache.allocation import alloc_req_slots
-
         if not prompt or not script:
             raise ValueError("prompt and script must be non-empty")
         req = self._new_req(prompt, len(script))
+        return self._start(req, SimReq(req, list(script)))
+
+    def _start(self, req: Any, sreq: SimReq) -> SimReq:
+        """Admission of ``req`` (new, or retracted and recomputed): match, allocate, prefill its
+        fill ids, sample ``script[len(output_ids)]``, checkpoint or finish."""
+        from sglang.srt.mem_cache.allocation import alloc_req_slots
+
         req.init_next_round_input(self.cache)  # real admission match (+ deferred COW source)
         req.extend_end = len(req.full_untruncated_fill_ids)
         req.lock = self.cache.lock(req.last_node)
@@ -457,9 +462,9 @@ class Sim:
             self.req_pool.write((row, slice(0, req.prefix_len)), prefix)
         self.req_pool.write((row, slice(req.prefix_len, req.extend_end)), new)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end
-        sreq = SimReq(req, list(script), matched=req.prefix_len)
+        sreq.matched = req.prefix_len
         self._prefill(sreq)
-        req.output_ids.append(sreq.script[0])
+        req.output_ids.append(sreq.script[len(req.output_ids)])
         if len(req.output_ids) >= len(sreq.script):
             self._finish(sreq)
         else:
@@ -672,6 +677,93 @@ class Sim:
         release_kv_cache(req, self.cache, checkpoint=False)
         if sreq in self.running:
             self.running.remove(sreq)
+
+    # -- paths that move a running request's state (issue 4) ----------------------------------------
+
+    def extend_running(self, rows: Sequence[tuple[SimReq, Sequence[int]]], mode: str = "MIXED",
+                       clear: Sequence[SimReq] = ()) -> None:
+        """One extend-kind forward over running requests, as SGLang runs it.
+
+        Each row feeds its last sampled token plus ``extra`` tokens: a MIXED decode row (``mode``
+        ``"MIXED"``, no extra token) or a streaming session's next turn (``"EXTEND"``, the turn's
+        new prompt as extra). SGLang's deferred copy-on-write / clear entry
+        (``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``) runs first with the batch's
+        ``req_pool_indices``; then the extend "kernel" runs the recurrence from each slot's
+        ``temporal``, ignoring the ring, like SGLang's extend kernels. The fed extra tokens become
+        part of the request (``output_ids``, as context) and one more token is sampled.
+        """
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        starts = []
+        for sreq, extra in rows:
+            req = sreq.req
+            n = 1 + len(extra)
+            self._evict_kv(n)
+            loc = self.allocator.alloc(n)
+            pos = req.kv.kv_committed_len
+            self.req_pool.write((req.kv.req_pool_idx, slice(pos, pos + n)), loc)
+            starts.append(pos)
+            req.kv.kv_committed_len += n
+            req.kv.kv_allocated_len += n
+            req.output_ids.extend(extra)
+        clear_idx = (torch.tensor([int(s.req.kv.mamba_pool_idx) for s in clear], dtype=torch.int64)
+                     if clear else None)
+        fb = SimpleNamespace(
+            forward_mode=ForwardMode[mode],
+            req_pool_indices=torch.tensor([s.req.kv.req_pool_idx for s, _ in rows], dtype=torch.int64),
+            mamba_clear_indices=clear_idx,
+            mamba_cow_src_indices=None,
+            mamba_cow_dst_indices=None,
+        )
+        runner = SimpleNamespace(req_to_token_pool=self.req_pool, is_draft_worker=False)
+        ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(runner, fb)
+        for (sreq, extra), start in zip(rows, starts):
+            req = sreq.req
+            self._run_extend(int(req.kv.mamba_pool_idx), sreq.consumed, start, None)
+            fed_before = len(req.output_ids) - len(extra)
+            sreq.script = list(req.output_ids) + sreq.script[fed_before:]
+            req.output_ids.append(sreq.script[len(req.output_ids)])
+            if len(req.output_ids) >= len(sreq.script):
+                self._finish(sreq)
+
+    def retract(self, sreq: SimReq, *, backup: bool) -> None:
+        """Retract a running request as ``ScheduleBatch.release_req`` does: on a PD decode server
+        with ``backup`` (``cpu_tensor``: ``backup_kv_cache`` -> ``Req.offload_kv_cache``), then
+        ``release_kv_cache(checkpoint=False)`` and ``Req.reset_for_retract``. Resume with
+        :meth:`resume` (backup) or :meth:`recompute` (the non-PD path: re-prefill its tokens)."""
+        from sglang.srt.mem_cache.common import backup_kv_cache, release_kv_cache
+
+        req = sreq.req
+        if backup and not backup_kv_cache(req, self.cache, self.req_pool, self.allocator, "cpu_tensor"):
+            raise RuntimeError("cpu_tensor backup refused")
+        release_kv_cache(req, self.cache, checkpoint=False)
+        req.reset_for_retract()
+        self.running.remove(sreq)
+
+    def resume(self, sreq: SimReq) -> int:
+        """Resume a request retracted with a CPU backup (``DecodePreallocQueue._pre_alloc`` sizes,
+        then ``restore_kv_cache`` -> ``Req.load_kv_cache``): a new request row and mamba slot, KV
+        for the ``seqlen - 1`` tokens already computed, the backup loaded. Returns the slot."""
+        from sglang.srt.mem_cache.allocation import alloc_req_slots
+        from sglang.srt.mem_cache.common import restore_kv_cache
+
+        req = sreq.req
+        n = req.seqlen - 1
+        alloc_req_slots(self.req_pool, [req], self.cache)
+        self._evict_kv(n)
+        self.req_pool.write((req.kv.req_pool_idx, slice(0, n)), self.allocator.alloc(n))
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = n
+        req.is_retracted = False
+        restore_kv_cache(req, self.cache, self.req_pool, self.allocator, "cpu_tensor")
+        self.running.append(sreq)
+        return int(req.kv.mamba_pool_idx)
+
+    def recompute(self, sreq: SimReq) -> SimReq:
+        """Re-admit a request retracted without backup: SGLang re-prefills its fill ids (prompt +
+        output so far), matching whatever prefix the tree holds."""
+        sreq.req.is_retracted = False
+        return self._start(sreq.req, sreq)
 
     @property
     def mamba_component(self) -> Any:
