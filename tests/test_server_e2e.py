@@ -1,6 +1,7 @@
 """Real SGLang 0.5.23 servers on the CPU runtime, tiny fp32 models: greedy tokens equal HF transformers'.
 
-Covers ReplaySSM off/on x every mamba radix strategy, HiCache, and the ring decode's pool contents.
+Covers ReplaySSM off/on x every mamba radix strategy and the ring decode's pool contents (HiCache:
+tests/test_cpu_hicache.py).
 Each case starts one server (~30 s on 2 cores).
 """
 
@@ -71,14 +72,6 @@ def test_greedy_tokens_equal_hf(models, tmp_path, model_name, replayssm, strateg
     if strategy != "no_buffer":
         # The second and third single requests share the 70-token prefix: a hit at the 64-token track.
         assert min(cached["single_cached"][1:]) >= 64, cached
-
-
-@pytest.mark.parametrize("model_name", MODEL_NAMES)
-def test_hierarchical_cache(models, tmp_path, model_name):
-    flags = ["--mamba-radix-cache-strategy", "extra_buffer", "--enable-hierarchical-cache",
-             "--hicache-ratio", "2"]
-    with cpu_server(models[model_name], flags, tmp_path / "server.log") as url:
-        _check_against_hf(url, models[model_name])
 
 
 def test_ring_decode_runs_in_server(models, tmp_path):
