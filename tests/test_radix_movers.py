@@ -182,13 +182,16 @@ ROUTES = pytest.mark.parametrize(
 
 @KINDS
 @ROUTES
+@pytest.mark.parametrize("reuse", [False, True], ids=["resume-into-its-slot", "slot-reused-meanwhile"])
 @pytest.mark.parametrize("fix_on", [True, False], ids=["retract_backup-on", "retract_backup-off"])
-def test_retracted_request_resumes_with_exactly_its_state(kind, route, fix_on):
+def test_retracted_request_resumes_with_exactly_its_state(kind, route, reuse, fix_on):
     """Both CPU backup routes end in ``MambaPool.get_cpu_copy`` (conv + temporal only): the
     KV pool's own copy (``HybridLinearKVPool``, ``cpu_copy_carries_mamba``) or the request's
     ``mamba_cpu`` (KV pools that do not carry mamba). Without the fix the pending records are lost
     and the resumed state regresses; with it the copy is the full state and the new slot's ring is
-    empty. Several retract/resume cycles with wrapped rings, then decoding on, all exact."""
+    empty. Several retract/resume cycles with wrapped rings, then decoding on, all exact. With
+    ``slot-reused-meanwhile`` another request takes and decodes into the freed slot before the
+    resume (on a CPU pool SGLang's KV-pool route would hand back a view of that slot)."""
     with config.override(True, **_switches("retract_backup", fix_on)):
         sim = Sim(SimConfig(kind=kind, strategy="no_buffer", track_interval=3))
         if route == "req-carries-mamba":
@@ -201,8 +204,12 @@ def test_retracted_request_resumes_with_exactly_its_state(kind, route, fix_on):
             path = a.consumed
             old_slot = int(a.req.kv.mamba_pool_idx)
             sim.retract(a, backup=True)
-            sim.next_mamba_slots([old_slot])  # resume into the very slot it left (stale cursor)
-            slot = sim.resume(a)
+            sim.next_mamba_slots([old_slot])
+            if reuse:
+                c = sim.admit([7, 7, 3, cycle], [(5 * j + 4) % 10 for j in range(4)])
+                assert int(c.req.kv.mamba_pool_idx) == old_slot
+                sim.decode([c])
+            slot = sim.resume(a)  # into the very slot it left (stale cursor), or another one
             assert a.consumed == path
             errs = _state_errors(sim, slot, path)
             if not fix_on:

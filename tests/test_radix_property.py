@@ -15,6 +15,8 @@ derandomised so CI runs the same streams every time.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
@@ -110,12 +112,18 @@ def _apply(sim: Sim, op: tuple) -> None:
             sim.req_pool.mamba_allocator.free(dst)
 
 
-def _run(cfg: SimConfig, stream: list[tuple]) -> None:
+def _run(cfg: SimConfig, stream: list[tuple], apply=None, setup=None) -> None:
     sim = Sim(cfg)
-    for op in stream:
-        _apply(sim, op)
-        _steps_run["count"] += 1
-        sim.check()
+    if setup is not None:
+        setup(sim)
+    try:
+        for op in stream:
+            (apply or _apply)(sim, op)
+            _steps_run["count"] += 1
+            sim.check()
+    finally:
+        if sim.cache.cache_controller is not None:
+            sim.cache.release_host_resources()
 
 
 @pytest.mark.parametrize(
@@ -151,3 +159,160 @@ def test_the_same_streams_catch_sglang_without_the_adapter(kind):
     stream = [("admit", FAMILIES[0][:6], [1, 2, 3, 4, 5, 6, 7, 8, 9])] + [("decode", -1)] * 9
     with config.override(False), pytest.raises(AssertionError, match="rel err|conv window"):
         _run(SimConfig(kind=kind, strategy=strategy, track_interval=3), stream)
+
+
+# ---- issue 4: the same invariants across the paths that move a running request's state ----------
+#
+# On top of the ops above: a MIXED forward (decode rows through the extend kernel), a streaming
+# session's next turn (extend of the kept slot), retraction with a CPU backup and its resume (PD
+# decode), retraction without backup and its recompute (everywhere else), and HiCache: back the
+# tree up to host, evict (backed-up nodes move to host), restore a host node by load-back. Every
+# retracted request's resumed state, every restored node and every live ring is checked after
+# every step. 4 configurations x 20 examples x 50 steps = 4,000 steps.
+
+MOVER_STEPS = 50
+MOVER_EXAMPLES = 20
+MOVER_CONFIGS = [
+    SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, mamba_slots=32),
+    SimConfig(kind="kda", strategy="no_buffer", track_interval=4, chunk=2, mamba_slots=32),
+    SimConfig(kind="kda", strategy="extra_buffer", track_interval=3, mamba_slots=32),
+    SimConfig(kind="gdn", strategy="extra_buffer_lazy", track_interval=6, mamba_slots=32),
+]
+_MOVER_ARGS = {
+    **_OP_ARGS,
+    "mixed": st.tuples(st.integers(1, 15)),
+    "turn": st.tuples(st.integers(0, 7), st.lists(tokens, min_size=1, max_size=4)),
+    "retract": st.tuples(st.integers(0, 7), st.booleans()),
+    "resume": st.tuples(st.integers(0, 7)),
+    "backup": st.tuples(st.just(0)),
+    "restore": st.tuples(prompts),
+}
+_MOVER_KINDS = (["decode"] * 5 + ["admit"] * 3 + ["mixed"] * 2 + ["turn", "retract", "retract", "resume", "resume"]
+                + ["backup", "restore", "evict", "abort", "finish", "copy"])
+
+
+def _op(kind: str, args: tuple) -> tuple:
+    """An operation ``(kind, *args)`` (a named function, so a failing stream prints its ops)."""
+    return (kind, *args)
+
+
+mover_ops = st.sampled_from(_MOVER_KINDS).flatmap(lambda k: _MOVER_ARGS[k].map(functools.partial(_op, k)))
+
+
+def _hicache_setup(sim: Sim) -> None:
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from sglang_replayssm.cpu import hooks_hicache
+
+    hooks_hicache.inject_ops()
+    cfg = sim.cfg
+    overlap = cfg.extra_buffer if cfg.overlap is None else cfg.overlap
+    args = ServerArgs(model_path="dummy", page_size=1, mamba_radix_cache_strategy=cfg.strategy,
+                      mamba_track_interval=cfg.track_interval, enable_linear_replayssm=True,
+                      linear_replayssm_cache_len=cfg.ring_len, disable_overlap_schedule=not overlap,
+                      hicache_io_backend="kernel", hicache_mem_layout="page_first", hicache_ratio=2.0)
+    args._mamba_cache_chunk_size = cfg.chunk
+    set_global_server_args_for_scheduler(args)
+    sim.cache.init_hicache(args, sim.cache.cache_init_params)
+    sim.cache.write_through_threshold = 1 << 30
+    sim.cache.load_back_threshold = 0
+    sim.retracted = []
+
+
+def _backup_tree(sim: Sim) -> None:
+    from sglang.test.kits.unified_radix_cache.fixtures import node_children, write_backup
+
+    cache = sim.cache
+    stack = list(node_children(cache, cache.root_node_handle()))
+    while stack:  # parent first
+        node = stack.pop()
+        if not cache.tree_core.is_backuped(node):
+            write_backup(cache, node, write_back=True)
+        stack.extend(node_children(cache, node))
+    cache.writing_check(write_back=True)
+
+
+def _apply_mover(sim: Sim, op: tuple) -> None:
+    kind, running = op[0], sim.running
+    if kind in ("mixed", "turn") and not running:
+        kind = "admit_default"
+    if kind == "admit_default" or (kind == "admit" and len(running) >= MAX_RUNNING):
+        _apply(sim, ("decode", -1))
+    elif kind == "mixed":
+        rows = [r for i, r in enumerate(running) if op[1] >> i & 1] or running[:1]
+        sim.extend_running([(r, []) for r in rows], "MIXED")
+    elif kind == "turn":
+        sim.extend_running([(running[op[1] % len(running)], op[2])], "EXTEND")
+    elif kind == "retract":
+        if running:
+            target = running[op[1] % len(running)]
+            sim.retract(target, backup=op[2])
+            sim.retracted.append((target, op[2]))
+    elif kind == "resume":
+        if sim.retracted:
+            target, backup = sim.retracted.pop(op[1] % len(sim.retracted))
+            if backup:
+                slot = sim.resume(target)
+                assert int(sim.write_pos[slot]) == 0
+            else:
+                sim.recompute(target)
+        else:
+            _apply(sim, ("decode", -1))
+    elif kind == "backup":
+        _backup_tree(sim)
+    elif kind == "restore":
+        match = sim.match(op[1])
+        if match.host_hit_length > 0 and sim.cache.load_back(match.best_match_node):
+            assert sim.cache.ready_to_load_host_cache() != -1
+            for ack in list(sim.cache.cache_controller.ack_load_queue):
+                ack.finish_event.synchronize()
+            sim.cache.loading_check()
+    else:
+        _apply(sim, op)
+
+
+@pytest.mark.parametrize(
+    "cfg", MOVER_CONFIGS, ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
+)
+def test_every_state_is_exact_across_moves(cfg, monkeypatch):
+    from sglang.srt.mem_cache.pool_host import common
+
+    monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)  # no driver on CPU
+
+    @settings(
+        max_examples=MOVER_EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.lists(mover_ops, min_size=MOVER_STEPS, max_size=MOVER_STEPS))
+    def streams(stream):
+        with config.override(True):
+            _run(cfg, stream, apply=_apply_mover, setup=_hicache_setup)
+
+    streams()
+
+
+@pytest.mark.parametrize(
+    "fix, stream",
+    [
+        ("extend_fold", [("admit", FAMILIES[0][:6], list(range(1, 10)))] + [("decode", -1)] * 2 + [("mixed", 1)]),
+        ("extend_fold", [("admit", FAMILIES[1][:5], list(range(1, 10)))] + [("decode", -1)] * 2 + [("turn", 0, [4, 5])]),
+        ("retract_backup", [("admit", FAMILIES[2][:4], list(range(1, 10)))] + [("decode", -1)] * 2
+         + [("retract", 0, True), ("resume", 0)]),
+    ],
+    ids=["mixed-without-extend_fold", "session-turn-without-extend_fold", "cpu-backup-without-retract_backup"],
+)
+def test_the_mover_streams_catch_each_fix_switched_off(fix, stream, monkeypatch):
+    """Sanity check of the new ops: each fails the invariants with its fix off (records pending
+    after 2 decode steps at L=4), and passes with it on."""
+    from sglang.srt.mem_cache.pool_host import common
+
+    monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)
+    cfg = SimConfig(kind="gdn", strategy="no_buffer", track_interval=5, mamba_slots=32)
+    with config.override(True):
+        _run(cfg, stream, apply=_apply_mover, setup=_hicache_setup)
+    with config.override(True, **{fix: False}), pytest.raises(AssertionError, match="rel err"):
+        _run(cfg, stream, apply=_apply_mover, setup=_hicache_setup)

@@ -133,16 +133,22 @@ def cpu_copy_exact(original: Any, mamba_pool: Any, indices: torch.Tensor) -> Any
     SGLang's copy (conv, temporal, siblings) runs unchanged; when a slot has pending records, the
     returned temporal is replaced by ``checkpoint + records`` computed on the device from gathered
     copies of the slot's checkpoint and ring. The live slot (checkpoint, ring, cursor) is not
-    modified, so a copy taken of a request that keeps decoding is harmless.
+    modified, so a copy taken of a request that keeps decoding is harmless. On a CPU pool the copy
+    is made to own its memory (SGLang's would alias the slot there).
     """
     result = original(mamba_pool, indices)
     if getattr(mamba_pool, "replayssm_write_pos", None) is None or ring_tensors(mamba_pool) is None:
         return result
-    folded = _folded_temporal(mamba_pool, torch.as_tensor(indices))
-    if folded is None:
-        return result
     items = list(result)
-    items[1] = folded.to("cpu")
+    if mamba_pool.mamba_cache.temporal.device.type == "cpu":
+        # On a CPU pool SGLang's ``.to("cpu")`` is a no-op, and a 0-d slot index (what
+        # ``HybridLinearKVPool.get_cpu_copy`` passes) selects a view: the "backup" would alias the
+        # live slot and change when the slot is reused. Own the memory of the copy.
+        items[0] = [c.clone() for c in items[0]]
+        items[1] = items[1].clone()
+    folded = _folded_temporal(mamba_pool, torch.as_tensor(indices))
+    if folded is not None:
+        items[1] = folded.to("cpu")
     return tuple(items)
 
 

@@ -450,6 +450,8 @@ class Sim:
         from sglang.srt.mem_cache.allocation import alloc_req_slots
 
         req.init_next_round_input(self.cache)  # real admission match (+ deferred COW source)
+        if req.needs_host_load_back():
+            self._load_back(req)
         req.extend_end = len(req.full_untruncated_fill_ids)
         req.lock = self.cache.lock(req.last_node)
         alloc_req_slots(self.req_pool, [req], self.cache)
@@ -473,6 +475,24 @@ class Sim:
             checkpoint_kv_cache(req, self.cache)
             self.running.append(sreq)
         return sreq
+
+    def _load_back(self, req: Any) -> None:
+        """HiCache host hit: what ``PrefillAdder`` does (``init_load_back``: the node's path and,
+        for mamba, the request slot loaded from host), then the host->device copies completed
+        before the forward (the model runner waits for them layer by layer)."""
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        loaded = self.cache.init_load_back(
+            InitLoadBackParams(best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req)
+        )
+        req.host_loaded_length, req.last_node = loaded
+        if req.host_loaded_length:
+            req.prefix_len += req.host_loaded_length
+            req.kv.cache_protected_len = req.prefix_len
+        if self.cache.ready_to_load_host_cache() != -1:
+            for ack in list(self.cache.cache_controller.ack_load_queue):
+                ack.finish_event.synchronize()
+            self.cache.loading_check()
 
     def _prefill(self, sreq: SimReq) -> None:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
