@@ -282,7 +282,11 @@ def main(argv: list[str]) -> int:
     try:
         names, model_dir, vocab = _prepare(args)
         conversations = _workload(args, vocab)
-        warmup = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations))
+        # Warm up at the workload's prompt length (first-time kernel and allocator costs at that
+        # shape), with tokens no workload prompt starts with, so nothing of it is ever a cache hit.
+        first_len = max((len(c.turns[0].new_ids) for c in conversations if c.turns), default=16)
+        warmup = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations),
+                                 input_len=first_len)
     except (BenchError, ModelError, WorkloadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         bench.fail(str(exc))
