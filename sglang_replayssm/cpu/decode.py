@@ -35,23 +35,10 @@ def _trace_ring_step(ssm_states, d, cache_indices, wp, before_state, before_d) -
 
 def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out) -> None:
     n, hv, v_dim = out.shape[0], out.shape[2], out.shape[3]
-    k_dim = ssm_states.shape[-1]
-    h = (mixed_qkv.shape[1] - hv * v_dim) // (2 * k_dim)
-    x = mixed_qkv.float()
-    q = x[:, : h * k_dim].reshape(n, h, k_dim)
-    k = x[:, h * k_dim : 2 * h * k_dim].reshape(n, h, k_dim)
-    v = x[:, 2 * h * k_dim :].reshape(n, hv, v_dim)
-    qe, ke = gdn.prepare_qk(q, k, hv, scale, True)
+    q, k, v = gdn.unpack_mixed_qkv(mixed_qkv, hv, v_dim, ssm_states.shape[-1])
     g = gdn.gdn_gate(A_log, a.reshape(n, hv), dt_bias)
     beta = torch.sigmoid(b.reshape(n, hv).float())
-    out.zero_()
-    rows = (cache_indices.long() >= 0).nonzero().flatten()
-    if rows.numel() == 0:
-        return
-    slots = cache_indices.long()[rows]
-    o, s = gdn.delta_rule_step(ssm_states[slots].float(), qe[rows], ke[rows], v[rows], g[rows], beta[rows])
-    ssm_states[slots] = s.to(ssm_states.dtype)
-    out[rows, 0] = o.to(out.dtype)
+    out[:, 0] = gdn.decode_rows(q, k, v, g, beta, scale, ssm_states, cache_indices).to(out.dtype)
 
 
 def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices,

@@ -120,26 +120,6 @@ def extend(original: Hooked, self: Any, q: Tensor, k: Tensor, v: Tensor, g: Tens
                      track_state=kwargs.get("track_state"), track_chunk_idx=kwargs.get("track_chunk_idx"))
 
 
-def _recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                    scale: float, ssm_states: torch.Tensor, cache_indices: torch.Tensor) -> torch.Tensor:
-    """One token per row: q,k [N,H,K], v [N,HV,V], g [N,HV,K] fp32, beta [N,HV] fp32; rows with a
-    negative slot give zeros. Updates ssm_states in place; returns o [N,HV,V] fp32."""
-    hv = v.shape[1]
-    qe, ke = gdn.prepare_qk(q, k, hv, scale, True)
-    out = torch.zeros(v.shape, dtype=torch.float32)
-    idx = cache_indices.long()
-    rows = (idx >= 0).nonzero().flatten()
-    if rows.numel():
-        slots = idx[rows]
-        if torch.unique(slots).numel() != slots.numel():
-            raise ValueError(f"KDA decode: a state slot appears in two rows: {slots.tolist()}")
-        o, s = gdn.delta_rule_step(ssm_states[slots].float(), qe[rows], ke[rows], v[rows].float(), g[rows],
-                                   beta[rows])
-        ssm_states[slots] = s.to(ssm_states.dtype)
-        out[rows] = o
-    return out
-
-
 def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: Tensor, *, A_log: Tensor,
                   dt_bias: Tensor, scale: float, ssm_states: Tensor, cache_indices: Tensor, num_v_heads: int,
                   head_v_dim: int, lower_bound: float | None = None, **kwargs: Any) -> Tensor:
@@ -174,15 +154,10 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
         return out.transpose(0, 1)
     if any(t is not None for t in ring):
         raise ValueError("TritonKDAKernel.packed_decode: ReplaySSM ring arguments are only partly given")
-    k_dim = ssm_states.shape[-1]
-    h = (mixed_qkv.shape[1] - num_v_heads * head_v_dim) // (2 * k_dim)
-    x = mixed_qkv.float()
-    q = x[:, : h * k_dim].reshape(n, h, k_dim)
-    k = x[:, h * k_dim : 2 * h * k_dim].reshape(n, h, k_dim)
-    v = x[:, 2 * h * k_dim :].reshape(n, num_v_heads, head_v_dim)
+    q, k, v = gdn.unpack_mixed_qkv(mixed_qkv, num_v_heads, head_v_dim, ssm_states.shape[-1])
     g = kda_gate(A_log, a.reshape(n, -1), dt_bias, num_v_heads)
     beta = torch.sigmoid(b.reshape(n, num_v_heads).float())
-    out[:, 0] = _recurrent_step(q, k, v, g, beta, scale, ssm_states, cache_indices).to(out.dtype)
+    out[:, 0] = gdn.decode_rows(q, k, v, g, beta, scale, ssm_states, cache_indices).to(out.dtype)
     PLAIN_DECODE_CALLS += 1
     return out.transpose(0, 1)
 
@@ -202,7 +177,7 @@ def decode(original: Hooked, self: Any, q: Tensor, k: Tensor, v: Tensor, a: Tens
         raise NotImplementedError("TritonKDAKernel.decode on CPU: only one token per sequence")
     g = kda_gate(A_log, a.reshape(n, -1), dt_bias, hv)
     beta = torch.sigmoid(b.reshape(n, hv).float())
-    o = _recurrent_step(q[0], k[0], v[0], g, beta, q.shape[-1] ** -0.5, ssm_states, cache_indices)
+    o = gdn.decode_rows(q[0], k[0], v[0], g, beta, q.shape[-1] ** -0.5, ssm_states, cache_indices)
     return o.to(v.dtype).unsqueeze(0)
 
 

@@ -100,6 +100,36 @@ def chunk_forward(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 CHUNK = 64
 
 
+def unpack_mixed_qkv(mixed_qkv: torch.Tensor, hv: int, v_dim: int, k_dim: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed decode input [N, 2*H*K + HV*V] (q | k | v) -> fp32 q,k [N,H,K], v [N,HV,V]."""
+    n = mixed_qkv.shape[0]
+    h = (mixed_qkv.shape[1] - hv * v_dim) // (2 * k_dim)
+    x = mixed_qkv.float()
+    return (x[:, : h * k_dim].reshape(n, h, k_dim), x[:, h * k_dim : 2 * h * k_dim].reshape(n, h, k_dim),
+            x[:, 2 * h * k_dim :].reshape(n, hv, v_dim))
+
+
+def decode_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                scale: float, ssm_states: torch.Tensor, cache_indices: torch.Tensor, l2: bool = True) -> torch.Tensor:
+    """One token per row: q,k [N,H,K], v [N,HV,V], g [N,HV(,K)] fp32, beta [N,HV] fp32. Rows with a
+    negative slot give zeros and touch nothing; a slot may appear in one live row only. Updates
+    ssm_states in place; returns o [N,HV,V] fp32."""
+    qe, ke = prepare_qk(q, k, v.shape[1], scale, l2)
+    out = torch.zeros(v.shape, dtype=torch.float32)
+    idx = cache_indices.long()
+    rows = (idx >= 0).nonzero().flatten()
+    if rows.numel():
+        slots = idx[rows]
+        if torch.unique(slots).numel() != slots.numel():
+            raise ValueError(f"decode: a state slot appears in two rows: {slots.tolist()}")
+        o, s = delta_rule_step(ssm_states[slots].float(), qe[rows], ke[rows], v[rows].float(), g[rows].float(),
+                               beta[rows].float())
+        ssm_states[slots] = s.to(ssm_states.dtype)
+        out[rows] = o
+    return out
+
+
 def recurrent_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state_pool: torch.Tensor, state_indices: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, l2: bool,

@@ -164,14 +164,6 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, in
     hv = v3.shape[1]
     g = gdn.gdn_gate(A_log, a.reshape(n, hv), dt_bias, softplus_beta, softplus_threshold)
     beta = torch.sigmoid(b.reshape(n, hv).float())
-    qe, ke = gdn.prepare_qk(q3, k3, hv, hk ** -0.5 if scale is None else scale, bool(use_qk_l2norm_in_kernel))
-    out = torch.zeros(n, hv, v3.shape[-1], dtype=torch.float32)
-    idx = initial_state_indices.long()
-    valid = (idx >= 0).nonzero().flatten()
-    if valid.numel():
-        slots = idx[valid]
-        o, s = gdn.delta_rule_step(initial_state_source[slots].float(), qe[valid], ke[valid],
-                                   v3[valid].float(), g[valid], beta[valid])
-        initial_state_source[slots] = s.to(initial_state_source.dtype)
-        out[valid] = o
+    out = gdn.decode_rows(q3, k3, v3, g, beta, hk ** -0.5 if scale is None else scale, initial_state_source,
+                          initial_state_indices, bool(use_qk_l2norm_in_kernel))
     return out.to(v.dtype).unsqueeze(0)
