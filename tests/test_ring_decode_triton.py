@@ -173,12 +173,23 @@ if CUDA:
         {"block_v": 64, "v_split": 1, "flush_mode": "fma", "num_warps": 8},
         {"block_v": 8, "num_warps": 1, "prefetch": 1, "split": True, "flush_block_v": 32, "flush_num_warps": 4},
         {"block_v": 8, "num_warps": 1, "prefetch": 2, "split": True, "row_major": True, "flush_mode": "ieee"},
+        {"engine": "pipe", "read_mode": "fma", "block_v": 8, "num_warps": 1, "num_stages": 3, "split": True},
+        {"engine": "pipe", "read_mode": "tf32x3", "block_v": 32, "v_split": 1, "num_warps": 4, "num_stages": 3,
+         "split": True, "flush_mode": "tf32x3"},
+        {"engine": "pipe", "read_mode": "fma", "block_v": 16, "v_split": 1, "num_warps": 2, "num_stages": 3,
+         "tma": True, "split": False},
+        {"engine": "pipe", "read_mode": "tf32x3", "block_v": 64, "v_split": 1, "num_warps": 4, "num_stages": 3,
+         "tma": True, "split": True, "flush_mode": "tf32x3", "row_major": True},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
     VARIANTS = [
         {"block_v": 8, "v_split": 2, "flush_mode": "fma", "prefetch": 2, "split": True, "flush_block_v": 16},
         {"block_v": 16, "v_split": 1, "flush_mode": "ieee", "prefetch": 1, "split": False, "row_major": True},
+        {"engine": "pipe", "read_mode": "fma", "block_v": 8, "v_split": 2, "num_warps": 1, "num_stages": 3,
+         "split": True},
+        {"engine": "pipe", "read_mode": "tf32x3", "block_v": 16, "v_split": 1, "num_warps": 4, "num_stages": 2,
+         "split": False, "flush_mode": "tf32x3", "tma": True},
     ]
     TF32X3 = []
 

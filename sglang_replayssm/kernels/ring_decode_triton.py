@@ -127,6 +127,133 @@ def _flush_chunk(
 
 
 @triton.jit
+def _head_setup(
+    qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    k_ring,
+    g_ring,
+    slot,
+    i_n,
+    hv,
+    i_h,
+    valid,
+    scale,
+    stride_qkv,
+    stride_a,
+    stride_b,
+    stride_k,
+    stride_g,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    L: tl.constexpr,
+    BC: tl.constexpr,
+    IS_KDA: tl.constexpr,
+    USE_L2NORM: tl.constexpr,
+):
+    """Per (row, value head) setup shared by the decode kernels.
+
+    Returns ``(k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur)``: the normalised
+    key, ``k.q``, the write strength, the read-out vectors ``qv``/``kv`` applied to checkpoint
+    rows, the record coefficients ``cqv``/``ckv`` ([BC]) applied to the delta ring, the flush
+    scale ``sa`` on S0 and the flush factors ``fw``/``fk`` on the ring, and the gates. Ring rows
+    ``j`` with ``valid[j]`` false contribute nothing.
+    """
+    p_row = qkv + i_n * stride_qkv
+    o_k = tl.arange(0, K)
+    o_c = tl.arange(0, BC)
+    q = tl.load(p_row + i_h * K + o_k).to(tl.float32)
+    k = tl.load(p_row + H * K + i_h * K + o_k).to(tl.float32)
+    if USE_L2NORM:
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+    q = q * scale
+    kq = tl.sum(k * q, axis=0)
+
+    # Key ring of this key head: [BC, K], rows j >= m masked to zero.
+    p_kr = k_ring + slot * stride_k + (i_h * L + o_c[:, None]) * K + o_k[None, :]
+    kr = tl.load(p_kr, mask=valid[:, None], other=0.0).to(tl.float32)
+    a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
+    b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
+    beta = tl.sigmoid(b_raw).to(b.dtype.element_ty).to(tl.float32)
+    # Per head: read-out vectors qv/kv (applied to S0 rows), record coefficients cqv/ckv
+    # (applied to the delta ring), flush scale sa (on S0) and flush factors fw/fk (on the ring).
+    if not IS_KDA:
+        gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
+        g_tot = tl.sum(gr, axis=0)
+        suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
+        x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
+        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+        g_cur = -a_decay * sp
+        alpha = tl.exp(g_cur)
+        fw = tl.where(valid, alpha * tl.exp(suffix), 0.0)  # alpha * W_j, [BC]
+        sa_s = alpha * tl.exp(g_tot)
+        sa = tl.zeros([K], dtype=tl.float32) + sa_s
+        qv = q * sa_s
+        kv = k * sa_s
+        cqv = fw * tl.sum(kr * q[None, :], axis=1)
+        ckv = fw * tl.sum(kr * k[None, :], axis=1)
+        fk = kr * fw[:, None]
+    else:
+        p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
+        gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
+        g_tot = tl.sum(gr, axis=0)  # [K]
+        suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
+        x = tl.load(a + i_n * stride_a + hv * K + o_k).to(tl.float32) + tl.load(dt_bias + hv * K + o_k).to(
+            tl.float32
+        )
+        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+        g_cur = -a_decay * sp  # [K]
+        alpha = tl.exp(g_cur)
+        wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
+        cqv = tl.sum(wk * (alpha * q)[None, :], axis=1)
+        ckv = tl.sum(wk * (alpha * k)[None, :], axis=1)
+        sa = alpha * tl.exp(g_tot)
+        qv = sa * q
+        kv = sa * k
+        fw = cqv  # unused for KDA
+        fk = wk * alpha[None, :]
+
+    return k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur
+
+
+@triton.jit
+def _append_key_record(
+    g_ring,
+    k_ring,
+    slot,
+    stride_g,
+    stride_k,
+    hv,
+    i_h,
+    m,
+    g_cur,
+    k,
+    in_ring,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    L: tl.constexpr,
+    IS_KDA: tl.constexpr,
+):
+    """Write the gate record of value head ``hv`` and, from the first value head of each key head,
+    the key record, at ring position ``m`` (nothing when ``in_ring`` is false)."""
+    o_k = tl.arange(0, K)
+    if IS_KDA:
+        tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
+    else:
+        tl.store(g_ring + slot * stride_g + hv * L + m, g_cur, mask=in_ring)
+    if hv % (HV // H) == 0:
+        tl.store(
+            k_ring + slot * stride_k + (i_h * L + m) * K + o_k,
+            k.to(k_ring.dtype.element_ty),
+            mask=(o_k < K) & in_ring,
+        )
+
+
+@triton.jit
 def _ring_decode_kernel(
     qkv,
     a,
@@ -225,58 +352,11 @@ def _ring_decode_kernel(
         s_nxt = tl.load(p_s + BVC * K, mask=row_ok & (NCH > 1), other=0.0, eviction_policy=EVICT).to(tl.float32)
         d_nxt = tl.load(p_d + BVC, mask=valid[None, :] & (NCH > 1), other=0.0).to(tl.float32)
 
+    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur = _head_setup(
+        qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
+        stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
+    )  # fmt: skip
     p_row = qkv + i_n * stride_qkv
-    q = tl.load(p_row + i_h * K + o_k).to(tl.float32)
-    k = tl.load(p_row + H * K + i_h * K + o_k).to(tl.float32)
-    if USE_L2NORM:
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-    q = q * scale
-    kq = tl.sum(k * q, axis=0)
-
-    # Key ring of this key head: [BC, K], rows j >= m masked to zero.
-    p_kr = k_ring + slot * stride_k + (i_h * L + o_c[:, None]) * K + o_k[None, :]
-    kr = tl.load(p_kr, mask=valid[:, None], other=0.0).to(tl.float32)
-    a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
-    b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
-    beta = tl.sigmoid(b_raw).to(b.dtype.element_ty).to(tl.float32)
-    # Per head: read-out vectors qv/kv (applied to S0 rows), record coefficients cqv/ckv
-    # (applied to the delta ring), flush scale sa (on S0) and flush factors fw/fk (on the ring).
-    if not IS_KDA:
-        gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
-        g_tot = tl.sum(gr, axis=0)
-        suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
-        x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
-        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
-        g_cur = -a_decay * sp
-        alpha = tl.exp(g_cur)
-        fw = tl.where(valid, alpha * tl.exp(suffix), 0.0)  # alpha * W_j, [BC]
-        sa_s = alpha * tl.exp(g_tot)
-        sa = tl.zeros([K], dtype=tl.float32) + sa_s
-        qv = q * sa_s
-        kv = k * sa_s
-        cqv = fw * tl.sum(kr * q[None, :], axis=1)
-        ckv = fw * tl.sum(kr * k[None, :], axis=1)
-        fk = kr * fw[:, None]
-    else:
-        p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
-        gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
-        g_tot = tl.sum(gr, axis=0)  # [K]
-        suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
-        x = tl.load(a + i_n * stride_a + hv * K + o_k).to(tl.float32) + tl.load(dt_bias + hv * K + o_k).to(
-            tl.float32
-        )
-        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
-        g_cur = -a_decay * sp  # [K]
-        alpha = tl.exp(g_cur)
-        wk = tl.where(valid[:, None], tl.exp(suffix), 0.0) * kr  # W_j o k_j, [BC, K]
-        cqv = tl.sum(wk * (alpha * q)[None, :], axis=1)
-        ckv = tl.sum(wk * (alpha * k)[None, :], axis=1)
-        sa = alpha * tl.exp(g_tot)
-        qv = sa * q
-        kv = sa * k
-        fw = cqv  # unused for KDA
-        fk = wk * alpha[None, :]
 
     p_v = p_row + 2 * H * K + hv * V + v_base + o_r
     p_o = out + (i_n * HV + hv) * V + v_base + o_r
@@ -319,16 +399,8 @@ def _ring_decode_kernel(
 
     if PASS != 2:
         if (not is_flush) and (i_s == 0):
-            if IS_KDA:
-                tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
-            else:
-                tl.store(g_ring + slot * stride_g + hv * L + m, g_cur, mask=in_ring)
-            if hv % (HV // H) == 0:
-                tl.store(
-                    k_ring + slot * stride_k + (i_h * L + m) * K + o_k,
-                    k.to(k_ring.dtype.element_ty),
-                    mask=(o_k < K) & in_ring,
-                )
+            _append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
+                               H, HV, K, L, IS_KDA)  # fmt: skip
 
 
 class RingDecodeConfig(NamedTuple):
@@ -336,8 +408,12 @@ class RingDecodeConfig(NamedTuple):
 
     ``block_v``: V rows per streamed chunk; ``v_split``: programs per (row, value head), each
     streaming ``V / v_split`` rows; ``flush_mode``: see :data:`FLUSH_MODES`; ``prefetch``: chunks
-    in flight ahead of the one being computed (1 or 2); ``split``: two launches per step, one for
-    non-flush rows (compiled without the flush path) and one for flush rows.
+    in flight ahead of the one being computed (1 or 2, ``engine="regs"`` only); ``split``: two
+    launches per step, one for non-flush rows (compiled without the flush path) and one for flush
+    rows; ``engine``: ``"regs"`` (chunks prefetched into registers, this module's kernel) or
+    ``"pipe"`` (chunks software-pipelined through shared memory, :mod:`.ring_decode_pipe`);
+    ``read_mode`` / ``num_stages`` / ``tma``: the pipe engine's chunk read-out, pipeline depth and
+    copy engine.
     """
 
     block_v: int
@@ -346,6 +422,10 @@ class RingDecodeConfig(NamedTuple):
     flush_mode: str
     prefetch: int
     split: bool
+    engine: str = "regs"
+    read_mode: str = "fma"
+    num_stages: int = 1
+    tma: bool = False
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
@@ -465,6 +545,9 @@ def ring_decode_triton(
     maxnreg: int | None = None,
     flush_block_v: int | None = None,
     flush_num_warps: int | None = None,
+    engine: str | None = None,
+    read_mode: str | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -474,7 +557,9 @@ def ring_decode_triton(
     ``flush_mode`` (see :data:`FLUSH_MODES`), ``prefetch`` (1 or 2 chunks ahead), ``split``
     (separate launches for non-flush and flush rows), ``evict_first`` (L2 hint on the state stream),
     ``row_major`` (program order: heads of one row consecutive), ``maxnreg`` (register cap),
-    ``flush_block_v`` / ``flush_num_warps`` (chunk height / warps of the flush launch when split).
+    ``flush_block_v`` / ``flush_num_warps`` (chunk height / warps of the flush launch when split),
+    ``engine`` / ``read_mode`` / ``tma`` (see :class:`RingDecodeConfig`; with ``engine="pipe"``,
+    ``num_stages`` is the software-pipeline depth).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -506,10 +591,12 @@ def ring_decode_triton(
     if fm != "fma":
         bc = max(bc, 16)
 
+    eng = engine if engine is not None else cfg.engine
+    if eng not in ("regs", "pipe"):
+        raise ValueError(f"engine must be 'regs' or 'pipe' (got {eng!r})")
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
     grid = (vs, HV, B) if row_major else (vs, B, HV)
-    extra = {"maxnreg": maxnreg} if maxnreg else {}
     launches = [(0, bv, nw, fm, bc)]
     if sp:
         fbv = min(flush_block_v if flush_block_v is not None else bv, V // vs)
@@ -521,12 +608,29 @@ def ring_decode_triton(
             fbc = max(fbc, 16)
         fnw = flush_num_warps if flush_num_warps is not None else nw
         launches = [(1, bv, nw, fm, bc), (2, fbv, fnw, ffm, fbc)]
+    ff_arg = force_flush if force_flush is not None else write_pos
+    strides = (
+        mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
+        d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
+    )  # fmt: skip
+    if eng == "pipe":
+        from .ring_decode_pipe import launch_pipe
+
+        launch_pipe(
+            (mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, None, d_cache, k_cache, g_cache,
+             ssm_state_indices, write_pos, ff_arg, float(scale), *strides),
+            B=B, H=H, HV=HV, K=K, V=V, L=L, grid=grid, passes=launches, v_split=vs,
+            read_mode=read_mode if read_mode is not None else cfg.read_mode,
+            num_stages=num_stages if num_stages is not None else max(cfg.num_stages, 2),
+            tma=tma if tma is not None else cfg.tma, is_kda=is_kda, has_ff=force_flush is not None,
+            use_l2norm=use_qk_l2norm_in_kernel, row_major=row_major,
+        )  # fmt: skip
+        return out, initial_state
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
     for pass_id, l_bv, l_nw, l_fm, l_bc in launches:
         _ring_decode_kernel[grid](
             mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
-            ssm_state_indices, write_pos, force_flush if force_flush is not None else write_pos, float(scale),
-            mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
-            d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
+            ssm_state_indices, write_pos, ff_arg, float(scale), *strides,
             H=H, HV=HV, K=K, V=V, L=L, BC=l_bc, BVC=l_bv, VPER=V // vs, IS_KDA=is_kda,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
             FLUSH_MODE=FLUSH_MODES[l_fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
