@@ -43,6 +43,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_replayssm.kernels.cursor import cursor_step_triton  # noqa: E402
+from sglang_replayssm.kernels.ring_decode_kstream import ring_read_kstream_kernel  # noqa: E402
 from sglang_replayssm.kernels.ring_decode_pipe import _ring_decode_pipe_kernel  # noqa: E402
 from sglang_replayssm.kernels.ring_decode_triton import (  # noqa: E402
     _ring_decode_kernel,
@@ -219,7 +220,8 @@ class Problem:
 
 
 def _kernel_caches() -> list:
-    return [c for k in (_ring_decode_kernel, _ring_decode_pipe_kernel) for c in k.device_caches.values()]
+    kernels = (_ring_decode_kernel, _ring_decode_pipe_kernel, ring_read_kstream_kernel)
+    return [c for k in kernels for c in k.device_caches.values()]
 
 
 def regs_of_new_variants(before: set) -> list[dict]:
@@ -285,6 +287,8 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
             ]
     if mode == "pipe":
         cfgs = [dict(base, prefetch=1, row_major=True)] + pipe_configs(B)
+    if mode == "kstream":
+        cfgs = [dict(base, prefetch=1, row_major=True)] + kstream_configs(B)
     if quick:
         cfgs = cfgs[:3]
     return cfgs
@@ -316,6 +320,24 @@ FAILED: set = set()  # (model, B, cfg) launch sets that failed in a precompile w
 
 def _job_key(model: str, B: int, cfg: dict) -> str:
     return json.dumps([model, B, cfg], sort_keys=True)
+
+
+def kstream_configs(B: int) -> list[dict]:
+    """K-streamed non-flush pass (slice width x warps x depth x V split) + the row-chunk flush pass."""
+    flush = {"block_v": 8, "num_warps": 1, "prefetch": 1, "flush_mode": "fma"}
+    cfgs = []
+    for bk, nw, ns, vs, rm in [
+        (16, 4, 2, None, False), (16, 4, 3, None, False), (16, 4, 4, None, False), (16, 2, 3, None, False),
+        (16, 8, 3, None, False), (8, 4, 3, None, False), (8, 2, 3, None, False), (8, 1, 3, None, False),
+        (32, 4, 2, None, False), (32, 4, 3, None, False), (32, 8, 2, None, False), (16, 4, 1, None, False),
+        (32, 4, 1, None, False), (64, 8, 2, None, False), (16, 2, 3, 2, False), (16, 4, 3, 2, False),
+        (16, 4, 3, None, True), (8, 2, 4, None, True),
+    ]:  # fmt: skip
+        cfg = dict(flush, engine="kstream", block_k=bk, read_num_warps=nw, num_stages=ns, row_major=rm)
+        if vs is not None and B >= 64:
+            cfg["v_split"] = vs
+        cfgs.append(cfg)
+    return cfgs
 
 
 def precompile(jobs: list[tuple[str, int, dict]], workers: int) -> None:
@@ -619,7 +641,7 @@ def main() -> int:
     ap.add_argument("--batches", type=str, default="1,64,256,512")
     ap.add_argument("--models", type=str, default="gdn,kda")
     ap.add_argument("--quick", action="store_true", help="3 sweep configs only")
-    ap.add_argument("--sweep", choices=["final", "explore", "pipe"], default="final")
+    ap.add_argument("--sweep", choices=["final", "explore", "pipe", "kstream"], default="final")
     ap.add_argument("--precompile-workers", type=int, default=0, help="compile the sweep in N processes first")
     ap.add_argument("--skip-materialize", action="store_true")
     ap.add_argument("--skip-graph-check", action="store_true")

@@ -180,6 +180,10 @@ if CUDA:
          "tma": True, "split": False},
         {"engine": "pipe", "read_mode": "tf32x3", "block_v": 64, "v_split": 1, "num_warps": 4, "num_stages": 3,
          "tma": True, "split": True, "flush_mode": "tf32x3", "row_major": True},
+        {"engine": "kstream", "block_k": 16, "read_num_warps": 4, "num_stages": 3, "block_v": 8, "num_warps": 1},
+        {"engine": "kstream", "block_k": 32, "read_num_warps": 8, "num_stages": 2, "v_split": 2, "row_major": True},
+        {"engine": "kstream", "block_k": 8, "read_num_warps": 2, "num_stages": 4, "v_split": 1, "block_v": 16,
+         "flush_mode": "tf32x3"},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
@@ -190,6 +194,7 @@ else:
          "split": True},
         {"engine": "pipe", "read_mode": "tf32x3", "block_v": 16, "v_split": 1, "num_warps": 4, "num_stages": 2,
          "split": False, "flush_mode": "tf32x3", "tma": True},
+        {"engine": "kstream", "block_k": 8, "read_num_warps": 2, "num_stages": 3, "block_v": 8, "row_major": True},
     ]
     TF32X3 = []
 

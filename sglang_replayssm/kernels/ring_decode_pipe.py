@@ -115,7 +115,7 @@ def _ring_decode_pipe_kernel(
 
     valid = (o_c < m) & (o_c < L)
     in_ring = m < L
-    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur = _head_setup(
+    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, _, _ = _head_setup(
         qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
         stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
     )  # fmt: skip

@@ -155,10 +155,11 @@ def _head_setup(
 ):
     """Per (row, value head) setup shared by the decode kernels.
 
-    Returns ``(k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur)``: the normalised
-    key, ``k.q``, the write strength, the read-out vectors ``qv``/``kv`` applied to checkpoint
-    rows, the record coefficients ``cqv``/``ckv`` ([BC]) applied to the delta ring, the flush
-    scale ``sa`` on S0 and the flush factors ``fw``/``fk`` on the ring, and the gates. Ring rows
+    Returns ``(k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac)``:
+    the normalised key, ``k.q``, the write strength, the read-out vectors ``qv``/``kv`` applied to
+    checkpoint rows, the record coefficients ``cqv``/``ckv`` ([BC]) applied to the delta ring, the
+    flush scale ``sa`` on S0 and the flush factors ``fw``/``fk`` on the ring, the gates, and the
+    scalars that turn raw ``q``/``k`` into normalised (and, for ``q``, scaled) ones. Ring rows
     ``j`` with ``valid[j]`` false contribute nothing.
     """
     p_row = qkv + i_n * stride_qkv
@@ -167,9 +168,13 @@ def _head_setup(
     q = tl.load(p_row + i_h * K + o_k).to(tl.float32)
     k = tl.load(p_row + H * K + i_h * K + o_k).to(tl.float32)
     if USE_L2NORM:
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-    q = q * scale
+        q_fac = scale / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+        k_fac = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+    else:
+        q_fac = scale + tl.zeros([], dtype=tl.float32)
+        k_fac = 1.0 + tl.zeros([], dtype=tl.float32)
+    q = q * q_fac
+    k = k * k_fac
     kq = tl.sum(k * q, axis=0)
 
     # Key ring of this key head: [BC, K], rows j >= m masked to zero.
@@ -216,7 +221,7 @@ def _head_setup(
         fw = cqv  # unused for KDA
         fk = wk * alpha[None, :]
 
-    return k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur
+    return k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac
 
 
 @triton.jit
@@ -352,7 +357,7 @@ def _ring_decode_kernel(
         s_nxt = tl.load(p_s + BVC * K, mask=row_ok & (NCH > 1), other=0.0, eviction_policy=EVICT).to(tl.float32)
         d_nxt = tl.load(p_d + BVC, mask=valid[None, :] & (NCH > 1), other=0.0).to(tl.float32)
 
-    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur = _head_setup(
+    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, _, _ = _head_setup(
         qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
         stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
     )  # fmt: skip
@@ -411,9 +416,11 @@ class RingDecodeConfig(NamedTuple):
     in flight ahead of the one being computed (1 or 2, ``engine="regs"`` only); ``split``: two
     launches per step, one for non-flush rows (compiled without the flush path) and one for flush
     rows; ``engine``: ``"regs"`` (chunks prefetched into registers, this module's kernel) or
-    ``"pipe"`` (chunks software-pipelined through shared memory, :mod:`.ring_decode_pipe`);
-    ``read_mode`` / ``num_stages`` / ``tma``: the pipe engine's chunk read-out, pipeline depth and
-    copy engine.
+    ``"pipe"`` (chunks software-pipelined through shared memory, :mod:`.ring_decode_pipe`) or
+    ``"kstream"`` (non-flush rows by :mod:`.ring_decode_kstream`, K walked in slices of
+    ``block_k``; flush rows by this module's kernel with ``block_v``; always split);
+    ``read_mode`` / ``num_stages`` / ``tma``: the pipe engine's chunk read-out, pipeline depth
+    (also kstream's) and copy engine.
     """
 
     block_v: int
@@ -426,6 +433,8 @@ class RingDecodeConfig(NamedTuple):
     read_mode: str = "fma"
     num_stages: int = 1
     tma: bool = False
+    block_k: int = 16
+    read_num_warps: int = 4
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
@@ -548,6 +557,8 @@ def ring_decode_triton(
     engine: str | None = None,
     read_mode: str | None = None,
     tma: bool | None = None,
+    block_k: int | None = None,
+    read_num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -592,8 +603,10 @@ def ring_decode_triton(
         bc = max(bc, 16)
 
     eng = engine if engine is not None else cfg.engine
-    if eng not in ("regs", "pipe"):
-        raise ValueError(f"engine must be 'regs' or 'pipe' (got {eng!r})")
+    if eng not in ("regs", "pipe", "kstream"):
+        raise ValueError(f"engine must be 'regs', 'pipe' or 'kstream' (got {eng!r})")
+    if eng == "kstream":
+        sp = True
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
     grid = (vs, HV, B) if row_major else (vs, B, HV)
@@ -627,6 +640,21 @@ def ring_decode_triton(
         )  # fmt: skip
         return out, initial_state
     extra = {"maxnreg": maxnreg} if maxnreg else {}
+    if eng == "kstream":
+        from .ring_decode_kstream import ring_read_kstream_kernel
+
+        bk = block_k if block_k is not None else cfg.block_k
+        if bk <= 0 or bk & (bk - 1) or K % bk != 0:
+            raise ValueError(f"block_k={bk} must be a power of two dividing K={K}")
+        ring_read_kstream_kernel[grid](
+            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+            ssm_state_indices, write_pos, ff_arg, float(scale), *strides,
+            H=H, HV=HV, K=K, V=V, L=L, BC=triton.next_power_of_2(L), BK=bk, VPER=V // vs, IS_KDA=is_kda,
+            HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
+            NS=num_stages if num_stages is not None else max(cfg.num_stages, 2), ROW_MAJOR=row_major,
+            num_warps=read_num_warps if read_num_warps is not None else cfg.read_num_warps, num_stages=1,
+        )  # fmt: skip
+        launches = launches[1:]
     for pass_id, l_bv, l_nw, l_fm, l_bc in launches:
         _ring_decode_kernel[grid](
             mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
