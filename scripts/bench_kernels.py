@@ -43,7 +43,10 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_replayssm.kernels.cursor import cursor_step_triton  # noqa: E402
-from sglang_replayssm.kernels.ring_decode_kstream import ring_read_kstream_kernel  # noqa: E402
+from sglang_replayssm.kernels.ring_decode_kstream import (  # noqa: E402
+    ring_read_kstream_kernel,
+    ring_read_rows_kernel,
+)
 from sglang_replayssm.kernels.ring_decode_pipe import _ring_decode_pipe_kernel  # noqa: E402
 from sglang_replayssm.kernels.ring_decode_triton import (  # noqa: E402
     _ring_decode_kernel,
@@ -220,7 +223,7 @@ class Problem:
 
 
 def _kernel_caches() -> list:
-    kernels = (_ring_decode_kernel, _ring_decode_pipe_kernel, ring_read_kstream_kernel)
+    kernels = (_ring_decode_kernel, _ring_decode_pipe_kernel, ring_read_kstream_kernel, ring_read_rows_kernel)
     return [c for k in kernels for c in k.device_caches.values()]
 
 
@@ -289,6 +292,10 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
         cfgs = [dict(base, prefetch=1, row_major=True)] + pipe_configs(B)
     if mode == "kstream":
         cfgs = [dict(base, prefetch=1, row_major=True)] + kstream_configs(B)
+    if mode == "slices":
+        pipe_best = {"engine": "pipe", "read_mode": "fma", "block_v": 8, "num_warps": 1, "num_stages": 3,
+                     "tma": True, "flush_mode": "fma", "split": True}  # fmt: skip
+        cfgs = [dict(base, prefetch=1, row_major=True), pipe_best] + slices_configs(B)
     if quick:
         cfgs = cfgs[:3]
     return cfgs
@@ -337,6 +344,22 @@ def kstream_configs(B: int) -> list[dict]:
         if vs is not None and B >= 64:
             cfg["v_split"] = vs
         cfgs.append(cfg)
+    return cfgs
+
+
+def slices_configs(B: int) -> list[dict]:
+    """Row chunks held as column slices (chunk x slice width x warps x depth x tile order) + the
+    row-chunk flush pass."""
+    cfgs = []
+    for ks, bv, nw, ns, qf, pm in [
+        (16, 8, 1, 1, False, False), (16, 8, 1, 3, False, False), (32, 8, 1, 1, False, False),
+        (16, 16, 2, 1, False, False), (16, 16, 2, 3, False, False), (16, 32, 4, 1, False, False),
+        (16, 32, 4, 3, False, False), (32, 32, 4, 3, False, False), (16, 8, 1, 1, False, True),
+        (16, 16, 2, 3, False, True), (16, 8, 1, 1, True, False), (32, 16, 2, 3, False, False),
+    ]:  # fmt: skip
+        cfgs.append({"engine": "slices", "slice_k": ks, "block_v": bv, "num_warps": nw, "num_stages": ns,
+                     "slices_first": qf, "perm_rows": pm, "flush_block_v": 8, "flush_num_warps": 1,
+                     "prefetch": 1, "flush_mode": "fma", "row_major": True})  # fmt: skip
     return cfgs
 
 
@@ -641,7 +664,7 @@ def main() -> int:
     ap.add_argument("--batches", type=str, default="1,64,256,512")
     ap.add_argument("--models", type=str, default="gdn,kda")
     ap.add_argument("--quick", action="store_true", help="3 sweep configs only")
-    ap.add_argument("--sweep", choices=["final", "explore", "pipe", "kstream"], default="final")
+    ap.add_argument("--sweep", choices=["final", "explore", "pipe", "kstream", "slices"], default="final")
     ap.add_argument("--precompile-workers", type=int, default=0, help="compile the sweep in N processes first")
     ap.add_argument("--skip-materialize", action="store_true")
     ap.add_argument("--skip-graph-check", action="store_true")

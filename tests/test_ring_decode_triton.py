@@ -184,6 +184,12 @@ if CUDA:
         {"engine": "kstream", "block_k": 32, "read_num_warps": 8, "num_stages": 2, "v_split": 2, "row_major": True},
         {"engine": "kstream", "block_k": 8, "read_num_warps": 2, "num_stages": 4, "v_split": 1, "block_v": 16,
          "flush_mode": "tf32x3"},
+        {"engine": "slices", "slice_k": 16, "block_v": 8, "num_warps": 1, "num_stages": 1, "flush_block_v": 8,
+         "prefetch": 1, "row_major": True},
+        {"engine": "slices", "slice_k": 32, "block_v": 32, "v_split": 1, "num_warps": 4, "num_stages": 3,
+         "perm_rows": True, "flush_block_v": 16, "flush_num_warps": 2},
+        {"engine": "slices", "slice_k": 16, "block_v": 16, "v_split": 1, "num_warps": 2, "num_stages": 3,
+         "slices_first": True, "flush_block_v": 8},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
@@ -195,6 +201,7 @@ else:
         {"engine": "pipe", "read_mode": "tf32x3", "block_v": 16, "v_split": 1, "num_warps": 4, "num_stages": 2,
          "split": False, "flush_mode": "tf32x3", "tma": True},
         {"engine": "kstream", "block_k": 8, "read_num_warps": 2, "num_stages": 3, "block_v": 8, "row_major": True},
+        {"engine": "slices", "slice_k": 8, "block_v": 8, "num_warps": 1, "num_stages": 2, "perm_rows": False},
     ]
     TF32X3 = []
 

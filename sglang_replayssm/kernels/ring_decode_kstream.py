@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .ring_decode_triton import _append_key_record, _head_setup
 
-__all__ = ["ring_read_kstream_kernel"]
+__all__ = ["ring_read_kstream_kernel", "ring_read_rows_kernel"]
 
 
 @triton.jit
@@ -138,6 +138,149 @@ def ring_read_kstream_kernel(
     tl.store(p_o, (sq + d_cur * kq).to(out.dtype.element_ty))
     p_dw = d_ring + slot * stride_d + (hv * L + m) * V + v_base + o_v
     tl.store(p_dw, d_cur.to(d_ring.dtype.element_ty), mask=(o_v < VPER) & in_ring)
+    if i_s == 0:
+        _append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
+                           H, HV, K, L, IS_KDA)  # fmt: skip
+
+
+@triton.jit
+def _rows_chunk(s, dm, qv3, kv3, cqv, ckv, beta, kq, p_v, p_o, p_dw, c, o_r, in_ring, BV: tl.constexpr,
+                QF: tl.constexpr):  # fmt: skip
+    """Output and ring record of chunk ``c``: ``s`` its checkpoint tile (3D), ``dm`` its ``[BC, BV]``
+    delta-ring tile."""
+    v = tl.load(p_v + c * BV).to(tl.float32)
+    if QF:
+        sq = tl.sum(tl.sum(s * qv3, axis=2), axis=0)
+        sk = tl.sum(tl.sum(s * kv3, axis=2), axis=0)
+    else:
+        sq = tl.sum(tl.sum(s * qv3, axis=2), axis=1)
+        sk = tl.sum(tl.sum(s * kv3, axis=2), axis=1)
+    sq = sq + tl.sum(dm * cqv[:, None], axis=0)
+    sk = sk + tl.sum(dm * ckv[:, None], axis=0)
+    d_cur = beta * (v - sk)
+    tl.store(p_o + c * BV, (sq + d_cur * kq).to(p_o.dtype.element_ty))
+    tl.store(p_dw + c * BV, d_cur.to(p_dw.dtype.element_ty), mask=(o_r < BV) & in_ring)
+
+
+@triton.jit
+def ring_read_rows_kernel(
+    qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    out,
+    state,
+    d_ring,
+    k_ring,
+    g_ring,
+    slots,
+    write_pos,
+    force_flush,
+    scale,
+    stride_qkv,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_d,
+    stride_k,
+    stride_g,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L: tl.constexpr,
+    BC: tl.constexpr,
+    BV: tl.constexpr,
+    KS: tl.constexpr,
+    VPER: tl.constexpr,
+    QF: tl.constexpr,
+    PERM: tl.constexpr,
+    NS: tl.constexpr,
+    IS_KDA: tl.constexpr,
+    HAS_FF: tl.constexpr,
+    USE_L2NORM: tl.constexpr,
+    ROW_MAJOR: tl.constexpr,
+):
+    """Non-flush read-out over row chunks, each chunk held as ``K / KS`` column slices.
+
+    A chunk of ``BV`` checkpoint rows is loaded as a 3D tile of ``[BV, K/KS, KS]`` (``QF``:
+    ``[K/KS, BV, KS]``) so that lanes spread over rows and over ``KS / 4`` columns only: the row
+    reduction is mostly in-thread and costs ``log2(KS / 4)`` shuffles instead of 5. With ``PERM``
+    the rows of a chunk are visited in a fixed permutation that hides their contiguity from the
+    compiler, so the delta-ring tile ``[BC, BV]`` is laid out with records in registers (its
+    reduction over records is in-thread too). ``NS == 1``: one chunk prefetched into registers;
+    ``NS > 1``: chunks through an ``NS``-deep software pipeline. Flush rows return at once;
+    padded rows (slot < 0) get a zero output.
+    """
+    i_s = tl.program_id(0)
+    if ROW_MAJOR:
+        hv = tl.program_id(1)
+        i_n = tl.program_id(2)
+    else:
+        i_n = tl.program_id(1)
+        hv = tl.program_id(2)
+    i_h = hv // (HV // H)
+    NCH: tl.constexpr = VPER // BV
+    NKS: tl.constexpr = K // KS
+    v_base = i_s * VPER
+    o_r = tl.arange(0, BV)
+    if PERM:
+        o_r = (o_r * 5) % BV  # a bijection (5 is odd, BV a power of two)
+    o_c = tl.arange(0, BC)
+    o_q = tl.arange(0, NKS)
+    o_w = tl.arange(0, KS)
+
+    slot = tl.load(slots + i_n).to(tl.int64)
+    m = tl.load(write_pos + i_n).to(tl.int32)
+    is_flush = m == L - 1
+    if HAS_FF:
+        is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
+    p_o = out + (i_n * HV + hv) * V + v_base + o_r
+    if slot < 0:
+        for c in range(NCH):
+            tl.store(p_o + c * BV, tl.zeros([BV], dtype=tl.float32).to(out.dtype.element_ty))
+        return
+    if is_flush:
+        return
+
+    valid = (o_c < m) & (o_c < L)
+    in_ring = m < L
+    rows = hv * V + v_base + o_r
+    base = state + slot * stride_state
+    if QF:
+        p_s = base + rows[None, :, None] * K + (o_q * KS)[:, None, None] + o_w[None, None, :]
+    else:
+        p_s = base + rows[:, None, None] * K + (o_q * KS)[None, :, None] + o_w[None, None, :]
+    p_d = d_ring + slot * stride_d + (hv * L + o_c[:, None]) * V + v_base + o_r[None, :]  # [BC, BV]
+    if NS == 1:  # first chunk requested before the setup
+        s_cur = tl.load(p_s).to(tl.float32)
+        d_cur_t = tl.load(p_d, mask=valid[:, None], other=0.0).to(tl.float32)
+    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac = _head_setup(
+        qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
+        stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
+    )  # fmt: skip
+    if QF:
+        qv3 = tl.reshape(qv, [NKS, KS])[:, None, :]
+        kv3 = tl.reshape(kv, [NKS, KS])[:, None, :]
+    else:
+        qv3 = tl.reshape(qv, [NKS, KS])[None, :, :]
+        kv3 = tl.reshape(kv, [NKS, KS])[None, :, :]
+    p_v = qkv + i_n * stride_qkv + 2 * H * K + hv * V + v_base + o_r
+    p_dw = d_ring + slot * stride_d + (hv * L + m) * V + v_base + o_r
+    if NS > 1:  # chunks through a software pipeline in shared memory
+        for c in tl.range(0, NCH, num_stages=NS):
+            s_c = tl.load(p_s + c * BV * K).to(tl.float32)
+            d_c = tl.load(p_d + c * BV, mask=valid[:, None], other=0.0).to(tl.float32)
+            _rows_chunk(s_c, d_c, qv3, kv3, cqv, ckv, beta, kq, p_v, p_o, p_dw, c, o_r, in_ring, BV, QF)
+    else:  # one chunk prefetched into registers
+        for c in range(NCH):
+            ahead = (c + 1) < NCH
+            s_new = tl.load(p_s + (c + 1) * BV * K, mask=ahead, other=0.0).to(tl.float32)
+            d_new = tl.load(p_d + (c + 1) * BV, mask=valid[:, None] & ahead, other=0.0).to(tl.float32)
+            _rows_chunk(s_cur, d_cur_t, qv3, kv3, cqv, ckv, beta, kq, p_v, p_o, p_dw, c, o_r, in_ring, BV, QF)
+            s_cur = s_new
+            d_cur_t = d_new
     if i_s == 0:
         _append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
                            H, HV, K, L, IS_KDA)  # fmt: skip

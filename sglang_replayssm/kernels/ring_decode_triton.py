@@ -419,6 +419,9 @@ class RingDecodeConfig(NamedTuple):
     ``"pipe"`` (chunks software-pipelined through shared memory, :mod:`.ring_decode_pipe`) or
     ``"kstream"`` (non-flush rows by :mod:`.ring_decode_kstream`, K walked in slices of
     ``block_k``; flush rows by this module's kernel with ``block_v``; always split);
+    or ``"slices"`` (non-flush rows by :func:`.ring_decode_kstream.ring_read_rows_kernel`: row
+    chunks of ``block_v`` held as column slices of ``slice_k``, ``slices_first`` / ``perm_rows``
+    pick its tile order; flush rows by this module's kernel; always split);
     ``read_mode`` / ``num_stages`` / ``tma``: the pipe engine's chunk read-out, pipeline depth
     (also kstream's) and copy engine.
     """
@@ -435,6 +438,9 @@ class RingDecodeConfig(NamedTuple):
     tma: bool = False
     block_k: int = 16
     read_num_warps: int = 4
+    slice_k: int = 32
+    slices_first: bool = False
+    perm_rows: bool = True
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
@@ -559,6 +565,9 @@ def ring_decode_triton(
     tma: bool | None = None,
     block_k: int | None = None,
     read_num_warps: int | None = None,
+    slice_k: int | None = None,
+    slices_first: bool | None = None,
+    perm_rows: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -603,9 +612,9 @@ def ring_decode_triton(
         bc = max(bc, 16)
 
     eng = engine if engine is not None else cfg.engine
-    if eng not in ("regs", "pipe", "kstream"):
-        raise ValueError(f"engine must be 'regs', 'pipe' or 'kstream' (got {eng!r})")
-    if eng == "kstream":
+    if eng not in ("regs", "pipe", "kstream", "slices"):
+        raise ValueError(f"engine must be 'regs', 'pipe', 'kstream' or 'slices' (got {eng!r})")
+    if eng in ("kstream", "slices"):
         sp = True
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
@@ -653,6 +662,23 @@ def ring_decode_triton(
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
             NS=num_stages if num_stages is not None else max(cfg.num_stages, 2), ROW_MAJOR=row_major,
             num_warps=read_num_warps if read_num_warps is not None else cfg.read_num_warps, num_stages=1,
+        )  # fmt: skip
+        launches = launches[1:]
+    if eng == "slices":
+        from .ring_decode_kstream import ring_read_rows_kernel
+
+        ks = slice_k if slice_k is not None else cfg.slice_k
+        if ks < 4 or ks & (ks - 1) or K % ks != 0:
+            raise ValueError(f"slice_k={ks} must be a power of two >= 4 dividing K={K}")
+        ring_read_rows_kernel[grid](
+            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+            ssm_state_indices, write_pos, ff_arg, float(scale), *strides,
+            H=H, HV=HV, K=K, V=V, L=L, BC=triton.next_power_of_2(L), BV=bv, KS=ks, VPER=V // vs,
+            QF=slices_first if slices_first is not None else cfg.slices_first,
+            PERM=perm_rows if perm_rows is not None else cfg.perm_rows, IS_KDA=is_kda,
+            NS=num_stages if num_stages is not None else 1,
+            HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel, ROW_MAJOR=row_major,
+            num_warps=nw, num_stages=1,
         )  # fmt: skip
         launches = launches[1:]
     for pass_id, l_bv, l_nw, l_fm, l_bc in launches:
