@@ -43,11 +43,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_replayssm.kernels.cursor import cursor_step_triton  # noqa: E402
-from sglang_replayssm.kernels.ring_decode_kstream import (  # noqa: E402
-    ring_read_kstream_kernel,
-    ring_read_rows_kernel,
-)
-from sglang_replayssm.kernels.ring_decode_pipe import _ring_decode_pipe_kernel  # noqa: E402
+from sglang_replayssm.kernels.ring_decode_slices import ring_read_rows_kernel  # noqa: E402
 from sglang_replayssm.kernels.ring_decode_triton import (  # noqa: E402
     _ring_decode_kernel,
     pick_config,
@@ -223,7 +219,7 @@ class Problem:
 
 
 def _kernel_caches() -> list:
-    kernels = (_ring_decode_kernel, _ring_decode_pipe_kernel, ring_read_kstream_kernel, ring_read_rows_kernel)
+    kernels = (_ring_decode_kernel, ring_read_rows_kernel)
     return [c for k in kernels for c in k.device_caches.values()]
 
 
@@ -282,68 +278,18 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
             {"block_v": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": B > 1},
             {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": B > 1},
         ]
+        if B > 1:
+            cfgs += [c for c in slices_configs(B) if c["block_v"] == 8 and c["num_stages"] == 1]
         if B <= 1:
             cfgs += [
                 {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
                 {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": False},
                 {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": False},
             ]
-    if mode == "pipe":
-        cfgs = [dict(base, prefetch=1, row_major=True)] + pipe_configs(B)
-    if mode == "kstream":
-        cfgs = [dict(base, prefetch=1, row_major=True)] + kstream_configs(B)
     if mode == "slices":
-        pipe_best = {"engine": "pipe", "read_mode": "fma", "block_v": 8, "num_warps": 1, "num_stages": 3,
-                     "tma": True, "flush_mode": "fma", "split": True}  # fmt: skip
-        cfgs = [dict(base, prefetch=1, row_major=True), pipe_best] + slices_configs(B)
+        cfgs = [dict(base, prefetch=1, row_major=True)] + slices_configs(B)
     if quick:
         cfgs = cfgs[:3]
-    return cfgs
-
-
-def pipe_configs(B: int) -> list[dict]:
-    """The shared-memory pipelined engine: chunk height x warps x depth x read-out x copy engine."""
-    sp = B > 1
-    cfgs = []
-    for bv, nw, ns, tma in [
-        (8, 1, 2, False), (8, 1, 3, False), (8, 1, 4, False), (16, 1, 2, False), (16, 1, 3, False),
-        (16, 2, 2, False), (16, 2, 3, False), (16, 4, 2, False), (16, 4, 3, False), (32, 4, 2, False),
-        (32, 4, 3, False), (32, 2, 2, False), (8, 1, 3, True), (16, 2, 3, True), (32, 4, 3, True),
-    ]:  # fmt: skip
-        cfgs.append({"engine": "pipe", "read_mode": "fma", "block_v": bv, "num_warps": nw, "num_stages": ns,
-                     "tma": tma, "flush_mode": "fma", "split": sp})  # fmt: skip
-    for bv, nw, ns, tma in [
-        (16, 1, 2, False), (16, 1, 3, False), (16, 4, 2, False), (16, 4, 3, False), (32, 4, 2, False),
-        (32, 4, 3, False), (64, 4, 2, False), (64, 4, 3, False), (16, 4, 3, True), (32, 4, 3, True),
-        (64, 4, 3, True),
-    ]:  # fmt: skip
-        cfgs.append({"engine": "pipe", "read_mode": "tf32x3", "block_v": bv, "num_warps": nw, "num_stages": ns,
-                     "tma": tma, "flush_mode": "tf32x3", "split": sp})  # fmt: skip
-    return cfgs
-
-
-FAILED: set = set()  # (model, B, cfg) launch sets that failed in a precompile worker: not timed
-
-
-def _job_key(model: str, B: int, cfg: dict) -> str:
-    return json.dumps([model, B, cfg], sort_keys=True)
-
-
-def kstream_configs(B: int) -> list[dict]:
-    """K-streamed non-flush pass (slice width x warps x depth x V split) + the row-chunk flush pass."""
-    flush = {"block_v": 8, "num_warps": 1, "prefetch": 1, "flush_mode": "fma"}
-    cfgs = []
-    for bk, nw, ns, vs, rm in [
-        (16, 4, 2, None, False), (16, 4, 3, None, False), (16, 4, 4, None, False), (16, 2, 3, None, False),
-        (16, 8, 3, None, False), (8, 4, 3, None, False), (8, 2, 3, None, False), (8, 1, 3, None, False),
-        (32, 4, 2, None, False), (32, 4, 3, None, False), (32, 8, 2, None, False), (16, 4, 1, None, False),
-        (32, 4, 1, None, False), (64, 8, 2, None, False), (16, 2, 3, 2, False), (16, 4, 3, 2, False),
-        (16, 4, 3, None, True), (8, 2, 4, None, True),
-    ]:  # fmt: skip
-        cfg = dict(flush, engine="kstream", block_k=bk, read_num_warps=nw, num_stages=ns, row_major=rm)
-        if vs is not None and B >= 64:
-            cfg["v_split"] = vs
-        cfgs.append(cfg)
     return cfgs
 
 
@@ -361,6 +307,13 @@ def slices_configs(B: int) -> list[dict]:
                      "slices_first": qf, "perm_rows": pm, "flush_block_v": 8, "flush_num_warps": 1,
                      "prefetch": 1, "flush_mode": "fma", "row_major": True})  # fmt: skip
     return cfgs
+
+
+FAILED: set = set()  # (model, B, cfg) launch sets that failed in a precompile worker: not timed
+
+
+def _job_key(model: str, B: int, cfg: dict) -> str:
+    return json.dumps([model, B, cfg], sort_keys=True)
 
 
 def precompile(jobs: list[tuple[str, int, dict]], workers: int) -> None:
@@ -664,7 +617,7 @@ def main() -> int:
     ap.add_argument("--batches", type=str, default="1,64,256,512")
     ap.add_argument("--models", type=str, default="gdn,kda")
     ap.add_argument("--quick", action="store_true", help="3 sweep configs only")
-    ap.add_argument("--sweep", choices=["final", "explore", "pipe", "kstream", "slices"], default="final")
+    ap.add_argument("--sweep", choices=["final", "explore", "slices"], default="final")
     ap.add_argument("--precompile-workers", type=int, default=0, help="compile the sweep in N processes first")
     ap.add_argument("--skip-materialize", action="store_true")
     ap.add_argument("--skip-graph-check", action="store_true")
@@ -730,11 +683,12 @@ def main() -> int:
         result["materialize"] = bench_materialize(256, copy_bw)
         log("materialize:", json.dumps(result["materialize"]))
     if not args.skip_graph_check:
-        try:
-            result["graph_check"] = graph_check()
-        except Exception:
-            result["graph_check"] = {"passed": False, "error": traceback.format_exc()[-1500:]}
-        log("graph check:", json.dumps(result["graph_check"]))
+        for model, key in (("gdn", "graph_check"), ("kda", "graph_check_kda")):
+            try:
+                result[key] = graph_check(model)
+            except Exception:
+                result[key] = {"model": model, "passed": False, "error": traceback.format_exc()[-1500:]}
+            log("graph check:", json.dumps(result[key]))
     json_path.write_text(json.dumps(result, indent=1))
     md = table(result["rows"])
     (args.out / "bench_kernels.md").write_text(md + "\n")

@@ -416,14 +416,11 @@ class RingDecodeConfig(NamedTuple):
     in flight ahead of the one being computed (1 or 2, ``engine="regs"`` only); ``split``: two
     launches per step, one for non-flush rows (compiled without the flush path) and one for flush
     rows; ``engine``: ``"regs"`` (chunks prefetched into registers, this module's kernel) or
-    ``"pipe"`` (chunks software-pipelined through shared memory, :mod:`.ring_decode_pipe`) or
-    ``"kstream"`` (non-flush rows by :mod:`.ring_decode_kstream`, K walked in slices of
-    ``block_k``; flush rows by this module's kernel with ``block_v``; always split);
-    or ``"slices"`` (non-flush rows by :func:`.ring_decode_kstream.ring_read_rows_kernel`: row
-    chunks of ``block_v`` held as column slices of ``slice_k``, ``slices_first`` / ``perm_rows``
-    pick its tile order; flush rows by this module's kernel; always split);
-    ``read_mode`` / ``num_stages`` / ``tma``: the pipe engine's chunk read-out, pipeline depth
-    (also kstream's) and copy engine.
+    ``"slices"`` (non-flush rows by :func:`.ring_decode_slices.ring_read_rows_kernel`: row chunks
+    of ``block_v`` held as column slices of ``slice_k``, ``slices_first`` / ``perm_rows`` pick its
+    tile order, ``num_stages`` > 1 streams through shared memory; flush rows by this module's
+    kernel with ``flush_block_v`` / ``flush_num_warps``; always split); ``row_major``: program
+    order (the heads of one row consecutive).
     """
 
     block_v: int
@@ -433,28 +430,32 @@ class RingDecodeConfig(NamedTuple):
     prefetch: int
     split: bool
     engine: str = "regs"
-    read_mode: str = "fma"
     num_stages: int = 1
-    tma: bool = False
-    block_k: int = 16
-    read_num_warps: int = 4
     slice_k: int = 32
     slices_first: bool = False
-    perm_rows: bool = True
+    perm_rows: bool = False
+    flush_block_v: int | None = None
+    flush_num_warps: int | None = None
+    row_major: bool = False
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
     """Default launch configuration, from the H200 sweeps recorded in notes/kernels.md.
 
     One-warp programs streaming 8-row chunks won at B >= 64 for both gate kinds (more resident
-    programs per SM beat wider tiles); below 4096 (row, head) pairs V is split across programs
-    so the GPU fills. Small batches keep one launch (no separate flush pass).
+    programs per SM beat wider tiles), the heads of one row walked consecutively; below 4096
+    (row, head) pairs V is split across programs so the GPU fills. KDA's heavier per-program
+    setup leaves fewer instructions for the stream, so its non-flush rows use the column-slice
+    read pass (3% faster at B = 64-512 in the same run). Small batches keep one launch.
     """
     v_split = 1
     while B * HV * v_split < 4096 and V // (v_split * 2) >= min(V, 16):
         v_split *= 2
     if B >= 16:
-        return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True)
+        if is_kda and K % 32 == 0:
+            return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="slices", slice_k=32,
+                                    flush_block_v=min(V, 8), flush_num_warps=1, row_major=True)  # fmt: skip
+        return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, row_major=True)
     if is_kda:
         return RingDecodeConfig(min(V, 16), v_split, 4, "fma", 1, False)
     return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 2, False)
@@ -556,15 +557,11 @@ def ring_decode_triton(
     prefetch: int | None = None,
     split: bool | None = None,
     evict_first: bool = False,
-    row_major: bool = False,
+    row_major: bool | None = None,
     maxnreg: int | None = None,
     flush_block_v: int | None = None,
     flush_num_warps: int | None = None,
     engine: str | None = None,
-    read_mode: str | None = None,
-    tma: bool | None = None,
-    block_k: int | None = None,
-    read_num_warps: int | None = None,
     slice_k: int | None = None,
     slices_first: bool | None = None,
     perm_rows: bool | None = None,
@@ -578,8 +575,8 @@ def ring_decode_triton(
     (separate launches for non-flush and flush rows), ``evict_first`` (L2 hint on the state stream),
     ``row_major`` (program order: heads of one row consecutive), ``maxnreg`` (register cap),
     ``flush_block_v`` / ``flush_num_warps`` (chunk height / warps of the flush launch when split),
-    ``engine`` / ``read_mode`` / ``tma`` (see :class:`RingDecodeConfig`; with ``engine="pipe"``,
-    ``num_stages`` is the software-pipeline depth).
+    ``engine`` / ``slice_k`` / ``slices_first`` / ``perm_rows`` (see :class:`RingDecodeConfig`;
+    with ``engine="slices"``, ``num_stages`` is the read pass's software-pipeline depth).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows (module docstring). Does not advance
@@ -612,15 +609,18 @@ def ring_decode_triton(
         bc = max(bc, 16)
 
     eng = engine if engine is not None else cfg.engine
-    if eng not in ("regs", "pipe", "kstream", "slices"):
-        raise ValueError(f"engine must be 'regs', 'pipe', 'kstream' or 'slices' (got {eng!r})")
-    if eng in ("kstream", "slices"):
+    if eng not in ("regs", "slices"):
+        raise ValueError(f"engine must be 'regs' or 'slices' (got {eng!r})")
+    if eng == "slices":
         sp = True
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
+    row_major = cfg.row_major if row_major is None else row_major
     grid = (vs, HV, B) if row_major else (vs, B, HV)
     launches = [(0, bv, nw, fm, bc)]
     if sp:
+        flush_block_v = flush_block_v if flush_block_v is not None else cfg.flush_block_v
+        flush_num_warps = flush_num_warps if flush_num_warps is not None else cfg.flush_num_warps
         fbv = min(flush_block_v if flush_block_v is not None else bv, V // vs)
         if fbv <= 0 or fbv & (fbv - 1) or (V // vs) % fbv != 0:
             raise ValueError(f"flush_block_v={fbv} must be a power of two dividing V/v_split={V // vs}")
@@ -635,37 +635,9 @@ def ring_decode_triton(
         mixed_qkv.stride(0), a_arg.stride(0), b_arg.stride(0), initial_state.stride(0),
         d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
     )  # fmt: skip
-    if eng == "pipe":
-        from .ring_decode_pipe import launch_pipe
-
-        launch_pipe(
-            (mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, None, d_cache, k_cache, g_cache,
-             ssm_state_indices, write_pos, ff_arg, float(scale), *strides),
-            B=B, H=H, HV=HV, K=K, V=V, L=L, grid=grid, passes=launches, v_split=vs,
-            read_mode=read_mode if read_mode is not None else cfg.read_mode,
-            num_stages=num_stages if num_stages is not None else max(cfg.num_stages, 2),
-            tma=tma if tma is not None else cfg.tma, is_kda=is_kda, has_ff=force_flush is not None,
-            use_l2norm=use_qk_l2norm_in_kernel, row_major=row_major,
-        )  # fmt: skip
-        return out, initial_state
     extra = {"maxnreg": maxnreg} if maxnreg else {}
-    if eng == "kstream":
-        from .ring_decode_kstream import ring_read_kstream_kernel
-
-        bk = block_k if block_k is not None else cfg.block_k
-        if bk <= 0 or bk & (bk - 1) or K % bk != 0:
-            raise ValueError(f"block_k={bk} must be a power of two dividing K={K}")
-        ring_read_kstream_kernel[grid](
-            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
-            ssm_state_indices, write_pos, ff_arg, float(scale), *strides,
-            H=H, HV=HV, K=K, V=V, L=L, BC=triton.next_power_of_2(L), BK=bk, VPER=V // vs, IS_KDA=is_kda,
-            HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
-            NS=num_stages if num_stages is not None else max(cfg.num_stages, 2), ROW_MAJOR=row_major,
-            num_warps=read_num_warps if read_num_warps is not None else cfg.read_num_warps, num_stages=1,
-        )  # fmt: skip
-        launches = launches[1:]
     if eng == "slices":
-        from .ring_decode_kstream import ring_read_rows_kernel
+        from .ring_decode_slices import ring_read_rows_kernel
 
         ks = slice_k if slice_k is not None else cfg.slice_k
         if ks < 4 or ks & (ks - 1) or K % ks != 0:
@@ -676,7 +648,7 @@ def ring_decode_triton(
             H=H, HV=HV, K=K, V=V, L=L, BC=triton.next_power_of_2(L), BV=bv, KS=ks, VPER=V // vs,
             QF=slices_first if slices_first is not None else cfg.slices_first,
             PERM=perm_rows if perm_rows is not None else cfg.perm_rows, IS_KDA=is_kda,
-            NS=num_stages if num_stages is not None else 1,
+            NS=num_stages if num_stages is not None else cfg.num_stages,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel, ROW_MAJOR=row_major,
             num_warps=nw, num_stages=1,
         )  # fmt: skip
@@ -688,7 +660,8 @@ def ring_decode_triton(
             H=H, HV=HV, K=K, V=V, L=L, BC=l_bc, BVC=l_bv, VPER=V // vs, IS_KDA=is_kda,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
             FLUSH_MODE=FLUSH_MODES[l_fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
-            ROW_MAJOR=row_major, num_warps=l_nw, num_stages=num_stages if num_stages is not None else 1, **extra,
+            ROW_MAJOR=row_major, num_warps=l_nw, num_stages=1 if eng == "slices" or num_stages is None else num_stages,
+            **extra,
         )  # fmt: skip
     return out, initial_state
 

@@ -1,4 +1,4 @@
-"""K-streamed ReplaySSM read-out for non-flush rows (Triton).
+"""Non-flush ReplaySSM read-out over row chunks held as column slices (Triton).
 
 The every-step half of the ring decode: for each decode row whose step is *not* a flush, the
 output and the new ring record, from the checkpoint ``S0`` and the live records (function,
@@ -6,14 +6,12 @@ layout and cursor rule as in :mod:`.ring_decode_triton`). Flush rows are skipped
 launches the flush pass of :mod:`.ring_decode_triton` for them.
 
 Why a second form: the read-out ``S0 (A o alpha o q)`` reduces every checkpoint row over K, the
-contiguous axis. Streaming chunks of rows (the row-chunk kernels) pays one cross-lane reduction
-per row per chunk, and at decode sizes those shuffles, not the bytes, bound the kernel. Here a
-program owns all ``V / v_split`` rows of one (row, value head) and walks **K** in slices of
-``block_k`` columns: each slice is multiplied into two ``[rows, block_k]`` accumulators (plain
-fp32 FMAs, no reduction), and the K reduction runs once per program at the end. The slices
-travel through a ``num_stages``-deep software pipeline (``tl.range``). The per-K read-out
-factors (normalised ``q``/``k``, and for KDA the per-channel decay ``A o alpha``) are recomputed
-per slice from the inputs, so no full-K vector has to be sliced.
+contiguous axis. Loaded as a plain ``[rows, K]`` tile, each row is spread over all 32 lanes and
+its reduction costs 5 shuffle rounds per row per chunk; at decode sizes those instructions, not
+the bytes, bound the kernel (the H200 sweeps in notes/kernels.md: time tracks instruction count).
+Here a chunk is loaded as ``[rows, K/KS, KS]`` so lanes spread over rows and ``KS/4`` columns.
+Which of the two non-contiguous axes the compiler spreads lanes over is its choice (Triton 3.6
+takes ``slices_first=False``, 3.8 the other); both orders are exact, only the speed differs.
 """
 
 from __future__ import annotations
@@ -23,124 +21,7 @@ import triton.language as tl
 
 from .ring_decode_triton import _append_key_record, _head_setup
 
-__all__ = ["ring_read_kstream_kernel", "ring_read_rows_kernel"]
-
-
-@triton.jit
-def ring_read_kstream_kernel(
-    qkv,
-    a,
-    b,
-    A_log,
-    dt_bias,
-    out,
-    state,
-    d_ring,
-    k_ring,
-    g_ring,
-    slots,
-    write_pos,
-    force_flush,
-    scale,
-    stride_qkv,
-    stride_a,
-    stride_b,
-    stride_state,
-    stride_d,
-    stride_k,
-    stride_g,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    L: tl.constexpr,
-    BC: tl.constexpr,
-    BK: tl.constexpr,
-    VPER: tl.constexpr,
-    IS_KDA: tl.constexpr,
-    HAS_FF: tl.constexpr,
-    USE_L2NORM: tl.constexpr,
-    NS: tl.constexpr,
-    ROW_MAJOR: tl.constexpr,
-):
-    """One program: row ``n``, value head ``hv``, checkpoint rows ``[pid(0)*VPER, +VPER)``, K in
-    ``K / BK`` slices through an ``NS``-deep pipeline. Flush rows return at once; padded rows
-    (slot < 0) get a zero output."""
-    i_s = tl.program_id(0)
-    if ROW_MAJOR:
-        hv = tl.program_id(1)
-        i_n = tl.program_id(2)
-    else:
-        i_n = tl.program_id(1)
-        hv = tl.program_id(2)
-    i_h = hv // (HV // H)
-    v_base = i_s * VPER
-    o_v = tl.arange(0, VPER)
-    o_c = tl.arange(0, BC)
-    o_b = tl.arange(0, BK)
-
-    slot = tl.load(slots + i_n).to(tl.int64)
-    m = tl.load(write_pos + i_n).to(tl.int32)
-    is_flush = m == L - 1
-    if HAS_FF:
-        is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
-    p_o = out + (i_n * HV + hv) * V + v_base + o_v
-    if slot < 0:
-        tl.store(p_o, tl.zeros([VPER], dtype=tl.float32).to(out.dtype.element_ty))
-        return
-    if is_flush:
-        return
-
-    valid = (o_c < m) & (o_c < L)
-    in_ring = m < L
-    # Delta ring of this head, [BC, VPER] (V contiguous): requested before the setup and the stream.
-    p_dr = d_ring + slot * stride_d + (hv * L + o_c[:, None]) * V + v_base + o_v[None, :]
-    dr = tl.load(p_dr, mask=valid[:, None], other=0.0).to(tl.float32)
-    v_in = tl.load(qkv + i_n * stride_qkv + 2 * H * K + hv * V + v_base + o_v).to(tl.float32)
-    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac = _head_setup(
-        qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
-        stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
-    )  # fmt: skip
-    if IS_KDA:
-        a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
-    else:
-        sa_s = tl.max(sa, axis=0)  # GDN: one decay for every channel
-        q_fac = q_fac * sa_s
-        k_fac = k_fac * sa_s
-
-    p_row = qkv + i_n * stride_qkv
-    p_s = state + slot * stride_state + (hv * V + v_base + o_v[:, None]) * K + o_b[None, :]
-    acc_q = tl.zeros([VPER, BK], dtype=tl.float32)
-    acc_k = tl.zeros([VPER, BK], dtype=tl.float32)
-    for c in tl.range(0, K // BK, num_stages=NS):
-        k0 = c * BK
-        s = tl.load(p_s + k0).to(tl.float32)  # [VPER, BK]
-        q_c = tl.load(p_row + i_h * K + k0 + o_b).to(tl.float32) * q_fac
-        k_c = tl.load(p_row + H * K + i_h * K + k0 + o_b).to(tl.float32) * k_fac
-        if IS_KDA:
-            g_c = tl.load(
-                g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + k0 + o_b[None, :],
-                mask=valid[:, None],
-                other=0.0,
-            )
-            x = tl.load(a + i_n * stride_a + hv * K + k0 + o_b).to(tl.float32) + tl.load(
-                dt_bias + hv * K + k0 + o_b
-            ).to(tl.float32)
-            sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
-            decay = tl.exp(tl.sum(g_c, axis=0) - a_decay * sp)  # A o alpha on this slice
-            q_c = q_c * decay
-            k_c = k_c * decay
-        acc_q += s * q_c[None, :]
-        acc_k += s * k_c[None, :]
-    sq = tl.sum(acc_q, axis=1) + tl.sum(dr * cqv[:, None], axis=0)
-    sk = tl.sum(acc_k, axis=1) + tl.sum(dr * ckv[:, None], axis=0)
-    d_cur = beta * (v_in - sk)
-    tl.store(p_o, (sq + d_cur * kq).to(out.dtype.element_ty))
-    p_dw = d_ring + slot * stride_d + (hv * L + m) * V + v_base + o_v
-    tl.store(p_dw, d_cur.to(d_ring.dtype.element_ty), mask=(o_v < VPER) & in_ring)
-    if i_s == 0:
-        _append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
-                           H, HV, K, L, IS_KDA)  # fmt: skip
+__all__ = ["ring_read_rows_kernel"]
 
 
 @triton.jit
