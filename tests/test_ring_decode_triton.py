@@ -204,10 +204,16 @@ def test_fp32_matches_recurrence(is_kda: bool, vidx: int) -> None:
     _run(KDA if is_kda else GDN, is_kda, variants[vidx], torch.float32, 1e-5, seed=11 + vidx)
 
 
+#: pick_config's launch at serving batch sizes (B >= 16), forced here since the test batch is small
+SERVING_KDA = {"engine": "slices", "slice_k": 32, "block_v": 8, "num_warps": 1, "flush_block_v": 8,
+               "flush_num_warps": 1, "row_major": True, "prefetch": 1}  # fmt: skip
+
+
 @pytest.mark.skipif(not CUDA, reason="bf16 I/O and tf32x3 are checked on the GPU only")
+@pytest.mark.parametrize("kw", [{}, SERVING_KDA], ids=["default", "serving-kda"])
 @pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
-def test_bf16_io_matches_recurrence(is_kda: bool) -> None:
-    _run(KDA if is_kda else GDN, is_kda, {}, torch.bfloat16, 5e-3, seed=3)
+def test_bf16_io_matches_recurrence(is_kda: bool, kw: dict) -> None:
+    _run(KDA if is_kda else GDN, is_kda, kw, torch.bfloat16, 5e-3, seed=3)
 
 
 @pytest.mark.skipif(not TF32X3, reason="tf32x3 is a GPU variant")
