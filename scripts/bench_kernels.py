@@ -280,6 +280,7 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
         ]
         if B > 1:
             cfgs += [c for c in slices_configs(B) if c["block_v"] == 8 and c["num_stages"] == 1]
+        cfgs += cuda_configs(B)
         if B <= 1:
             cfgs += [
                 {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
@@ -291,6 +292,12 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
     if quick:
         cfgs = cfgs[:3]
     return cfgs
+
+
+def cuda_configs(B: int) -> list[dict]:
+    """CUDA read pass (warps per block x register budget) + the row-chunk flush pass."""
+    flush = {"block_v": 8, "num_warps": 1, "prefetch": 1, "flush_mode": "fma", "row_major": True}
+    return [dict(flush, engine="cuda", cuda_warps=w, cuda_min_blocks=mb) for w, mb in ((4, 4), (4, 3), (2, 4), (1, 4))]
 
 
 def slices_configs(B: int) -> list[dict]:
@@ -468,7 +475,7 @@ def bench_materialize(B: int, copy_TBps: dict) -> list[dict]:
 # ----------------------------------------------------------------------------- graph check
 
 
-def graph_check(model: str = "gdn", B: int = 64, steps: int = 2 * L_RING + 8) -> dict:
+def graph_check(model: str = "gdn", B: int = 64, steps: int = 2 * L_RING + 8, **kw: object) -> dict:
     """Eager (sync-debug "error") vs CUDA-graph replay of cursor step + ring decode, bit for bit."""
     pb = Problem(model, B, seed=3)
     N = pb.state.shape[0]
@@ -504,7 +511,7 @@ def graph_check(model: str = "gdn", B: int = 64, steps: int = 2 * L_RING + 8) ->
                                     wp_out=wp_buf, ff_out=ff_buf)  # fmt: skip
         ring_decode_triton(
             st_qkv, st_a, st_b, pb.A_log, pb.dt_bias, pb.scale, pb.state, pb.d, pb.k, pb.g, out, slots,
-            wp, ff, use_qk_l2norm_in_kernel=True, is_kda=pb.is_kda,
+            wp, ff, use_qk_l2norm_in_kernel=True, is_kda=pb.is_kda, **kw,
         )  # fmt: skip
 
     def load(t: int) -> None:
@@ -683,9 +690,11 @@ def main() -> int:
         result["materialize"] = bench_materialize(256, copy_bw)
         log("materialize:", json.dumps(result["materialize"]))
     if not args.skip_graph_check:
-        for model, key in (("gdn", "graph_check"), ("kda", "graph_check_kda")):
+        checks = (("gdn", "graph_check", {}), ("kda", "graph_check_kda", {}),
+                  ("kda", "graph_check_kda_cuda", {"engine": "cuda"}))  # fmt: skip
+        for model, key, kw in checks:
             try:
-                result[key] = graph_check(model)
+                result[key] = graph_check(model, **kw)
             except Exception:
                 result[key] = {"model": model, "passed": False, "error": traceback.format_exc()[-1500:]}
             log("graph check:", json.dumps(result[key]))

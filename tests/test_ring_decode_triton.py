@@ -179,6 +179,8 @@ if CUDA:
          "perm_rows": True, "flush_block_v": 16, "flush_num_warps": 2},
         {"engine": "slices", "slice_k": 16, "block_v": 16, "v_split": 1, "num_warps": 2, "num_stages": 3,
          "slices_first": True, "flush_block_v": 8},
+        {"engine": "cuda", "block_v": 8, "num_warps": 1, "prefetch": 1, "row_major": True},
+        {"engine": "cuda", "cuda_warps": 1, "cuda_min_blocks": 3, "block_v": 16, "flush_mode": "tf32x3"},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
@@ -207,10 +209,11 @@ def test_fp32_matches_recurrence(is_kda: bool, vidx: int) -> None:
 #: pick_config's launch at serving batch sizes (B >= 16), forced here since the test batch is small
 SERVING_KDA = {"engine": "slices", "slice_k": 32, "block_v": 8, "num_warps": 1, "flush_block_v": 8,
                "flush_num_warps": 1, "row_major": True, "prefetch": 1}  # fmt: skip
+CUDA_READ = {"engine": "cuda", "block_v": 8, "num_warps": 1, "prefetch": 1, "row_major": True}
 
 
 @pytest.mark.skipif(not CUDA, reason="bf16 I/O and tf32x3 are checked on the GPU only")
-@pytest.mark.parametrize("kw", [{}, SERVING_KDA], ids=["default", "serving-kda"])
+@pytest.mark.parametrize("kw", [{}, SERVING_KDA, CUDA_READ], ids=["default", "serving-kda", "cuda-read"])
 @pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
 def test_bf16_io_matches_recurrence(is_kda: bool, kw: dict) -> None:
     _run(KDA if is_kda else GDN, is_kda, kw, torch.bfloat16, 5e-3, seed=3)
@@ -245,6 +248,11 @@ def test_rejects_bad_inputs() -> None:
         ring_decode_triton(*args, g, out, idx, idx, block_v=3)
     with pytest.raises(ValueError, match="block_v"):
         ring_decode_triton(*args, g, out, idx, idx, block_v=s.V, v_split=2)
+    with pytest.raises(ValueError, match="engine"):
+        ring_decode_triton(*args, g, out, idx, idx, engine="tensor-cores")
+    if not CUDA:
+        with pytest.raises(ValueError, match="not on a CUDA device"):
+            ring_decode_triton(*args, g, out, idx, idx, engine="cuda")
     # B == 0 is a no-op
     empty = qkv[:0]
     ring_decode_triton(empty, a[:0], a[:0], *args[3:], g, out[:0], idx[:0], idx[:0])

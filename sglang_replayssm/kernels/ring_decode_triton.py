@@ -419,8 +419,10 @@ class RingDecodeConfig(NamedTuple):
     ``"slices"`` (non-flush rows by :func:`.ring_decode_slices.ring_read_rows_kernel`: row chunks
     of ``block_v`` held as column slices of ``slice_k``, ``slices_first`` / ``perm_rows`` pick its
     tile order, ``num_stages`` > 1 streams through shared memory; flush rows by this module's
-    kernel with ``flush_block_v`` / ``flush_num_warps``; always split); ``row_major``: program
-    order (the heads of one row consecutive).
+    kernel with ``flush_block_v`` / ``flush_num_warps``; always split) or ``"cuda"`` (non-flush
+    rows by ``csrc/ring_read.cu`` through :mod:`.ring_decode_cuda`, ``cuda_warps`` (row, head) pairs
+    per block, register budget for ``cuda_min_blocks`` blocks per SM; flush rows as for
+    ``"slices"``); ``row_major``: program order (the heads of one row consecutive).
     """
 
     block_v: int
@@ -437,6 +439,8 @@ class RingDecodeConfig(NamedTuple):
     flush_block_v: int | None = None
     flush_num_warps: int | None = None
     row_major: bool = False
+    cuda_warps: int = 4
+    cuda_min_blocks: int = 4
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
@@ -565,6 +569,8 @@ def ring_decode_triton(
     slice_k: int | None = None,
     slices_first: bool | None = None,
     perm_rows: bool | None = None,
+    cuda_warps: int | None = None,
+    cuda_min_blocks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -609,9 +615,9 @@ def ring_decode_triton(
         bc = max(bc, 16)
 
     eng = engine if engine is not None else cfg.engine
-    if eng not in ("regs", "slices"):
-        raise ValueError(f"engine must be 'regs' or 'slices' (got {eng!r})")
-    if eng == "slices":
+    if eng not in ("regs", "slices", "cuda"):
+        raise ValueError(f"engine must be 'regs', 'slices' or 'cuda' (got {eng!r})")
+    if eng in ("slices", "cuda"):
         sp = True
     a_arg = a.reshape(B, -1) if is_kda else a
     b_arg = b.reshape(B, -1)
@@ -636,6 +642,17 @@ def ring_decode_triton(
         d_cache.stride(0), k_cache.stride(0), g_cache.stride(0),
     )  # fmt: skip
     extra = {"maxnreg": maxnreg} if maxnreg else {}
+    if eng == "cuda":
+        from .ring_decode_cuda import launch_read
+
+        launch_read(
+            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+            ssm_state_indices, write_pos, force_flush, float(scale), strides, B=B, H=H, HV=HV, K=K, V=V, L=L,
+            is_kda=is_kda, use_l2norm=use_qk_l2norm_in_kernel,
+            warps=cuda_warps if cuda_warps is not None else cfg.cuda_warps,
+            min_blocks=cuda_min_blocks if cuda_min_blocks is not None else cfg.cuda_min_blocks,
+        )  # fmt: skip
+        launches = launches[1:]
     if eng == "slices":
         from .ring_decode_slices import ring_read_rows_kernel
 
@@ -660,7 +677,7 @@ def ring_decode_triton(
             H=H, HV=HV, K=K, V=V, L=L, BC=l_bc, BVC=l_bv, VPER=V // vs, IS_KDA=is_kda,
             HAS_FF=force_flush is not None, USE_L2NORM=use_qk_l2norm_in_kernel,
             FLUSH_MODE=FLUSH_MODES[l_fm], PF=pf, PASS=pass_id, EVICT="evict_first" if evict_first else "",
-            ROW_MAJOR=row_major, num_warps=l_nw, num_stages=1 if eng == "slices" or num_stages is None else num_stages,
+            ROW_MAJOR=row_major, num_warps=l_nw, num_stages=1 if eng != "regs" or num_stages is None else num_stages,
             **extra,
         )  # fmt: skip
     return out, initial_state

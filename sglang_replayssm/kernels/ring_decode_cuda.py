@@ -1,0 +1,122 @@
+"""Build, load and launch ``csrc/ring_read.cu``: the non-flush ring read pass in CUDA.
+
+Same contract as :func:`sglang_replayssm.kernels.ring_decode_slices.ring_read_rows_kernel`
+(flush rows skipped, padded rows zeroed, one record appended per non-flush row); the wrapper in
+:mod:`.ring_decode_triton` launches the flush pass after it. The shared object is compiled once
+per (source, architecture, register budget) with ``nvcc`` into ``$SGLANG_REPLAYSSM_CUDA_CACHE``
+(default ``~/.cache/sglang-replayssm/cuda``) and loaded with ``ctypes``; the launch goes onto the
+current torch stream, so it is captured by CUDA graphs like any other kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+__all__ = ["CudaReadUnsupported", "build", "launch_read", "supports"]
+
+_SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
+_LIBS: dict[str, ctypes.CDLL] = {}
+_IO = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class CudaReadUnsupported(ValueError):
+    """The inputs fall outside what ``ring_read.cu`` is compiled for (see :func:`supports`)."""
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SGLANG_REPLAYSSM_CUDA_CACHE", Path.home() / ".cache" / "sglang-replayssm" / "cuda"))
+
+
+def build(arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None) -> Path:
+    """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so."""
+    arch = arch or _arch()
+    src = _SRC.read_bytes()
+    key = hashlib.sha256(src + f"{arch}:{min_blocks}".encode()).hexdigest()[:16]
+    out_dir = out_dir or _cache_dir()
+    so = out_dir / f"ring_read_{arch}_{min_blocks}_{key}.so"
+    if so.exists():
+        return so
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = so.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [
+        os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
+        "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", str(_SRC), "-o", str(tmp),
+    ]  # fmt: skip
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise CudaReadUnsupported("engine='cuda' needs nvcc on PATH (or $NVCC) to build ring_read.cu") from e
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"nvcc failed on ring_read.cu:\n{e.stderr[-2000:]}") from e
+    tmp.replace(so)
+    return so
+
+
+def _lib(min_blocks: int) -> ctypes.CDLL:
+    so = str(build(min_blocks=min_blocks))
+    if so not in _LIBS:
+        lib = ctypes.CDLL(so)
+        lib.ring_read_launch.restype = ctypes.c_int
+        _LIBS[so] = lib
+    return _LIBS[so]
+
+
+def supports(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
+    slots: torch.Tensor, K: int, V: int, L: int,
+) -> str | None:  # fmt: skip
+    """``None`` when ``ring_read.cu`` handles these inputs, else the reason it does not."""
+    if not mixed_qkv.is_cuda:
+        return "tensors are not on a CUDA device"
+    if (K, V) != (128, 128) or L > 16:
+        return f"compiled for K = V = 128 and L <= 16 (got K={K}, V={V}, L={L})"
+    if mixed_qkv.dtype not in _IO or any(t.dtype != mixed_qkv.dtype for t in (a, b, out)):
+        return "qkv, a, b and out must share one dtype, fp32 or bf16"
+    if any(t.dtype != torch.float32 for t in (A_log, dt_bias, state, d, k, g)):
+        return "A_log, dt_bias, the checkpoint and the ring must be fp32"
+    if slots.dtype not in (torch.int32, torch.int64):
+        return "ssm_state_indices must be int32 or int64"
+    if not (A_log.is_contiguous() and dt_bias.is_contiguous()):
+        return "A_log and dt_bias must be contiguous"
+    return None
+
+
+def launch_read(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
+    slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
+    strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
+    use_l2norm: bool, warps: int = 4, min_blocks: int = 4,
+) -> None:  # fmt: skip
+    """Launch the read pass for ``B`` rows (inputs already validated by the wrapper's checks)."""
+    why = supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L)
+    if why is not None:
+        raise CudaReadUnsupported(f"engine='cuda': {why}")
+    if warps not in (1, 2, 4):
+        raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
+    lib = _lib(min_blocks)
+    vp = ctypes.c_void_p
+    st = (ctypes.c_int64 * 7)(*strides)
+    rc = lib.ring_read_launch(
+        vp(mixed_qkv.data_ptr()), vp(a.data_ptr()), vp(b.data_ptr()), vp(A_log.data_ptr()), vp(dt_bias.data_ptr()),
+        vp(out.data_ptr()), vp(state.data_ptr()), vp(d.data_ptr()), vp(k.data_ptr()), vp(g.data_ptr()),
+        vp(slots.data_ptr()), vp(write_pos.data_ptr()), vp(force_flush.data_ptr() if force_flush is not None else 0),
+        ctypes.c_float(scale), st, ctypes.c_int(B), ctypes.c_int(H), ctypes.c_int(HV), ctypes.c_int(L),
+        ctypes.c_int(int(is_kda)), ctypes.c_int(int(use_l2norm)), ctypes.c_int(_IO[mixed_qkv.dtype]),
+        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps),
+        vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(f"ring_read_launch failed with cudaError {rc}")
