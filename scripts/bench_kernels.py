@@ -295,9 +295,10 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
 
 
 def cuda_configs(B: int) -> list[dict]:
-    """CUDA read pass (warps per block x register budget) + the row-chunk flush pass."""
+    """CUDA passes (warps per block x register budget), and the CUDA read pass + Triton flush pass."""
     flush = {"block_v": 8, "num_warps": 1, "prefetch": 1, "flush_mode": "fma", "row_major": True}
-    return [dict(flush, engine="cuda", cuda_warps=w, cuda_min_blocks=mb) for w, mb in ((4, 4), (4, 3), (2, 4), (1, 4))]
+    both = [dict(engine="cuda", cuda_warps=w, cuda_min_blocks=mb) for w, mb in ((4, 4), (2, 4), (1, 4), (4, 3))]
+    return both + [dict(flush, engine="cuda", cuda_warps=1, cuda_min_blocks=4, cuda_flush=False)]
 
 
 def slices_configs(B: int) -> list[dict]:

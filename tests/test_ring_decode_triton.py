@@ -179,8 +179,11 @@ if CUDA:
          "perm_rows": True, "flush_block_v": 16, "flush_num_warps": 2},
         {"engine": "slices", "slice_k": 16, "block_v": 16, "v_split": 1, "num_warps": 2, "num_stages": 3,
          "slices_first": True, "flush_block_v": 8},
-        {"engine": "cuda", "block_v": 8, "num_warps": 1, "prefetch": 1, "row_major": True},
-        {"engine": "cuda", "cuda_warps": 1, "cuda_min_blocks": 3, "block_v": 16, "flush_mode": "tf32x3"},
+        {"engine": "cuda", "block_v": 8, "num_warps": 1, "prefetch": 1, "row_major": True, "cuda_flush": False},
+        {"engine": "cuda", "cuda_warps": 1, "cuda_min_blocks": 3, "block_v": 16, "flush_mode": "tf32x3",
+         "cuda_flush": False},
+        {"engine": "cuda"},
+        {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 3},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
@@ -209,7 +212,7 @@ def test_fp32_matches_recurrence(is_kda: bool, vidx: int) -> None:
 #: pick_config's launch at serving batch sizes (B >= 16), forced here since the test batch is small
 SERVING_KDA = {"engine": "slices", "slice_k": 32, "block_v": 8, "num_warps": 1, "flush_block_v": 8,
                "flush_num_warps": 1, "row_major": True, "prefetch": 1}  # fmt: skip
-CUDA_READ = {"engine": "cuda", "block_v": 8, "num_warps": 1, "prefetch": 1, "row_major": True}
+CUDA_READ = {"engine": "cuda"}
 
 
 @pytest.mark.skipif(not CUDA, reason="bf16 I/O and tf32x3 are checked on the GPU only")

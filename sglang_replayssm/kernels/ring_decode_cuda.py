@@ -1,8 +1,9 @@
-"""Build, load and launch ``csrc/ring_read.cu``: the non-flush ring read pass in CUDA.
+"""Build, load and launch ``csrc/ring_read.cu``: the ring decode step's two passes in CUDA.
 
-Same contract as :func:`sglang_replayssm.kernels.ring_decode_slices.ring_read_rows_kernel`
-(flush rows skipped, padded rows zeroed, one record appended per non-flush row); the wrapper in
-:mod:`.ring_decode_triton` launches the flush pass after it. The shared object is compiled once
+``flush=False``: the non-flush rows (output + ring record; padded rows zeroed; flush rows
+skipped), the contract of :func:`sglang_replayssm.kernels.ring_decode_slices.ring_read_rows_kernel`.
+``flush=True``: the flush rows (output + new checkpoint; every other row skipped), the contract of
+the flush pass of :mod:`.ring_decode_triton`. The wrapper there launches the two in that order. The shared object is compiled once
 per (source, architecture, register budget) with ``nvcc`` into ``$SGLANG_REPLAYSSM_CUDA_CACHE``
 (default ``~/.cache/sglang-replayssm/cuda``) and loaded with ``ctypes``; the launch goes onto the
 current torch stream, so it is captured by CUDA graphs like any other kernel.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CudaReadUnsupported", "build", "launch_read", "supports"]
+__all__ = ["CudaReadUnsupported", "build", "launch_step", "supports"]
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -67,7 +68,7 @@ def _lib(min_blocks: int) -> ctypes.CDLL:
     so = str(build(min_blocks=min_blocks))
     if so not in _LIBS:
         lib = ctypes.CDLL(so)
-        lib.ring_read_launch.restype = ctypes.c_int
+        lib.ring_step_launch.restype = ctypes.c_int
         _LIBS[so] = lib
     return _LIBS[so]
 
@@ -93,14 +94,14 @@ def supports(
     return None
 
 
-def launch_read(
+def launch_step(
     mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
     slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
     strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
-    use_l2norm: bool, warps: int = 4, min_blocks: int = 4,
+    use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4,
 ) -> None:  # fmt: skip
-    """Launch the read pass for ``B`` rows (inputs already validated by the wrapper's checks)."""
+    """Launch one pass for ``B`` rows (inputs already validated by the wrapper's checks)."""
     why = supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L)
     if why is not None:
         raise CudaReadUnsupported(f"engine='cuda': {why}")
@@ -109,14 +110,14 @@ def launch_read(
     lib = _lib(min_blocks)
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*strides)
-    rc = lib.ring_read_launch(
+    rc = lib.ring_step_launch(
         vp(mixed_qkv.data_ptr()), vp(a.data_ptr()), vp(b.data_ptr()), vp(A_log.data_ptr()), vp(dt_bias.data_ptr()),
         vp(out.data_ptr()), vp(state.data_ptr()), vp(d.data_ptr()), vp(k.data_ptr()), vp(g.data_ptr()),
         vp(slots.data_ptr()), vp(write_pos.data_ptr()), vp(force_flush.data_ptr() if force_flush is not None else 0),
         ctypes.c_float(scale), st, ctypes.c_int(B), ctypes.c_int(H), ctypes.c_int(HV), ctypes.c_int(L),
         ctypes.c_int(int(is_kda)), ctypes.c_int(int(use_l2norm)), ctypes.c_int(_IO[mixed_qkv.dtype]),
-        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps),
+        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(int(flush)),
         vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
     )  # fmt: skip
     if rc != 0:
-        raise RuntimeError(f"ring_read_launch failed with cudaError {rc}")
+        raise RuntimeError(f"ring_step_launch failed with cudaError {rc}")

@@ -421,8 +421,8 @@ class RingDecodeConfig(NamedTuple):
     tile order, ``num_stages`` > 1 streams through shared memory; flush rows by this module's
     kernel with ``flush_block_v`` / ``flush_num_warps``; always split) or ``"cuda"`` (non-flush
     rows by ``csrc/ring_read.cu`` through :mod:`.ring_decode_cuda`, ``cuda_warps`` (row, head) pairs
-    per block, register budget for ``cuda_min_blocks`` blocks per SM; flush rows as for
-    ``"slices"``); ``row_major``: program order (the heads of one row consecutive).
+    per block, register budget for ``cuda_min_blocks`` blocks per SM; flush rows by the same file's
+    flush pass with ``cuda_flush``, else as for ``"slices"``); ``row_major``: program order (the heads of one row consecutive).
     """
 
     block_v: int
@@ -441,6 +441,7 @@ class RingDecodeConfig(NamedTuple):
     row_major: bool = False
     cuda_warps: int = 4
     cuda_min_blocks: int = 4
+    cuda_flush: bool = True
 
 
 def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
@@ -571,6 +572,7 @@ def ring_decode_triton(
     perm_rows: bool | None = None,
     cuda_warps: int | None = None,
     cuda_min_blocks: int | None = None,
+    cuda_flush: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -643,16 +645,18 @@ def ring_decode_triton(
     )  # fmt: skip
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     if eng == "cuda":
-        from .ring_decode_cuda import launch_read
+        from .ring_decode_cuda import launch_step
 
-        launch_read(
-            mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
-            ssm_state_indices, write_pos, force_flush, float(scale), strides, B=B, H=H, HV=HV, K=K, V=V, L=L,
-            is_kda=is_kda, use_l2norm=use_qk_l2norm_in_kernel,
-            warps=cuda_warps if cuda_warps is not None else cfg.cuda_warps,
-            min_blocks=cuda_min_blocks if cuda_min_blocks is not None else cfg.cuda_min_blocks,
-        )  # fmt: skip
-        launches = launches[1:]
+        cuda_flush = cfg.cuda_flush if cuda_flush is None else cuda_flush
+        for flush in (False, True) if cuda_flush else (False,):
+            launch_step(
+                mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
+                ssm_state_indices, write_pos, force_flush, float(scale), strides, B=B, H=H, HV=HV, K=K, V=V,
+                L=L, is_kda=is_kda, use_l2norm=use_qk_l2norm_in_kernel, flush=flush,
+                warps=cuda_warps if cuda_warps is not None else cfg.cuda_warps,
+                min_blocks=cuda_min_blocks if cuda_min_blocks is not None else cfg.cuda_min_blocks,
+            )  # fmt: skip
+        launches = [] if cuda_flush else launches[1:]
     if eng == "slices":
         from .ring_decode_slices import ring_read_rows_kernel
 
