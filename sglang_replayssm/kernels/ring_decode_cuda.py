@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CudaReadUnsupported", "build", "launch_step", "supports"]
+__all__ = ["CudaReadUnsupported", "available", "build", "launch_step", "supports"]
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LIBS: dict[str, ctypes.CDLL] = {}
@@ -62,6 +62,27 @@ def build(arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = N
         raise RuntimeError(f"nvcc failed on ring_read.cu:\n{e.stderr[-2000:]}") from e
     tmp.replace(so)
     return so
+
+
+_AVAILABLE: dict[str, bool] = {}
+
+
+def available(min_blocks: int = 4) -> bool:
+    """Whether the CUDA passes can run here without an error: a CUDA device of compute capability
+    8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the shared object cached or nvcc
+    able to build it (built and loaded on the first call; the answer is cached per process)."""
+    if os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") == "0" or not torch.cuda.is_available():
+        return False
+    key = f"{torch.cuda.current_device()}:{min_blocks}"
+    if key not in _AVAILABLE:
+        ok = torch.cuda.get_device_capability() >= (8, 0)
+        if ok:
+            try:
+                _lib(min_blocks)
+            except (CudaReadUnsupported, RuntimeError, OSError):
+                ok = False
+        _AVAILABLE[key] = ok
+    return _AVAILABLE[key]
 
 
 def _lib(min_blocks: int) -> ctypes.CDLL:

@@ -444,19 +444,26 @@ class RingDecodeConfig(NamedTuple):
     cuda_flush: bool = True
 
 
-def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool) -> RingDecodeConfig:
+def pick_config(
+    B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool, cuda: bool = False
+) -> RingDecodeConfig:
     """Default launch configuration, from the H200 sweeps recorded in notes/kernels.md.
 
-    One-warp programs streaming 8-row chunks won at B >= 64 for both gate kinds (more resident
-    programs per SM beat wider tiles), the heads of one row walked consecutively; below 4096
-    (row, head) pairs V is split across programs so the GPU fills. KDA's heavier per-program
-    setup leaves fewer instructions for the stream, so its non-flush rows use the column-slice
-    read pass (3% faster at B = 64-512 in the same run). Small batches keep one launch.
+    ``cuda``: the CUDA passes of ``csrc/ring_read.cu`` can run for these inputs; they won at
+    B >= 64 for both gate kinds (fewer instructions per byte than any Triton form) and are used
+    from B >= 16. Otherwise Triton: one-warp programs streaming 8-row chunks (more resident
+    programs per SM beat wider tiles), the heads of one row walked consecutively, and for KDA the
+    column-slice read pass (its heavier per-program setup leaves fewer instructions for the
+    stream). Below 4096 (row, head) pairs V is split across programs so the GPU fills. Small
+    batches keep one Triton launch.
     """
     v_split = 1
     while B * HV * v_split < 4096 and V // (v_split * 2) >= min(V, 16):
         v_split *= 2
     if B >= 16:
+        if cuda and K == 128 and V == 128 and L <= 16:
+            return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="cuda", cuda_warps=2,
+                                    cuda_min_blocks=4, row_major=True)  # fmt: skip
         if is_kda and K % 32 == 0:
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="slices", slice_k=32,
                                     flush_block_v=min(V, 8), flush_num_warps=1, row_major=True)  # fmt: skip
@@ -464,6 +471,19 @@ def pick_config(B: int, H: int, HV: int, K: int, V: int, L: int, *, is_kda: bool
     if is_kda:
         return RingDecodeConfig(min(V, 16), v_split, 4, "fma", 1, False)
     return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 2, False)
+
+
+def _cuda_default_ok(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
+    slots: torch.Tensor, K: int, V: int, L: int,
+) -> bool:  # fmt: skip
+    """Whether the default launch may use the CUDA passes (same results as Triton, only faster)."""
+    if not mixed_qkv.is_cuda:
+        return False
+    from .ring_decode_cuda import available, supports
+
+    return supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L) is None and available()
 
 
 def _check_inputs(
@@ -597,7 +617,10 @@ def ring_decode_triton(
     )  # fmt: skip
     if B == 0:
         return out, initial_state
-    cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda)
+    use_cuda = engine in (None, "cuda") and _cuda_default_ok(
+        mixed_qkv, a, b, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache, ssm_state_indices, K, V, L
+    )
+    cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda, cuda=use_cuda)
     bv = min(block_v if block_v is not None else cfg.block_v, V)
     vs = v_split if v_split is not None else cfg.v_split
     nw = num_warps if num_warps is not None else cfg.num_warps

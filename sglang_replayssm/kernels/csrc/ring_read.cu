@@ -149,21 +149,17 @@ __device__ __forceinline__ void head_setup(Head& h, const T* row, const T* a, co
     const float4 aq = mul4(alpha, q), ak = mul4(alpha, k);
     const float* gp = g_ring + slot * stride_g + static_cast<int64_t>(hv) * L * K + 4 * lane;
     float4 suf = zero;  // sum_{i > j} g_i
+    // branch-free (dead records load nothing and contribute zeros) so the loads can be issued early
 #pragma unroll
     for (int j = 15; j >= 0; --j) {
-      if (j < nvalid) {
-        const float4 kj = ld4(kr + j * K);
-        const float4 gj = ld4(gp + j * K);
-        const float4 w = make_float4(expf(suf.x) * kj.x, expf(suf.y) * kj.y, expf(suf.z) * kj.z, expf(suf.w) * kj.w);
-        pq[j] = dot4(w, aq);
-        pk[j] = dot4(w, ak);
-        if (FLUSH) h.fk[j] = mul4(w, alpha);
-        suf = make_float4(suf.x + gj.x, suf.y + gj.y, suf.z + gj.z, suf.w + gj.w);
-      } else {
-        pq[j] = 0.f;
-        pk[j] = 0.f;
-        if (FLUSH) h.fk[j] = zero;
-      }
+      const bool live = j < nvalid;
+      const float4 kj = live ? ld4(kr + j * K) : zero;
+      const float4 gj = live ? ld4(gp + j * K) : zero;
+      const float4 w = make_float4(expf(suf.x) * kj.x, expf(suf.y) * kj.y, expf(suf.z) * kj.z, expf(suf.w) * kj.w);
+      pq[j] = dot4(w, aq);
+      pk[j] = dot4(w, ak);
+      if (FLUSH) h.fk[j] = mul4(w, alpha);
+      suf = make_float4(suf.x + gj.x, suf.y + gj.y, suf.z + gj.z, suf.w + gj.w);
     }
     h.sa = make_float4(alpha.x * expf(suf.x), alpha.y * expf(suf.y), alpha.z * expf(suf.z), alpha.w * expf(suf.w));
     h.qv = mul4(h.sa, q);
