@@ -252,7 +252,7 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
     ``final``: the defaults' neighbourhood; ``explore``: register-cap / order / depth variants.
     """
     f = "fma"
-    base = {"block_v": 8, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": B > 1}
+    base = {"engine": "regs", "block_v": 8, "num_warps": 1, "flush_mode": f, "prefetch": 2, "split": B > 1}
     if mode == "explore":
         cfgs = [
             base,
@@ -275,17 +275,19 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
             dict(base, prefetch=1, flush_block_v=32, flush_num_warps=4),
             dict(base, prefetch=1, flush_block_v=16, flush_num_warps=2),
             dict(base, prefetch=1, row_major=True),
-            {"block_v": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": B > 1},
-            {"block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2, "split": B > 1},
+            {"engine": "regs", "block_v": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": B > 1},
+            {"engine": "regs", "block_v": 16, "v_split": 1, "num_warps": 4, "flush_mode": f, "prefetch": 2,
+             "split": B > 1},
         ]
         if B > 1:
             cfgs += [c for c in slices_configs(B) if c["block_v"] == 8 and c["num_stages"] == 1]
         cfgs += cuda_configs(B)
         if B <= 1:
             cfgs += [
-                {"block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1, "split": False},
-                {"block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": False},
-                {"block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": False},
+                {"engine": "regs", "block_v": 8, "v_split": 16, "num_warps": 1, "flush_mode": f, "prefetch": 1,
+                 "split": False},
+                {"engine": "regs", "block_v": 16, "num_warps": 4, "flush_mode": "ieee", "prefetch": 2, "split": False},
+                {"engine": "regs", "block_v": 16, "num_warps": 4, "flush_mode": f, "prefetch": 1, "split": False},
             ]
     if mode == "slices":
         cfgs = [dict(base, prefetch=1, row_major=True)] + slices_configs(B)
@@ -378,7 +380,9 @@ def bench_model(model: str, B: int, sgl: object | None, quick: bool, mode: str =
     best = min(ok, key=lambda s: s["us_step"]) if ok else None
     row["ours_best_us"] = best["us_step"] if best else math.nan
     row["ours_best_cfg"] = best["cfg"] if best else None
-    dflt = pick_config(B, pb.H, pb.HV, pb.K, pb.V, L_RING, is_kda=pb.is_kda)
+    from sglang_replayssm.kernels.ring_decode_cuda import available
+
+    dflt = pick_config(B, pb.H, pb.HV, pb.K, pb.V, L_RING, is_kda=pb.is_kda, cuda=available())
     t, _ = time_us(pb.window(ring_decode_triton))
     row["ours_default_us"] = t / L_RING
     row["ours_default_cfg"] = dflt._asdict()
@@ -691,8 +695,9 @@ def main() -> int:
         result["materialize"] = bench_materialize(256, copy_bw)
         log("materialize:", json.dumps(result["materialize"]))
     if not args.skip_graph_check:
-        checks = (("gdn", "graph_check", {}), ("kda", "graph_check_kda", {}),
-                  ("kda", "graph_check_kda_cuda", {"engine": "cuda"}))  # fmt: skip
+        checks = (("gdn", "graph_check", {}), ("kda", "graph_check_kda", {}),  # defaults (CUDA passes if built)
+                  ("gdn", "graph_check_gdn_triton", {"engine": "regs"}),
+                  ("kda", "graph_check_kda_triton", {"engine": "slices"}))  # fmt: skip
         for model, key, kw in checks:
             try:
                 result[key] = graph_check(model, **kw)

@@ -261,6 +261,19 @@ def test_rejects_bad_inputs() -> None:
     ring_decode_triton(empty, a[:0], a[:0], *args[3:], g, out[:0], idx[:0], idx[:0])
 
 
+@pytest.mark.skipif(CUDA, reason="checks the CPU answer")
+def test_cuda_passes_not_chosen_without_cuda() -> None:
+    from sglang_replayssm.kernels.ring_decode_cuda import available
+    from sglang_replayssm.kernels.ring_decode_triton import pick_config
+
+    assert not available()
+    assert pick_config(256, 16, 32, 128, 128, 16, is_kda=False).engine == "regs"
+    assert pick_config(256, 32, 32, 128, 128, 16, is_kda=True).engine == "slices"
+    assert pick_config(256, 16, 32, 128, 128, 16, is_kda=False, cuda=True).engine == "cuda"
+    assert pick_config(256, 16, 32, 64, 128, 16, is_kda=False, cuda=True).engine == "regs"  # K != 128
+    assert pick_config(1, 16, 32, 128, 128, 16, is_kda=False, cuda=True).engine == "regs"  # B < 16
+
+
 def _sglang_kernel():
     try:
         from sglang_replayssm.kernels.sglang_triton import sglang_replayssm_decode
