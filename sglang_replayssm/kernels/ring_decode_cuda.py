@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 __all__ = ["CudaReadUnsupported", "available", "build", "launch_step", "supports"]
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
+_LOG = logging.getLogger("sglang_replayssm")
 _LIBS: dict[str, ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -49,6 +51,7 @@ def build(arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = N
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
+    _LOG.info("sglang-replayssm: building ring_read.cu for sm_%s into %s (once)", arch, out_dir)
     tmp = so.with_suffix(f".{os.getpid()}.tmp")
     cmd = [
         os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",

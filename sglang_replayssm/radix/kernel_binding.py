@@ -1,5 +1,6 @@
-"""Bind sglang-replayssm's Triton ring decode (kernels/ring_decode_triton.py) where SGLang 0.5.23's
-packed-decode methods would launch its own ReplaySSM kernel, on CUDA tensors only.
+"""Bind sglang-replayssm's ring decode (kernels/ring_decode_triton.py: Triton, or the CUDA passes of
+kernels/csrc/ring_read.cu where they build and the inputs fit) where SGLang 0.5.23's packed-decode
+methods would launch its own ReplaySSM kernel, on CUDA tensors only.
 
 Same ring layout, cursor and flush semantics (the kernel takes SGLang's exact argument list), so the
 swap changes speed, not results; rows without rings, the KDA safe gate (lower_bound) and non-CUDA
