@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .ring_decode_triton import _append_key_record, _head_setup
+from .ring_decode_triton import _append_key_record, _head_setup, _program_row
 
 __all__ = ["ring_read_rows_kernel"]
 
@@ -95,13 +95,7 @@ def ring_read_rows_kernel(
     padded rows (slot < 0) get a zero output.
     """
     i_s = tl.program_id(0)
-    if ROW_MAJOR:
-        hv = tl.program_id(1)
-        i_n = tl.program_id(2)
-    else:
-        i_n = tl.program_id(1)
-        hv = tl.program_id(2)
-    i_h = hv // (HV // H)
+    i_n, hv, i_h, slot, m, is_flush = _program_row(slots, write_pos, force_flush, H, HV, L, HAS_FF, ROW_MAJOR)
     NCH: tl.constexpr = VPER // BV
     NKS: tl.constexpr = K // KS
     v_base = i_s * VPER
@@ -112,11 +106,6 @@ def ring_read_rows_kernel(
     o_q = tl.arange(0, NKS)
     o_w = tl.arange(0, KS)
 
-    slot = tl.load(slots + i_n).to(tl.int64)
-    m = tl.load(write_pos + i_n).to(tl.int32)
-    is_flush = m == L - 1
-    if HAS_FF:
-        is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
     p_o = out + (i_n * HV + hv) * V + v_base + o_r
     if slot < 0:
         for c in range(NCH):

@@ -225,6 +225,33 @@ def _head_setup(
 
 
 @triton.jit
+def _program_row(
+    slots,
+    write_pos,
+    force_flush,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    L: tl.constexpr,
+    HAS_FF: tl.constexpr,
+    ROW_MAJOR: tl.constexpr,
+):
+    """``(row, value head, key head, slot, cursor, is_flush)`` of this program (grid axes 1 and 2;
+    with ``ROW_MAJOR`` consecutive programs walk the heads of one row, one contiguous slot)."""
+    if ROW_MAJOR:
+        hv = tl.program_id(1)
+        i_n = tl.program_id(2)
+    else:
+        i_n = tl.program_id(1)
+        hv = tl.program_id(2)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    m = tl.load(write_pos + i_n).to(tl.int32)
+    is_flush = m == L - 1
+    if HAS_FF:
+        is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
+    return i_n, hv, hv // (HV // H), slot, m, is_flush
+
+
+@triton.jit
 def _append_key_record(
     g_ring,
     k_ring,
@@ -307,13 +334,7 @@ def _ring_decode_kernel(
     only. Padded rows (slot < 0) get a zero output in passes 0 and 1.
     """
     i_s = tl.program_id(0)
-    if ROW_MAJOR:  # consecutive programs walk the heads of one row (one contiguous slot)
-        hv = tl.program_id(1)
-        i_n = tl.program_id(2)
-    else:
-        i_n = tl.program_id(1)
-        hv = tl.program_id(2)
-    i_h = hv // (HV // H)
+    i_n, hv, i_h, slot, m, is_flush = _program_row(slots, write_pos, force_flush, H, HV, L, HAS_FF, ROW_MAJOR)
     NCH: tl.constexpr = VPER // BVC
     v_base = i_s * VPER
 
@@ -321,11 +342,6 @@ def _ring_decode_kernel(
     o_k = tl.arange(0, K)
     o_c = tl.arange(0, BC)
 
-    slot = tl.load(slots + i_n).to(tl.int64)
-    m = tl.load(write_pos + i_n).to(tl.int32)
-    is_flush = m == L - 1
-    if HAS_FF:
-        is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
     if slot < 0:
         if PASS != 2:
             for c in range(NCH):
