@@ -300,7 +300,8 @@ def cuda_configs(B: int) -> list[dict]:
     """CUDA passes (warps per block x register budget), and the CUDA read pass + Triton flush pass."""
     flush = {"block_v": 8, "num_warps": 1, "prefetch": 1, "flush_mode": "fma", "row_major": True}
     both = [dict(engine="cuda", cuda_warps=w, cuda_min_blocks=mb) for w, mb in ((4, 4), (2, 4), (1, 4), (4, 3))]
-    return both + [dict(flush, engine="cuda", cuda_warps=1, cuda_min_blocks=4, cuda_flush=False)]
+    capped = [dict(engine="cuda", cuda_warps=2, cuda_min_blocks=4, cuda_flush_min_blocks=fb) for fb in (3, 4)]
+    return both + capped + [dict(flush, engine="cuda", cuda_warps=1, cuda_min_blocks=4, cuda_flush=False)]
 
 
 def slices_configs(B: int) -> list[dict]:

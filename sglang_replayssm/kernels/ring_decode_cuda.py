@@ -41,13 +41,19 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("SGLANG_REPLAYSSM_CUDA_CACHE", Path.home() / ".cache" / "sglang-replayssm" / "cuda"))
 
 
-def build(arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None) -> Path:
-    """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so."""
+def build(
+    arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1
+) -> Path:
+    """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so.
+
+    ``min_blocks`` / ``flush_min_blocks``: register budgets of the two passes, as blocks of 4 warps
+    resident per SM (``__launch_bounds__``; 1 = no cap)."""
     arch = arch or _arch()
     src = _SRC.read_bytes()
-    key = hashlib.sha256(src + f"{arch}:{min_blocks}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + f"{arch}:{min_blocks}:{flush_min_blocks}".encode()).hexdigest()[:16]
     out_dir = out_dir or _cache_dir()
-    so = out_dir / f"ring_read_{arch}_{min_blocks}_{key}.so"
+    suffix = "" if flush_min_blocks == 1 else f"_f{flush_min_blocks}"
+    so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,7 +61,8 @@ def build(arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = N
     tmp = so.with_suffix(f".{os.getpid()}.tmp")
     cmd = [
         os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
-        "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", str(_SRC), "-o", str(tmp),
+        "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
+        str(_SRC), "-o", str(tmp),
     ]  # fmt: skip
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -88,8 +95,8 @@ def available(min_blocks: int = 4) -> bool:
     return _AVAILABLE[key]
 
 
-def _lib(min_blocks: int) -> ctypes.CDLL:
-    so = str(build(min_blocks=min_blocks))
+def _lib(min_blocks: int, flush_min_blocks: int = 1) -> ctypes.CDLL:
+    so = str(build(min_blocks=min_blocks, flush_min_blocks=flush_min_blocks))
     if so not in _LIBS:
         lib = ctypes.CDLL(so)
         lib.ring_step_launch.restype = ctypes.c_int
@@ -123,7 +130,7 @@ def launch_step(
     out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
     slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
     strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
-    use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4,
+    use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4, flush_min_blocks: int = 1,
 ) -> None:  # fmt: skip
     """Launch one pass for ``B`` rows (inputs already validated by the wrapper's checks)."""
     why = supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L)
@@ -131,7 +138,7 @@ def launch_step(
         raise CudaReadUnsupported(f"engine='cuda': {why}")
     if warps not in (1, 2, 4):
         raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
-    lib = _lib(min_blocks)
+    lib = _lib(min_blocks, flush_min_blocks)
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*strides)
     rc = lib.ring_step_launch(

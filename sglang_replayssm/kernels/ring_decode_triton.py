@@ -438,7 +438,7 @@ class RingDecodeConfig(NamedTuple):
     kernel with ``flush_block_v`` / ``flush_num_warps``; always split) or ``"cuda"`` (non-flush
     rows by ``csrc/ring_read.cu`` through :mod:`.ring_decode_cuda`, ``cuda_warps`` (row, head) pairs
     per block, register budget for ``cuda_min_blocks`` blocks per SM; flush rows by the same file's
-    flush pass with ``cuda_flush``, else as for ``"slices"``); ``row_major``: program order (the heads of one row consecutive).
+    flush pass with ``cuda_flush`` (budget ``cuda_flush_min_blocks``), else as for ``"slices"``); ``row_major``: program order (the heads of one row consecutive).
     """
 
     block_v: int
@@ -458,6 +458,7 @@ class RingDecodeConfig(NamedTuple):
     cuda_warps: int = 4
     cuda_min_blocks: int = 4
     cuda_flush: bool = True
+    cuda_flush_min_blocks: int = 1
 
 
 def pick_config(
@@ -609,6 +610,7 @@ def ring_decode_triton(
     cuda_warps: int | None = None,
     cuda_min_blocks: int | None = None,
     cuda_flush: bool | None = None,
+    cuda_flush_min_blocks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -694,6 +696,9 @@ def ring_decode_triton(
                 L=L, is_kda=is_kda, use_l2norm=use_qk_l2norm_in_kernel, flush=flush,
                 warps=cuda_warps if cuda_warps is not None else cfg.cuda_warps,
                 min_blocks=cuda_min_blocks if cuda_min_blocks is not None else cfg.cuda_min_blocks,
+                flush_min_blocks=(
+                    cuda_flush_min_blocks if cuda_flush_min_blocks is not None else cfg.cuda_flush_min_blocks
+                ),
             )  # fmt: skip
         launches = [] if cuda_flush else launches[1:]
     if eng == "slices":

@@ -228,13 +228,16 @@ struct Chunk {
   float v;
 };
 
-#ifndef RR_MIN_BLOCKS
+#ifndef RR_MIN_BLOCKS  // register budget of the non-flush pass: blocks of 4 warps per SM
 #define RR_MIN_BLOCKS 4
+#endif
+#ifndef RR_FLUSH_MIN_BLOCKS  // the same for the flush pass (1: no cap, ~250 registers)
+#define RR_FLUSH_MIN_BLOCKS 1
 #endif
 
 // FLUSH = false: non-flush rows (output + ring record); FLUSH = true: flush rows (output + new checkpoint).
 template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
-__global__ void __launch_bounds__(128, FLUSH ? 1 : RR_MIN_BLOCKS) ring_step_kernel(
+__global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOCKS) ring_step_kernel(
     const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ A_log,
     const float* __restrict__ dt_bias, T* __restrict__ out, float* state, float* d_ring,
     float* k_ring, float* g_ring, const IDX* __restrict__ slots, const int32_t* __restrict__ write_pos,
