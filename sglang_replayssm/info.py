@@ -18,4 +18,24 @@ def main(argv: list[str]) -> int:
 
     on = list(config.enabled_fixes()) if config.adapter_enabled() else []
     print(f"radix adapter: {'off' if not config.adapter_enabled() else ', '.join(on) or 'no fixes'}")
+    print(f"ring decode on CUDA: {_ring_decode_path()}")
     return 0
+
+
+def _ring_decode_path() -> str:
+    """Which ring-decode kernels a CUDA decode batch of B >= 16 runs here (docs/DESIGN.md, Kernels)."""
+    import os
+    import shutil
+
+    import torch
+
+    if os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") == "0":
+        return "Triton (CUDA passes switched off by SGLANG_REPLAYSSM_CUDA_KERNELS=0)"
+    if not torch.cuda.is_available():
+        nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))
+        return f"no CUDA device here (nvcc: {nvcc or 'not found'})"
+    from sglang_replayssm.kernels.ring_decode_cuda import _cache_dir, available
+
+    if available():  # builds once if needed
+        return f"CUDA passes (cache {_cache_dir()}), Triton where the inputs do not fit"
+    return "Triton (the CUDA passes could not be built: nvcc missing or failing, or compute capability < 8.0)"

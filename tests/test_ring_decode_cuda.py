@@ -52,3 +52,15 @@ def test_supports_names_what_does_not_fit() -> None:
     f32 = torch.zeros(1)
     args = [f32] * 10 + [torch.zeros(1, dtype=torch.int32)]
     assert "CUDA device" in (rdc.supports(*args, 128, 128, 16) or "")
+
+
+def test_info_names_the_ring_decode_path(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_replayssm import info
+
+    monkeypatch.setenv("SGLANG_REPLAYSSM_CUDA_KERNELS", "0")
+    assert info.main([]) == 0
+    assert "ring decode on CUDA: Triton (CUDA passes switched off" in capsys.readouterr().out
+    monkeypatch.delenv("SGLANG_REPLAYSSM_CUDA_KERNELS")
+    assert info.main([]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("ring decode on CUDA:")]
+    assert line and ("CUDA passes" in line[0] if torch.cuda.is_available() else "no CUDA device" in line[0])
