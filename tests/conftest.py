@@ -7,8 +7,23 @@ before anything imports triton. On a GPU machine the same tests run the compiled
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module")
+def radix_adapter() -> Iterator[list]:
+    """The radix adapter's hooks installed on SGLang (idempotent), with torch single-threaded for the
+    module (tiny tensors: thread hand-off dominates on a shared 2-core box); yields the applied hooks."""
+    from sglang_replayssm.radix import hooks
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    applied = hooks.install()
+    yield applied
+    torch.set_num_threads(threads)

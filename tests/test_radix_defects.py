@@ -22,23 +22,8 @@ KINDS = pytest.mark.parametrize("kind", ["gdn", "kda"])
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _adapter_installed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: thread hand-off dominates on a shared 2-core box
-    applied = hooks.install()
-    assert {h.target for h in applied} == {h.target for h in hooks.HOOKS}
-    yield
-    torch.set_num_threads(threads)
-
-
-def _decode_until_pending(sim: Sim, sreq, min_steps: int = 1, max_steps: int = 40) -> int:
-    """Decode ``sreq`` alone until its ring holds records (after at least ``min_steps``)."""
-    slot = int(sreq.req.kv.mamba_pool_idx)
-    for step in range(max_steps):
-        sim.decode([sreq])
-        if step + 1 >= min_steps and int(sim.write_pos[slot]) > 0:
-            return int(sim.write_pos[slot])
-    raise AssertionError("the ring never held pending records")
+def _adapter_installed(radix_adapter):
+    assert {h.target for h in radix_adapter} == {h.target for h in hooks.HOOKS}
 
 
 def _node_at(sim: Sim, path: list[int]) -> tuple[list[int], int] | None:
@@ -62,7 +47,7 @@ def test_no_buffer_finish_donates_exact_state_at_full_depth(kind, interval, adap
     with config.override(adapter_on):
         sim = Sim(SimConfig(kind=kind, strategy="no_buffer", track_interval=interval))
         a = sim.admit([1, 2, 3, 4, 5], [6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8])
-        wp = _decode_until_pending(sim, a, min_steps=4)
+        wp = sim.decode_until_pending(a, min_steps=4)
         sim.check()  # the live ring is exact
         path = a.consumed
         sim.finish_now(a)
@@ -159,7 +144,7 @@ def _stale_slot(sim: Sim) -> tuple[int, int]:
     c = sim.admit([9, 8, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
     slot = int(c.req.kv.mamba_pool_idx)
     with config.override(kda_force_flush=False):
-        wp = _decode_until_pending(sim, c, min_steps=1)
+        wp = sim.decode_until_pending(c, min_steps=1)
     sim.abort(c)  # SGLang's abort / retract release: the slot is freed with its cursor as is
     return slot, wp
 
@@ -274,7 +259,7 @@ def test_copy_from_unflushed_source_is_exact(kind, debug_pool, adapter_on):
     with config.override(adapter_on):
         sim = Sim(SimConfig(kind=kind, strategy="no_buffer", track_interval=4))
         a = sim.admit([1, 2, 3, 4, 5], [6, 7, 8, 9, 1, 2, 3, 4])
-        _decode_until_pending(sim, a, min_steps=2)
+        sim.decode_until_pending(a, min_steps=2)
         src = int(a.req.kv.mamba_pool_idx)
         cache = sim.mamba_pool.mamba_cache
         before = [

@@ -15,19 +15,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from sglang_replayssm.radix import config, hooks, metrics
 from sglang_replayssm.radix.simulate import Sim, SimConfig
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _adapter_installed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    hooks.install()
-    yield
-    torch.set_num_threads(threads)
+def _adapter_installed(radix_adapter):
+    return radix_adapter
 
 
 def _adder(reqs, hit_tokens: int):

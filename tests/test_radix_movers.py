@@ -20,36 +20,22 @@ import pytest
 import torch
 
 from sglang_replayssm.radix import config, hooks
-from sglang_replayssm.radix.simulate import Sim, SimConfig, SimReq, rel_err
+from sglang_replayssm.radix.simulate import Sim, SimConfig, rel_err
 
 TOL = 1e-5
 KINDS = pytest.mark.parametrize("kind", ["gdn", "kda"])
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _adapter_installed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    applied = hooks.install()
-    assert {h.target for h in applied} >= {
+def _adapter_installed(radix_adapter):
+    assert {h.target for h in radix_adapter} >= {
         h.target for h in hooks.HOOKS if h.fix in ("extend_fold", "retract_backup", "cursor_reset")
     }
-    yield
-    torch.set_num_threads(threads)
 
 
 def _switches(fix: str, on: bool) -> dict:
     """Every adapter fix on, except ``fix`` when ``on`` is False."""
     return {} if on else {fix: False}
-
-
-def _decode_until_pending(sim: Sim, sreq: SimReq, min_steps: int = 1, max_steps: int = 40) -> int:
-    slot = int(sreq.req.kv.mamba_pool_idx)
-    for step in range(max_steps):
-        sim.decode([sreq])
-        if step + 1 >= min_steps and int(sim.write_pos[slot]) > 0:
-            return int(sim.write_pos[slot])
-    raise AssertionError("the ring never held pending records")
 
 
 def _state_errors(sim: Sim, slot: int, path: list[int]) -> list[float]:
@@ -70,7 +56,7 @@ def test_mixed_batch_decode_rows_keep_their_pending_records(kind, fix_on):
         sim = Sim(SimConfig(kind=kind, strategy="no_buffer", track_interval=3))
         a = sim.admit([1, 2, 3, 4, 5], [6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
         b = sim.admit([5, 4, 3], [2, 1, 9, 8, 7, 6, 5, 4, 3, 2])
-        wp_a = _decode_until_pending(sim, a, min_steps=5)  # wrapped at least once (L=4)
+        wp_a = sim.decode_until_pending(a, min_steps=5)  # wrapped at least once (L=4)
         sim.decode([b])
         assert wp_a > 0 and int(sim.write_pos[int(b.req.kv.mamba_pool_idx)]) > 0
         sim.check()
@@ -97,7 +83,7 @@ def test_streaming_session_turn_extends_the_kept_slot_exactly(kind, strategy, fi
     with config.override(True, **_switches("extend_fold", fix_on)):
         sim = Sim(SimConfig(kind=kind, strategy=strategy, track_interval=3))
         turn = sim.admit([1, 2, 3, 4, 5, 6], [7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6])
-        _decode_until_pending(sim, turn, min_steps=6)
+        sim.decode_until_pending(turn, min_steps=6)
         sim.extend_running([(turn, [9, 8, 7, 6, 5])], "EXTEND")  # the next turn's prompt
         errs = _state_errors(sim, int(turn.req.kv.mamba_pool_idx), turn.consumed)
         if fix_on:
@@ -117,7 +103,7 @@ def test_cleared_row_ends_zero_with_an_empty_ring(fix_on):
     with config.override(True, **_switches("extend_fold", fix_on)):
         sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", track_interval=3))
         a = sim.admit([1, 2, 3, 4], [5, 6, 7, 8, 9, 1, 2, 3])
-        _decode_until_pending(sim, a, min_steps=2)
+        sim.decode_until_pending(a, min_steps=2)
         slot = int(a.req.kv.mamba_pool_idx)
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.model_executor.model_runner import ModelRunner
@@ -151,7 +137,7 @@ def test_which_forwards_fold(mode, original, folds):
     with config.override(True):
         sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", track_interval=3))
         a = sim.admit([1, 2, 3, 4], [5, 6, 7, 8, 9, 1, 2, 3])
-        wp = _decode_until_pending(sim, a, min_steps=2)
+        wp = sim.decode_until_pending(a, min_steps=2)
         slot = int(a.req.kv.mamba_pool_idx)
         fb = SimpleNamespace(
             forward_mode=ForwardMode[mode],
@@ -199,7 +185,7 @@ def test_retracted_request_resumes_with_exactly_its_state(kind, route, reuse, fi
         a = sim.admit([1, 2, 3, 4, 5], [(3 * j + 2) % 10 for j in range(40)])
         other = sim.admit([9, 9, 8], [(7 * j + 1) % 10 for j in range(40)])
         for cycle in range(3):
-            _decode_until_pending(sim, a, min_steps=5 + cycle)
+            sim.decode_until_pending(a, min_steps=5 + cycle)
             sim.decode([other])  # keeps another ring live in the pool meanwhile
             path = a.consumed
             old_slot = int(a.req.kv.mamba_pool_idx)
@@ -230,7 +216,7 @@ def test_cpu_copy_leaves_the_live_slot_untouched(kind):
     with config.override(True):
         sim = Sim(SimConfig(kind=kind, strategy="no_buffer", track_interval=3))
         a = sim.admit([1, 2, 3, 4, 5], [(3 * j + 2) % 10 for j in range(20)])
-        wp = _decode_until_pending(sim, a, min_steps=2)
+        wp = sim.decode_until_pending(a, min_steps=2)
         slot = int(a.req.kv.mamba_pool_idx)
         cache = sim.mamba_pool.mamba_cache
         tensors = (cache.temporal, cache.replayssm_d, cache.replayssm_k, cache.replayssm_g)
@@ -297,7 +283,7 @@ def _stale_free_slot(sim: Sim, how: str) -> tuple[int, int]:
     """Free a running request's slot with pending records the way SGLang does for ``how``."""
     c = sim.admit([9, 8, 7], [(j * 5 + 3) % 10 for j in range(20)])
     slot = int(c.req.kv.mamba_pool_idx)
-    wp = _decode_until_pending(sim, c, min_steps=2)
+    wp = sim.decode_until_pending(c, min_steps=2)
     if how == "abort":
         sim.abort(c)
     else:  # retract to the waiting queue (no backup outside PD): release_req's release + reset
@@ -332,7 +318,7 @@ def test_a_freed_stale_cursor_is_never_seen_by_the_next_owner(kind, how, next_ow
             return
         else:
             a = sim.admit([3, 1, 4, 1, 5], [(j + 2) % 10 for j in range(20)])
-            _decode_until_pending(sim, a, min_steps=3)
+            sim.decode_until_pending(a, min_steps=3)
             sim.retract(a, backup=True)
             sim.next_mamba_slots([stale])
             b = a

@@ -19,19 +19,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix import config
 from sglang_replayssm.radix.simulate import Sim, SimConfig, rel_err
 
 TOL = 1e-5
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _adapter_installed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    hooks.install()
-    yield
-    torch.set_num_threads(threads)
+def _adapter_installed(radix_adapter):
+    return radix_adapter
 
 
 def _with_hicache(sim: Sim, monkeypatch: pytest.MonkeyPatch, write_policy: str, layout: str) -> None:

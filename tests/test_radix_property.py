@@ -18,11 +18,10 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix import config
 from sglang_replayssm.radix.simulate import Sim, SimConfig, rel_err
 
 STEPS = 50  # operations per example
@@ -45,12 +44,8 @@ _steps_run = {"count": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _adapter_installed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    hooks.install()
-    yield
-    torch.set_num_threads(threads)
+def _adapter_installed(radix_adapter):
+    return radix_adapter
 
 
 tokens = st.integers(min_value=0, max_value=9)

@@ -26,6 +26,13 @@ def _pin_memory_noop(self, device=None):
     return self
 
 
+def register_table(hooks: list[tuple]) -> list[str]:
+    """Register ``(target, fn, HookType, short name)`` rows with SGLang's HookRegistry; return the names."""
+    for target, fn, kind, _ in hooks:
+        HookRegistry.register(target, fn, kind)
+    return [name for *_, name in hooks]
+
+
 def register() -> list[str]:
     """Register the CPU runtime's hooks; returns their short names for the load log line."""
     hooks = [
@@ -47,8 +54,7 @@ def register() -> list[str]:
         ("sglang.kernels.ops.mamba.mamba_state_scatter_triton._launch_track_mamba_states",
          decode.track_states_copy, HookType.AROUND, "track-copy"),
     ]
-    for target, fn, kind, _ in hooks:
-        HookRegistry.register(target, fn, kind)
+    names = register_table(hooks)
     # sglang/srt/layers/attention/linear/kernels/gdn_triton.py: `supports_packed_decode = not is_cpu()`
     # is a class attribute (HookRegistry cannot hook it); the packed path is where the ring decode runs.
     from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
@@ -59,4 +65,4 @@ def register() -> list[str]:
     import torch
 
     torch.Tensor.pin_memory = _pin_memory_noop
-    return [name for *_, name in hooks] + ["pin_memory-noop"]
+    return names + ["pin_memory-noop"]

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_replayssm.cpu import hicache_ops
+from sglang_replayssm.cpu.hooks import register_table
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -148,14 +149,11 @@ def register() -> list[str]:
     hooks = [
         # sglang/srt/mem_cache/pool_host/mha.py, mla.py, mamba.py: refuse a layout/io-backend pair the CPU
         # runtime cannot move at construction, with the flags named, instead of at the first transfer.
-        ("sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost.__init__", _check_flags_around,
-         HookType.AROUND),
-        ("sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost.__init__", _check_flags_around,
-         HookType.AROUND),
-        ("sglang.srt.mem_cache.pool_host.mamba.MambaPoolHost.__init__", _check_flags_around, HookType.AROUND),
+        (f"sglang.srt.mem_cache.pool_host.{cls}.__init__", _check_flags_around, HookType.AROUND,
+         "hicache-layout-check")
+        for cls in ("mha.MHATokenToKVPoolHost", "mla.MLATokenToKVPoolHost", "mamba.MambaPoolHost")
     ]
-    for target, fn, kind in hooks:
-        HookRegistry.register(target, fn, kind)
+    register_table(hooks)
     # sglang/srt/mem_cache/pool_host/{mha,mla,mamba,dsa,unified}.py, sglang/srt/mem_cache/memory_pool_host.py:
     # the transfer ops are module globals bound only on CUDA/ROCm/XPU; set from here (see inject_ops).
     injected = inject_ops()

@@ -8,9 +8,10 @@ kernel without AMX. The hooks below route those calls, on CPU tensors only, to t
 
 from __future__ import annotations
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
 
 from sglang_replayssm.cpu import kda
+from sglang_replayssm.cpu.hooks import register_table
 
 _KERNEL = "sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel"
 
@@ -36,12 +37,11 @@ def register() -> list[str]:
         ("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",
          kda.fused_rmsnorm_gated_forward, HookType.AROUND, "fused-rmsnorm-gated"),
     ]
-    for target, fn, kind, _ in hooks:
-        HookRegistry.register(target, fn, kind)
+    names = register_table(hooks)
     # sglang/srt/layers/attention/linear/kernels/kda_triton.py: `supports_packed_decode = not is_cpu()
     # and ...` is a class attribute (HookRegistry cannot hook it); the packed path is where SGLang
     # passes the ReplaySSM ring, so it is turned on and served by the packed_decode hook above.
     from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
 
     TritonKDAKernel.supports_packed_decode = True
-    return [name for *_, name in hooks] + ["kda-packed-decode-on"]
+    return names + ["kda-packed-decode-on"]

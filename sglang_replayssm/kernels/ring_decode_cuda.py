@@ -12,6 +12,7 @@ current torch stream, so it is captured by CUDA graphs like any other kernel.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -24,7 +25,7 @@ __all__ = ["CudaReadUnsupported", "available", "build", "launch_step", "supports
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[str, ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -32,9 +33,14 @@ class CudaReadUnsupported(ValueError):
     """The inputs fall outside what ``ring_read.cu`` is compiled for (see :func:`supports`)."""
 
 
-def _arch() -> str:
-    major, minor = torch.cuda.get_device_capability()
+@functools.cache
+def _arch_of(device: int) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
     return f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+
+
+def _arch() -> str:
+    return _arch_of(torch.cuda.current_device())
 
 
 def _cache_dir() -> Path:
@@ -96,12 +102,14 @@ def available(min_blocks: int = 4) -> bool:
 
 
 def _lib(min_blocks: int, flush_min_blocks: int = 1) -> ctypes.CDLL:
-    so = str(build(min_blocks=min_blocks, flush_min_blocks=flush_min_blocks))
-    if so not in _LIBS:
-        lib = ctypes.CDLL(so)
+    """The loaded shared object for this device's architecture and these register budgets; built
+    (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
+    key = (_arch(), min_blocks, flush_min_blocks)
+    if key not in _LIBS:
+        lib = ctypes.CDLL(str(build(key[0], min_blocks, flush_min_blocks=flush_min_blocks)))
         lib.ring_step_launch.restype = ctypes.c_int
-        _LIBS[so] = lib
-    return _LIBS[so]
+        _LIBS[key] = lib
+    return _LIBS[key]
 
 
 def supports(
@@ -132,10 +140,8 @@ def launch_step(
     strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
     use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4, flush_min_blocks: int = 1,
 ) -> None:  # fmt: skip
-    """Launch one pass for ``B`` rows (inputs already validated by the wrapper's checks)."""
-    why = supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L)
-    if why is not None:
-        raise CudaReadUnsupported(f"engine='cuda': {why}")
+    """Launch one pass for ``B`` rows. Precondition (the wrapper in :mod:`.ring_decode_triton`
+    checks it once per step): its shape checks passed and :func:`supports` returned ``None``."""
     if warps not in (1, 2, 4):
         raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
     lib = _lib(min_blocks, flush_min_blocks)

@@ -490,17 +490,28 @@ def pick_config(
     return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 2, False)
 
 
-def _cuda_default_ok(
+def _cuda_unfit(
     mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
-    slots: torch.Tensor, K: int, V: int, L: int,
-) -> bool:  # fmt: skip
-    """Whether the default launch may use the CUDA passes (same results as Triton, only faster)."""
+    slots: torch.Tensor, K: int, V: int, L: int, *, forced: bool,
+) -> str | None:  # fmt: skip
+    """Why the CUDA passes cannot take this step (``None``: they can). Unless ``forced``, a build
+    that cannot happen here is a reason too (the default then runs Triton, same results); a forced
+    ``engine="cuda"`` lets the build report its own error."""
     if not mixed_qkv.is_cuda:
-        return False
+        return "tensors are not on a CUDA device"
     from .ring_decode_cuda import available, supports
 
-    return supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L) is None and available()
+    why = supports(mixed_qkv, a, b, A_log, dt_bias, out, state, d, k, g, slots, K, V, L)
+    if why is None and not forced and not available():
+        why = "the CUDA passes cannot be built or loaded here"
+    return why
+
+
+def _record_block(L: int, flush_mode: str) -> int:
+    """Ring positions a program tiles: ``L`` rounded up to a power of two, at least 16 for ``tl.dot``."""
+    bc = triton.next_power_of_2(L)
+    return bc if flush_mode == "fma" else max(bc, 16)
 
 
 def _check_inputs(
@@ -635,10 +646,13 @@ def ring_decode_triton(
     )  # fmt: skip
     if B == 0:
         return out, initial_state
-    use_cuda = engine in (None, "cuda") and _cuda_default_ok(
-        mixed_qkv, a, b, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache, ssm_state_indices, K, V, L
-    )
-    cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda, cuda=use_cuda)
+    cuda_why = "not requested"
+    if engine in (None, "cuda"):
+        cuda_why = _cuda_unfit(
+            mixed_qkv, a, b, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache, ssm_state_indices,
+            K, V, L, forced=engine == "cuda",
+        )  # fmt: skip
+    cfg = pick_config(B, H, HV, K, V, L, is_kda=is_kda, cuda=cuda_why is None)
     bv = min(block_v if block_v is not None else cfg.block_v, V)
     vs = v_split if v_split is not None else cfg.v_split
     nw = num_warps if num_warps is not None else cfg.num_warps
@@ -653,9 +667,7 @@ def ring_decode_triton(
         raise ValueError(f"flush_mode must be one of {sorted(FLUSH_MODES)}")
     if fm != "fma" and bv < 16:
         fm = "fma"  # tl.dot needs every dim >= 16
-    bc = triton.next_power_of_2(L)
-    if fm != "fma":
-        bc = max(bc, 16)
+    bc = _record_block(L, fm)
 
     eng = engine if engine is not None else cfg.engine
     if eng not in ("regs", "slices", "cuda"):
@@ -674,9 +686,7 @@ def ring_decode_triton(
         if fbv <= 0 or fbv & (fbv - 1) or (V // vs) % fbv != 0:
             raise ValueError(f"flush_block_v={fbv} must be a power of two dividing V/v_split={V // vs}")
         ffm = fm if (fm == "fma" or fbv >= 16) else "fma"
-        fbc = bc if ffm != "fma" else triton.next_power_of_2(L)
-        if ffm != "fma":
-            fbc = max(fbc, 16)
+        fbc = _record_block(L, ffm)
         fnw = flush_num_warps if flush_num_warps is not None else nw
         launches = [(1, bv, nw, fm, bc), (2, fbv, fnw, ffm, fbc)]
     ff_arg = force_flush if force_flush is not None else write_pos
@@ -686,7 +696,10 @@ def ring_decode_triton(
     )  # fmt: skip
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     if eng == "cuda":
-        from .ring_decode_cuda import launch_step
+        from .ring_decode_cuda import CudaReadUnsupported, launch_step
+
+        if cuda_why is not None:
+            raise CudaReadUnsupported(f"engine='cuda': {cuda_why}")
 
         cuda_flush = cfg.cuda_flush if cuda_flush is None else cuda_flush
         for flush in (False, True) if cuda_flush else (False,):

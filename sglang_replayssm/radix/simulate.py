@@ -546,6 +546,16 @@ class Sim:
             self.temporal[li, slot] = states[li].to(self.temporal.dtype)
             self.conv[li, slot] = windows[li]
 
+    def decode_until_pending(self, sreq: SimReq, min_steps: int = 1, max_steps: int = 40) -> int:
+        """Decode ``sreq`` alone until its ring holds records (after at least ``min_steps`` steps);
+        return its cursor."""
+        slot = int(sreq.req.kv.mamba_pool_idx)
+        for step in range(max_steps):
+            self.decode([sreq])
+            if step + 1 >= min_steps and int(self.write_pos[slot]) > 0:
+                return int(self.write_pos[slot])
+        raise AssertionError("the ring never held pending records")
+
     def decode(self, reqs: Iterable[SimReq] | None = None) -> None:
         """One decode step of ``reqs`` (default: every running request) as one batch."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch, set_mamba_track_indices_from_reqs
