@@ -34,8 +34,8 @@ def _ring_decode_path() -> str:
     if not torch.cuda.is_available():
         nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))
         return f"no CUDA device here (nvcc: {nvcc or 'not found'})"
-    from sglang_replayssm.kernels.ring_decode_cuda import _cache_dir, available
+    from sglang_replayssm.kernels.ring_decode_cuda import available, cache_dir
 
     if available():  # builds once if needed
-        return f"CUDA passes (cache {_cache_dir()}), Triton where the inputs do not fit"
+        return f"CUDA passes (cache {cache_dir()}), Triton where the inputs do not fit"
     return "Triton (the CUDA passes could not be built: nvcc missing or failing, or compute capability < 8.0)"

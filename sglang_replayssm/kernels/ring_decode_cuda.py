@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CudaReadUnsupported", "available", "build", "launch_step", "supports"]
+__all__ = ["CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "supports"]
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
@@ -43,7 +43,7 @@ def _arch() -> str:
     return _arch_of(torch.cuda.current_device())
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     return Path(os.environ.get("SGLANG_REPLAYSSM_CUDA_CACHE", Path.home() / ".cache" / "sglang-replayssm" / "cuda"))
 
 
@@ -57,7 +57,7 @@ def build(
     arch = arch or _arch()
     src = _SRC.read_bytes()
     key = hashlib.sha256(src + f"{arch}:{min_blocks}:{flush_min_blocks}".encode()).hexdigest()[:16]
-    out_dir = out_dir or _cache_dir()
+    out_dir = out_dir or cache_dir()
     suffix = "" if flush_min_blocks == 1 else f"_f{flush_min_blocks}"
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
