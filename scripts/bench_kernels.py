@@ -291,17 +291,34 @@ def sweep_configs(model: str, B: int, quick: bool, mode: str = "final") -> list[
             ]
     if mode == "slices":
         cfgs = [dict(base, prefetch=1, row_major=True)] + slices_configs(B)
+    if mode == "cuda":
+        cfgs = cuda_stage_configs()
     if quick:
         cfgs = cfgs[:3]
     return cfgs
 
 
 def cuda_configs(B: int) -> list[dict]:
-    """CUDA passes (warps per block x register budget), and the CUDA read pass + Triton flush pass."""
+    """CUDA passes: the default build's neighbours (staging depth, persistent flush pass), and the
+    CUDA read pass + Triton flush pass."""
     flush = {"block_v": 8, "num_warps": 1, "prefetch": 1, "flush_mode": "fma", "row_major": True}
-    both = [dict(engine="cuda", cuda_warps=w, cuda_min_blocks=mb) for w, mb in ((4, 4), (2, 4), (1, 4), (4, 3))]
-    capped = [dict(engine="cuda", cuda_warps=2, cuda_min_blocks=4, cuda_flush_min_blocks=fb) for fb in (3, 4)]
-    return both + capped + [dict(flush, engine="cuda", cuda_warps=1, cuda_min_blocks=4, cuda_flush=False)]
+    c = {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 4}
+    both = [dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_flush_waves=fw)
+            for st, fst, fw in ((2, 2, 1), (0, 0, 1), (0, 0, 0), (3, 3, 1))]  # fmt: skip
+    return both + [dict(flush, engine="cuda", cuda_warps=1, cuda_min_blocks=4, cuda_flush=False)]
+
+
+def cuda_stage_configs() -> list[dict]:
+    """CUDA passes: checkpoint staging depth of each pass (0 = register double buffer) x grid cap of
+    each pass (resident waves; 0 = one warp per item). Each (stages, flush_stages) is one build."""
+    c = {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 4, "cuda_flush_min_blocks": 1}
+    return [
+        dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_waves=w, cuda_flush_waves=fw)
+        for st, fst, w, fw in [
+            (0, 0, 0, 1), (0, 0, 0, 0), (2, 2, 0, 1), (2, 0, 0, 1), (0, 2, 0, 1), (3, 3, 0, 1), (3, 0, 0, 1),
+            (2, 2, 1, 1),
+        ]
+    ]  # fmt: skip
 
 
 def slices_configs(B: int) -> list[dict]:
@@ -388,7 +405,7 @@ def bench_model(model: str, B: int, sgl: object | None, quick: bool, mode: str =
     row["ours_default_us"] = t / L_RING
     row["ours_default_cfg"] = dflt._asdict()
     if best:
-        for rank, cand in enumerate(sorted(ok, key=lambda x: x["us_step"])[:3]):
+        for rank, cand in enumerate(sorted(ok, key=lambda x: x["us_step"])[: len(ok) if mode == "cuda" else 3]):
             per_m = {}
             for m in (0, L_RING // 2, L_RING - 2, L_RING - 1):
                 tm, _ = time_us(lambda m=m, cand=cand: pb.ring_step(ring_decode_triton, m, **cand["cfg"]))
@@ -630,7 +647,7 @@ def main() -> int:
     ap.add_argument("--batches", type=str, default="1,64,256,512")
     ap.add_argument("--models", type=str, default="gdn,kda")
     ap.add_argument("--quick", action="store_true", help="3 sweep configs only")
-    ap.add_argument("--sweep", choices=["final", "explore", "slices"], default="final")
+    ap.add_argument("--sweep", choices=["final", "explore", "slices", "cuda"], default="final")
     ap.add_argument("--precompile-workers", type=int, default=0, help="compile the sweep in N processes first")
     ap.add_argument("--skip-materialize", action="store_true")
     ap.add_argument("--skip-graph-check", action="store_true")

@@ -184,6 +184,11 @@ if CUDA:
          "cuda_flush": False},
         {"engine": "cuda"},
         {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 3},
+        {"engine": "cuda", "cuda_stages": 2, "cuda_flush_stages": 2},
+        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_vsplit": 2},
+        {"engine": "cuda", "cuda_flush_stages": 2, "cuda_warps": 4, "cuda_vsplit": 4},
+        {"engine": "cuda", "cuda_warps": 1, "cuda_vsplit": 8},
+        {"engine": "cuda", "cuda_flush_stages": 2, "cuda_flush_min_blocks": 3},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
@@ -220,6 +225,24 @@ CUDA_READ = {"engine": "cuda"}
 @pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
 def test_bf16_io_matches_recurrence(is_kda: bool, kw: dict) -> None:
     _run(KDA if is_kda else GDN, is_kda, kw, torch.bfloat16, 5e-3, seed=3)
+
+
+@pytest.mark.skipif(not CUDA, reason="only GPU batch sizes give a CUDA-pass warp several (row, head) items")
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"engine": "cuda", "cuda_waves": 1, "cuda_flush_waves": 1},
+        {"engine": "cuda", "cuda_stages": 2, "cuda_flush_stages": 2, "cuda_vsplit": 2, "cuda_waves": 1,
+         "cuda_flush_waves": 2},
+    ],
+    ids=["regs", "staged-vsplit2"],
+)
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+def test_cuda_passes_serve_several_items_per_warp(is_kda: bool, kw: dict) -> None:
+    """With the grid capped at the resident warps (``cuda_waves``), B=80 (2,560+ items against ~2,100
+    resident warps, ~1,000 for the flush pass) gives warps several items each, picked by ballot."""
+    shape = dataclasses.replace(KDA if is_kda else GDN, B=80, slots=84)
+    _run(shape, is_kda, kw, torch.float32, 1e-5, seed=17)
 
 
 @pytest.mark.skipif(not TF32X3, reason="tf32x3 is a GPU variant")

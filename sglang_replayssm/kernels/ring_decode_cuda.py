@@ -4,7 +4,7 @@
 skipped), the contract of :func:`sglang_replayssm.kernels.ring_decode_slices.ring_read_rows_kernel`.
 ``flush=True``: the flush rows (output + new checkpoint; every other row skipped), the contract of
 the flush pass of :mod:`.ring_decode_triton`. The wrapper there launches the two in that order. The shared object is compiled once
-per (source, architecture, register budget) with ``nvcc`` into ``$SGLANG_REPLAYSSM_CUDA_CACHE``
+per (source, architecture, register budgets, staging depth) with ``nvcc`` into ``$SGLANG_REPLAYSSM_CUDA_CACHE``
 (default ``~/.cache/sglang-replayssm/cuda``) and loaded with ``ctypes``; the launch goes onto the
 current torch stream, so it is captured by CUDA graphs like any other kernel.
 """
@@ -21,12 +21,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "supports"]
+__all__ = ["DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "supports"]
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, int, int], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
+STAGES = (0, 2, 3, 4)  # checkpoint staging depths a build may take (0: register double buffer)
+VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit rows in 8-row chunks
+#: the build pick_config's CUDA launch uses: (min_blocks, flush_min_blocks, stages, flush_stages)
+DEFAULT_BUILD = (4, 1, 2, 2)
 
 
 class CudaReadUnsupported(ValueError):
@@ -48,17 +52,22 @@ def cache_dir() -> Path:
 
 
 def build(
-    arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1
+    arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1,
+    stages: int = 0, flush_stages: int = 0,
 ) -> Path:
     """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so.
 
     ``min_blocks`` / ``flush_min_blocks``: register budgets of the two passes, as blocks of 4 warps
-    resident per SM (``__launch_bounds__``; 1 = no cap)."""
+    resident per SM (``__launch_bounds__``; 1 = no cap). ``stages`` / ``flush_stages`` (the two
+    passes): 0 streams the checkpoint through two register buffers; 2..4 through a ``cp.async`` ring
+    of that many chunks per warp in shared memory."""
+    if stages not in STAGES or flush_stages not in STAGES:
+        raise ValueError(f"stages and flush_stages must be in {STAGES} (got {stages}, {flush_stages})")
     arch = arch or _arch()
     src = _SRC.read_bytes()
-    key = hashlib.sha256(src + f"{arch}:{min_blocks}:{flush_min_blocks}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}".encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    suffix = "" if flush_min_blocks == 1 else f"_f{flush_min_blocks}"
+    suffix = ("" if flush_min_blocks == 1 else f"_f{flush_min_blocks}") + (f"_s{stages}{flush_stages}" if stages or flush_stages else "")
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
@@ -68,7 +77,7 @@ def build(
     cmd = [
         os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
         "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
-        str(_SRC), "-o", str(tmp),
+        f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", str(_SRC), "-o", str(tmp),
     ]  # fmt: skip
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -83,30 +92,32 @@ def build(
 _AVAILABLE: dict[str, bool] = {}
 
 
-def available(min_blocks: int = 4) -> bool:
+def available() -> bool:
     """Whether the CUDA passes can run here without an error: a CUDA device of compute capability
-    8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the shared object cached or nvcc
-    able to build it (built and loaded on the first call; the answer is cached per process)."""
+    8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the default build
+    (:data:`DEFAULT_BUILD`) cached or nvcc able to make it (built and loaded on the first call;
+    the answer is cached per process)."""
     if os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") == "0" or not torch.cuda.is_available():
         return False
-    key = f"{torch.cuda.current_device()}:{min_blocks}"
+    key = str(torch.cuda.current_device())
     if key not in _AVAILABLE:
         ok = torch.cuda.get_device_capability() >= (8, 0)
         if ok:
             try:
-                _lib(min_blocks)
+                _lib(*DEFAULT_BUILD)
             except (CudaReadUnsupported, RuntimeError, OSError):
                 ok = False
         _AVAILABLE[key] = ok
     return _AVAILABLE[key]
 
 
-def _lib(min_blocks: int, flush_min_blocks: int = 1) -> ctypes.CDLL:
-    """The loaded shared object for this device's architecture and these register budgets; built
-    (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
-    key = (_arch(), min_blocks, flush_min_blocks)
+def _lib(min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0) -> ctypes.CDLL:
+    """The loaded shared object for this device's architecture, register budgets and staging depth;
+    built (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
+    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages)
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(key[0], min_blocks, flush_min_blocks=flush_min_blocks)))
+        so = build(key[0], min_blocks, flush_min_blocks=flush_min_blocks, stages=stages, flush_stages=flush_stages)
+        lib = ctypes.CDLL(str(so))
         lib.ring_step_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -139,12 +150,20 @@ def launch_step(
     slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
     strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
     use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4, flush_min_blocks: int = 1,
+    stages: int = 0, flush_stages: int = 0, vsplit: int = 1, waves: int = 0,
 ) -> None:  # fmt: skip
-    """Launch one pass for ``B`` rows. Precondition (the wrapper in :mod:`.ring_decode_triton`
-    checks it once per step): its shape checks passed and :func:`supports` returned ``None``."""
+    """Launch one pass for ``B`` rows, ``vsplit`` warps per (row, value head) each streaming
+    ``V / vsplit`` rows; ``waves`` > 0 caps the grid at that many resident sets of blocks (each warp
+    then serves several (row, head) items, and rows the pass skips cost one short wave), 0 launches
+    one warp per item. Precondition (the wrapper in :mod:`.ring_decode_triton` checks it once per
+    step): its shape checks passed and :func:`supports` returned ``None``."""
     if warps not in (1, 2, 4):
         raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
-    lib = _lib(min_blocks, flush_min_blocks)
+    if waves < 0:
+        raise ValueError(f"waves must be >= 0 (got {waves})")
+    if vsplit not in VSPLITS:
+        raise ValueError(f"vsplit must be one of {VSPLITS} (got {vsplit})")
+    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages)
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*strides)
     rc = lib.ring_step_launch(
@@ -153,7 +172,7 @@ def launch_step(
         vp(slots.data_ptr()), vp(write_pos.data_ptr()), vp(force_flush.data_ptr() if force_flush is not None else 0),
         ctypes.c_float(scale), st, ctypes.c_int(B), ctypes.c_int(H), ctypes.c_int(HV), ctypes.c_int(L),
         ctypes.c_int(int(is_kda)), ctypes.c_int(int(use_l2norm)), ctypes.c_int(_IO[mixed_qkv.dtype]),
-        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(int(flush)),
+        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit), ctypes.c_int(waves), ctypes.c_int(int(flush)),
         vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
     )  # fmt: skip
     if rc != 0:

@@ -438,7 +438,12 @@ class RingDecodeConfig(NamedTuple):
     kernel with ``flush_block_v`` / ``flush_num_warps``; always split) or ``"cuda"`` (non-flush
     rows by ``csrc/ring_read.cu`` through :mod:`.ring_decode_cuda`, ``cuda_warps`` (row, head) pairs
     per block, register budget for ``cuda_min_blocks`` blocks per SM; flush rows by the same file's
-    flush pass with ``cuda_flush`` (budget ``cuda_flush_min_blocks``), else as for ``"slices"``); ``row_major``: program order (the heads of one row consecutive).
+    flush pass with ``cuda_flush`` (budget ``cuda_flush_min_blocks``), else as for ``"slices"``;
+    ``cuda_stages`` / ``cuda_flush_stages``: checkpoint chunks staged per warp through ``cp.async``
+    in the two passes (0: two register buffers); ``cuda_vsplit``: warps per (row, head);
+    ``cuda_waves`` / ``cuda_flush_waves``: grid cap of each pass in resident sets of blocks (0: one
+    warp per (row, head) item)); ``row_major``: program order (the heads of
+    one row consecutive).
     """
 
     block_v: int
@@ -459,6 +464,11 @@ class RingDecodeConfig(NamedTuple):
     cuda_min_blocks: int = 4
     cuda_flush: bool = True
     cuda_flush_min_blocks: int = 1
+    cuda_stages: int = 0
+    cuda_flush_stages: int = 0
+    cuda_vsplit: int = 1
+    cuda_waves: int = 0
+    cuda_flush_waves: int = 0
 
 
 def pick_config(
@@ -479,8 +489,12 @@ def pick_config(
         v_split *= 2
     if B >= 16:
         if cuda and K == 128 and V == 128 and L <= 16:
+            from .ring_decode_cuda import DEFAULT_BUILD
+
+            mb, fmb, st, fst = DEFAULT_BUILD
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="cuda", cuda_warps=2,
-                                    cuda_min_blocks=4, row_major=True)  # fmt: skip
+                                    cuda_min_blocks=mb, cuda_flush_min_blocks=fmb, cuda_stages=st,
+                                    cuda_flush_stages=fst, cuda_flush_waves=1, row_major=True)  # fmt: skip
         if is_kda and K % 32 == 0:
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="slices", slice_k=32,
                                     flush_block_v=min(V, 8), flush_num_warps=1, row_major=True)  # fmt: skip
@@ -622,6 +636,11 @@ def ring_decode_triton(
     cuda_min_blocks: int | None = None,
     cuda_flush: bool | None = None,
     cuda_flush_min_blocks: int | None = None,
+    cuda_stages: int | None = None,
+    cuda_flush_stages: int | None = None,
+    cuda_vsplit: int | None = None,
+    cuda_waves: int | None = None,
+    cuda_flush_waves: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -711,6 +730,14 @@ def ring_decode_triton(
                 min_blocks=cuda_min_blocks if cuda_min_blocks is not None else cfg.cuda_min_blocks,
                 flush_min_blocks=(
                     cuda_flush_min_blocks if cuda_flush_min_blocks is not None else cfg.cuda_flush_min_blocks
+                ),
+                stages=cuda_stages if cuda_stages is not None else cfg.cuda_stages,
+                flush_stages=cuda_flush_stages if cuda_flush_stages is not None else cfg.cuda_flush_stages,
+                vsplit=cuda_vsplit if cuda_vsplit is not None else cfg.cuda_vsplit,
+                waves=(
+                    (cuda_flush_waves if cuda_flush_waves is not None else cfg.cuda_flush_waves)
+                    if flush
+                    else (cuda_waves if cuda_waves is not None else cfg.cuda_waves)
                 ),
             )  # fmt: skip
         launches = [] if cuda_flush else launches[1:]

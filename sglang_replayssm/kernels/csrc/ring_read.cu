@@ -39,6 +39,15 @@ __device__ __forceinline__ float4 ld4(const __nv_bfloat16* p) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 __device__ __forceinline__ float4 ld4_cs(const float* p) { return __ldcs(reinterpret_cast<const float4*>(p)); }
+// 16-byte global -> shared copy that bypasses registers (sm_80+); completion per thread by group
+__device__ __forceinline__ void cp_async16(float4* smem, const float* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x * b.x)));
 }
@@ -222,32 +231,56 @@ __device__ __forceinline__ float2 chunk_readout(const float4 (&srows)[ROWS], con
   return make_float2(sq, sk);
 }
 
-struct Chunk {
-  float4 s[ROWS];
+// The small per-chunk inputs: delta records 4*(lane&3)+t at row sigma, this step's v at row sigma,
+// and (FLUSH) this lane's 4 values of the chunk's [16 records x 8 rows] delta tile.
+struct Small {
   float d[4];
   float v;
+  float4 dt;
 };
 
 #ifndef RR_MIN_BLOCKS  // register budget of the non-flush pass: blocks of 4 warps per SM
 #define RR_MIN_BLOCKS 4
 #endif
-#ifndef RR_FLUSH_MIN_BLOCKS  // the same for the flush pass (1: no cap, ~250 registers)
+#ifndef RR_FLUSH_MIN_BLOCKS  // the same for the flush pass (1: no cap)
 #define RR_FLUSH_MIN_BLOCKS 1
 #endif
+#ifndef RR_STAGES  // non-flush pass: 0 = chunks double-buffered in registers; >= 2 = a cp.async ring of that many chunks per warp
+#define RR_STAGES 0
+#endif
+#ifndef RR_FLUSH_STAGES  // the same for the flush pass
+#define RR_FLUSH_STAGES 0
+#endif
+static_assert(RR_STAGES == 0 || (RR_STAGES >= 2 && RR_STAGES <= 6), "RR_STAGES is 0 or 2..6");
+static_assert(RR_FLUSH_STAGES == 0 || (RR_FLUSH_STAGES >= 2 && RR_FLUSH_STAGES <= 6), "RR_FLUSH_STAGES is 0 or 2..6");
+constexpr int STAGE_F4 = ROWS * 32;  // one staged chunk of one warp, in float4
+
+// Dynamic shared memory per warp, in float4: the staged chunks of one pass.
+__host__ __device__ constexpr int stages_of(bool flush) { return flush ? RR_FLUSH_STAGES : RR_STAGES; }
+__host__ __device__ constexpr int smem_f4_per_warp(bool flush) { return stages_of(flush) * STAGE_F4; }
 
 // FLUSH = false: non-flush rows (output + ring record); FLUSH = true: flush rows (output + new checkpoint).
+// Each (row, value head) pair is served by `vsplit` warps, warp `part` streaming V rows
+// [part * V / vsplit, (part + 1) * V / vsplit); part 0 also writes the key / gate records.
 template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOCKS) ring_step_kernel(
     const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ A_log,
     const float* __restrict__ dt_bias, T* __restrict__ out, float* state, float* d_ring,
     float* k_ring, float* g_ring, const IDX* __restrict__ slots, const int32_t* __restrict__ write_pos,
     const int32_t* __restrict__ force_flush, float scale, int64_t stride_qkv, int64_t stride_a, int64_t stride_b,
-    int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L) {
+    int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L,
+    int vsplit) {
+  extern __shared__ float4 smem[];
   __shared__ float4 dtile[4][2][32];  // FLUSH: per warp, two buffers of the [16 records x 8 rows] delta tile
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
-  const int pair = blockIdx.x * (blockDim.x >> 5) + wib;
-  if (pair >= B * HV) return;
+  const int items = B * HV * vsplit;  // item = (row, value head, part)
+  constexpr int ST = stages_of(FLUSH);  // staged chunks per warp (0: register double buffer)
+  constexpr int STM = ST > 0 ? ST : 1;
+
+  // ---- one item: returns early for rows this pass does not serve
+  auto item_fn = [&](int item) {
+  const int pair = item / vsplit, part = item - pair * vsplit;
   const int n = pair / HV, hv = pair - n * HV;
   const int i_h = hv / (HV / H);
   const int64_t slot = static_cast<int64_t>(slots[n]);
@@ -255,7 +288,7 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   const bool is_flush = (m == L - 1) || (force_flush != nullptr && force_flush[n] != 0);
   T* outp = out + (static_cast<int64_t>(n) * HV + hv) * V;
   if (slot < 0) {
-    if (!FLUSH) {
+    if (!FLUSH && part == 0) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) outp[4 * lane + c] = from_f<T>(0.f);
     }
@@ -264,8 +297,10 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   if (is_flush != FLUSH) return;
   const int nvalid = m < L ? m : L;
   const bool in_ring = m < L;
+  const int nch = V / ROWS / vsplit;  // chunks this warp streams
+  const int vbeg = part * nch * ROWS;
 
-  // ---- first chunk requested before the setup, so that its latency overlaps it
+  // ---- first chunks requested before the setup, so that their latency overlaps it
   const int s = lane & 3;             // which 4 records this lane folds into its row's read-out
   const int sigma = (lane >> 2) & 7;  // which row of each chunk this lane's read-out ends with
   const T* row = qkv + n * stride_qkv;
@@ -277,26 +312,57 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   // FLUSH: lane loads 4 values of the chunk's delta tile: record lane/2, rows 4*(lane&1) .. +3
   const int tj = lane >> 1;
   const float* tptr = dring + tj * V + 4 * (lane & 1);
-  auto load_chunk = [&](Chunk& c, float4& dt, int v0) {
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) c.s[i] = ld4_cs(sbase + static_cast<int64_t>(v0 + i) * K);
+  auto load_small = [&](Small& c, int v0) {
 #pragma unroll
     for (int t = 0; t < 4; ++t) c.d[t] = (t < jt) ? dptr[t * V + v0] : 0.f;
     c.v = to_f(vptr[v0]);
-    if (FLUSH) dt = (tj < nvalid) ? ld4(tptr + v0) : make_float4(0.f, 0.f, 0.f, 0.f);
+    c.dt = (FLUSH && tj < nvalid) ? ld4(tptr + v0) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
-  Chunk ca, cb;
-  float4 dta, dtb;
-  load_chunk(ca, dta, 0);
+  float4* stage = smem + wib * smem_f4_per_warp(FLUSH);  // this warp's staged chunks
+  auto issue = [&](int c) {  // ST > 0: stage chunk c (this lane's columns of its 8 rows)
+    float4* dst = stage + (c % STM) * STAGE_F4 + lane;
+    const float* src = sbase + static_cast<int64_t>(vbeg + c * ROWS) * K;
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) cp_async16(dst + i * 32, src + i * K);
+  };
+  float4 ra[ROWS], rb[ROWS];  // ST == 0: the two register buffers
+  auto load_regs = [&](float4 (&r)[ROWS], int c) {
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) r[i] = ld4_cs(sbase + static_cast<int64_t>(vbeg + c * ROWS + i) * K);
+  };
+  if (ST > 0) {
+#pragma unroll
+    for (int c = 0; c < ST - 1; ++c) {
+      if (c < nch) issue(c);
+      cp_async_commit();
+    }
+  } else {
+    load_regs(ra, 0);
+  }
+  Small sa_;
+  load_small(sa_, vbeg);
 
   Head h;
   head_setup<T, KDA, L2N, FLUSH>(h, row, a, b, A_log, dt_bias, k_ring, g_ring, slot, n, hv, i_h, nvalid, lane,
                                  scale, stride_a, stride_b, stride_k, stride_g, H, L);
 
+  // ---- non-flush: this step's gate and key records (slot m: no read of this step touches it)
+  if (!FLUSH && in_ring && part == 0) {
+    if (!KDA) {
+      if (lane == 0) g_ring[slot * stride_g + hv * L + m] = h.g_cur_s;
+    } else {
+      *reinterpret_cast<float4*>(g_ring + slot * stride_g + (static_cast<int64_t>(hv) * L + m) * K + 4 * lane) =
+          h.g_cur4;
+    }
+    if (hv % (HV / H) == 0)
+      *reinterpret_cast<float4*>(k_ring + slot * stride_k + (static_cast<int64_t>(i_h) * L + m) * K + 4 * lane) =
+          h.k;
+  }
+
   T* optr = outp + sigma;
   float* wptr = d_ring + slot * stride_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
-  auto chunk = [&](const Chunk& c, const float4& dt, int v0, int buf) {
-    const float2 r = chunk_readout(c.s, c.d, h, lane);
+  auto chunk = [&](const float4 (&srows)[ROWS], const Small& c, int v0, int buf) {
+    const float2 r = chunk_readout(srows, c.d, h, lane);
     const float dcur = h.beta * (c.v - r.y);
     if (s == 0) {
       optr[v0] = from_f<T>(fmaf(dcur, h.kq, r.x));
@@ -304,14 +370,14 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     }
     if (FLUSH) {
       // new rows: S . Diag(sa) + sum_j d_j fk_j^T + d_cur k^T, this lane's columns of all 8 rows
-      dtile[wib][buf][lane] = dt;
+      dtile[wib][buf][lane] = c.dt;
       __syncwarp();
       float4 acc[ROWS];
 #pragma unroll
       for (int i = 0; i < ROWS; ++i) {
         const float dci = __shfl_sync(FULL, dcur, 4 * i);  // lanes 4i..4i+3 hold row i
-        acc[i] = make_float4(fmaf(dci, h.k.x, c.s[i].x * h.sa.x), fmaf(dci, h.k.y, c.s[i].y * h.sa.y),
-                             fmaf(dci, h.k.z, c.s[i].z * h.sa.z), fmaf(dci, h.k.w, c.s[i].w * h.sa.w));
+        acc[i] = make_float4(fmaf(dci, h.k.x, srows[i].x * h.sa.x), fmaf(dci, h.k.y, srows[i].y * h.sa.y),
+                             fmaf(dci, h.k.z, srows[i].z * h.sa.z), fmaf(dci, h.k.w, srows[i].w * h.sa.w));
       }
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -329,29 +395,61 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
         }
       }
 #pragma unroll
-      for (int i = 0; i < ROWS; ++i)
-        *reinterpret_cast<float4*>(sbase + static_cast<int64_t>(v0 + i) * K) = acc[i];
+      for (int i = 0; i < ROWS; ++i)  // one 16-byte store per row (streamed: not read again this step)
+        __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(v0 + i) * K), acc[i]);
     }
   };
+  if (ST > 0) {
 #pragma unroll 1
-  for (int v0 = 0; v0 < V; v0 += 2 * ROWS) {
-    load_chunk(cb, dtb, v0 + ROWS);
-    chunk(ca, dta, v0, 0);
-    if (v0 + 2 * ROWS < V) load_chunk(ca, dta, v0 + 2 * ROWS);
-    chunk(cb, dtb, v0 + ROWS, 1);
-  }
-
-  // ---- non-flush: this step's gate and key records
-  if (!FLUSH && in_ring) {
-    if (!KDA) {
-      if (lane == 0) g_ring[slot * stride_g + hv * L + m] = h.g_cur_s;
-    } else {
-      *reinterpret_cast<float4*>(g_ring + slot * stride_g + (static_cast<int64_t>(hv) * L + m) * K + 4 * lane) =
-          h.g_cur4;
+    for (int c = 0; c < nch; ++c) {
+      if (c + ST - 1 < nch) issue(c + ST - 1);
+      cp_async_commit();
+      Small nx;
+      if (c + 1 < nch) load_small(nx, vbeg + (c + 1) * ROWS);
+      cp_async_wait<STM - 1>();  // chunk c has landed (this lane's part of it)
+      const float4* st = stage + (c % STM) * STAGE_F4 + lane;
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) ra[i] = st[i * 32];
+      chunk(ra, sa_, vbeg + c * ROWS, c & 1);
+      sa_ = nx;
     }
-    if (hv % (HV / H) == 0)
-      *reinterpret_cast<float4*>(k_ring + slot * stride_k + (static_cast<int64_t>(i_h) * L + m) * K + 4 * lane) =
-          h.k;
+  } else {
+    Small sb_;
+#pragma unroll 1
+    for (int c = 0; c < nch; c += 2) {
+      load_regs(rb, c + 1);
+      load_small(sb_, vbeg + (c + 1) * ROWS);
+      chunk(ra, sa_, vbeg + c * ROWS, 0);
+      if (c + 2 < nch) {
+        load_regs(ra, c + 2);
+        load_small(sa_, vbeg + (c + 2) * ROWS);
+      }
+      chunk(rb, sb_, vbeg + (c + 1) * ROWS, 1);
+    }
+  }
+  };  // item_fn
+
+  // ---- warp gw serves items gw, gw + tw, gw + 2 tw, ... (one item per warp unless the launch caps the grid)
+  // The rows each of its items belongs to are read by the lanes at once and the items this pass
+  // does not serve are dropped by a ballot, so a pass with nothing to do costs one short wave
+  // instead of one wave of early exits per resident set of items.
+  const int tw = gridDim.x * (blockDim.x >> 5);
+  const int gw = blockIdx.x * (blockDim.x >> 5) + wib;
+  for (int base = gw; base < items; base += 32 * tw) {  // one round unless items > 32 tw
+    const int it = base + lane * tw;
+    bool todo = false;
+    if (it < items) {
+      const int nn = it / vsplit / HV;
+      const bool padded = slots[nn] < 0;
+      const bool fl = (write_pos[nn] == L - 1) || (force_flush != nullptr && force_flush[nn] != 0);
+      todo = FLUSH ? (!padded && fl) : (padded || !fl);
+    }
+    unsigned todo_mask = __ballot_sync(FULL, todo);
+    while (todo_mask) {
+      const int j = __ffs(todo_mask) - 1;
+      todo_mask &= todo_mask - 1;
+      item_fn(base + j * tw);
+    }
   }
 }
 
@@ -359,13 +457,35 @@ template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                      void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
                      const int32_t* write_pos, const int32_t* force_flush, float scale, const int64_t* strides,
-                     int B, int H, int HV, int L, int warps, cudaStream_t stream) {
-  const int pairs = B * HV;
-  const int blocks = (pairs + warps - 1) / warps;
-  ring_step_kernel<T, IDX, KDA, L2N, FLUSH><<<blocks, 32 * warps, 0, stream>>>(
+                     int B, int H, int HV, int L, int warps, int vsplit, int waves, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(B) * HV * vsplit;
+  const size_t smem = static_cast<size_t>(warps) * smem_f4_per_warp(FLUSH) * sizeof(float4);
+  auto kern = ring_step_kernel<T, IDX, KDA, L2N, FLUSH>;
+  // per instantiation and block size, computed once (host queries only: safe under graph capture)
+  static int resident_blocks[5] = {0, 0, 0, 0, 0};
+  if (resident_blocks[warps] == 0) {
+    cudaError_t e = cudaSuccess;
+    if (smem > 0)  // the static delta tile counts against the same 48 KiB default
+      e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    int dev = 0, sms = 0, per_sm = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32 * warps, smem);
+    if (e != cudaSuccess) return e;
+    resident_blocks[warps] = sms * (per_sm > 0 ? per_sm : 1);
+  }
+  // waves = 0: one item per warp; else at most `waves` resident sets of blocks, each warp serving
+  // several items (but never more than 32 per ballot round)
+  const int64_t needed = (items + warps - 1) / warps;
+  const int64_t cap = static_cast<int64_t>(waves) * resident_blocks[warps];
+  const int64_t ballot_min = ((items + 31) / 32 + warps - 1) / warps;
+  int64_t grid = (waves == 0 || needed < cap) ? needed : cap;
+  if (grid < ballot_min) grid = ballot_min;
+  const int blocks = static_cast<int>(grid);
+  kern<<<blocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
-      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L);
+      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit);
   return cudaGetLastError();
 }
 
@@ -374,9 +494,9 @@ cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, cons
                         const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                         float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
                         float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
-                        cudaStream_t stream) {
+                        int vsplit, int waves, cudaStream_t stream) {
 #define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
-                scale, strides, B, H, HV, L, warps, stream
+                scale, strides, B, H, HV, L, warps, vsplit, waves, stream
   if (kda)
     return l2n ? launch_t<T, IDX, true, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, true, false, FLUSH>(RR_ARGS);
   return l2n ? launch_t<T, IDX, false, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, false, false, FLUSH>(RR_ARGS);
@@ -392,11 +512,11 @@ extern "C" int ring_step_launch(const void* qkv, const void* a, const void* b, c
                                 const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                                 float* g_ring, const void* slots, const int32_t* write_pos,
                                 const int32_t* force_flush, float scale, const int64_t* strides, int B, int H, int HV,
-                                int L, int is_kda, int use_l2norm, int io_dtype, int idx64, int warps, int flush,
-                                void* stream) {
+                                int L, int is_kda, int use_l2norm, int io_dtype, int idx64, int warps, int vsplit,
+                                int waves, int flush, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define RR_ARGS2 is_kda != 0, use_l2norm != 0, qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, \
-                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, st
+                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, vsplit, waves, st
   cudaError_t e;
   if (flush) {
     if (io_dtype == 1)
