@@ -30,7 +30,7 @@ _IO = {torch.float32: 0, torch.bfloat16: 1}
 STAGES = (0, 2, 3, 4)  # checkpoint staging depths a build may take (0: register double buffer)
 VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit rows in 8-row chunks
 #: the build pick_config's CUDA launch uses: (min_blocks, flush_min_blocks, stages, flush_stages)
-DEFAULT_BUILD = (4, 1, 2, 2)
+DEFAULT_BUILD = (4, 1, 3, 3)
 
 
 class CudaReadUnsupported(ValueError):
