@@ -313,11 +313,9 @@ def cuda_stage_configs() -> list[dict]:
     each pass (resident waves; 0 = one warp per item). Each (stages, flush_stages) is one build."""
     c = {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 4, "cuda_flush_min_blocks": 1}
     return [
-        dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_waves=w, cuda_flush_waves=fw)
-        for st, fst, w, fw in [
-            (0, 0, 0, 1), (0, 0, 0, 0), (2, 2, 0, 1), (2, 0, 0, 1), (0, 2, 0, 1), (3, 3, 0, 1), (3, 0, 0, 1),
-            (2, 2, 1, 1),
-        ]
+        dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_waves=w, cuda_flush_waves=fw, cuda_overlap=ov)
+        for st, fst, w, fw in [(3, 3, 0, 1), (2, 2, 0, 1), (0, 0, 0, 1), (0, 0, 0, 0), (3, 3, 0, 0)]
+        for ov in (False, True)
     ]  # fmt: skip
 
 
@@ -715,7 +713,9 @@ def main() -> int:
     if not args.skip_graph_check:
         checks = (("gdn", "graph_check", {}), ("kda", "graph_check_kda", {}),  # defaults (CUDA passes if built)
                   ("gdn", "graph_check_gdn_triton", {"engine": "regs"}),
-                  ("kda", "graph_check_kda_triton", {"engine": "slices"}))  # fmt: skip
+                  ("kda", "graph_check_kda_triton", {"engine": "slices"}),
+                  ("gdn", "graph_check_gdn_overlap", {"engine": "cuda", "cuda_overlap": True}),
+                  ("kda", "graph_check_kda_overlap", {"engine": "cuda", "cuda_overlap": True}))  # fmt: skip
         for model, key, kw in checks:
             try:
                 result[key] = graph_check(model, **kw)

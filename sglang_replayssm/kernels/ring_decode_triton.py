@@ -442,7 +442,8 @@ class RingDecodeConfig(NamedTuple):
     ``cuda_stages`` / ``cuda_flush_stages``: checkpoint chunks staged per warp through ``cp.async``
     in the two passes (0: two register buffers); ``cuda_vsplit``: warps per (row, head);
     ``cuda_waves`` / ``cuda_flush_waves``: grid cap of each pass in resident sets of blocks (0: one
-    warp per (row, head) item)); ``row_major``: program order (the heads of
+    warp per (row, head) item); ``cuda_overlap``: the flush pass on a side stream, concurrent with
+    the non-flush pass); ``row_major``: program order (the heads of
     one row consecutive).
     """
 
@@ -469,6 +470,7 @@ class RingDecodeConfig(NamedTuple):
     cuda_vsplit: int = 1
     cuda_waves: int = 0
     cuda_flush_waves: int = 0
+    cuda_overlap: bool = False
 
 
 def pick_config(
@@ -494,7 +496,8 @@ def pick_config(
             mb, fmb, st, fst = DEFAULT_BUILD
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="cuda", cuda_warps=2,
                                     cuda_min_blocks=mb, cuda_flush_min_blocks=fmb, cuda_stages=st,
-                                    cuda_flush_stages=fst, cuda_flush_waves=1, row_major=True)  # fmt: skip
+                                    cuda_flush_stages=fst, cuda_flush_waves=1, cuda_overlap=True,
+                                    row_major=True)  # fmt: skip
         if is_kda and K % 32 == 0:
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="slices", slice_k=32,
                                     flush_block_v=min(V, 8), flush_num_warps=1, row_major=True)  # fmt: skip
@@ -502,6 +505,17 @@ def pick_config(
     if is_kda:
         return RingDecodeConfig(min(V, 16), v_split, 4, "fma", 1, False)
     return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 2, False)
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for the CUDA flush pass (created on first use, then reused)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
 
 
 def _cuda_unfit(
@@ -641,6 +655,7 @@ def ring_decode_triton(
     cuda_vsplit: int | None = None,
     cuda_waves: int | None = None,
     cuda_flush_waves: int | None = None,
+    cuda_overlap: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
 
@@ -721,7 +736,8 @@ def ring_decode_triton(
             raise CudaReadUnsupported(f"engine='cuda': {cuda_why}")
 
         cuda_flush = cfg.cuda_flush if cuda_flush is None else cuda_flush
-        for flush in (False, True) if cuda_flush else (False,):
+
+        def cuda_pass(flush: bool) -> None:
             launch_step(
                 mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
                 ssm_state_indices, write_pos, force_flush, float(scale), strides, B=B, H=H, HV=HV, K=K, V=V,
@@ -740,6 +756,21 @@ def ring_decode_triton(
                     else (cuda_waves if cuda_waves is not None else cfg.cuda_waves)
                 ),
             )  # fmt: skip
+
+        if cuda_flush and (cuda_overlap if cuda_overlap is not None else cfg.cuda_overlap):
+            # The passes serve disjoint rows (distinct slots): the flush pass runs on a side stream
+            # forked from and joined back to the current one, so the two overlap on the GPU (two
+            # parallel nodes when captured in a CUDA graph) and an empty pass costs no step time.
+            main = torch.cuda.current_stream(mixed_qkv.device)
+            side = _side_stream(mixed_qkv.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                cuda_pass(True)
+            cuda_pass(False)
+            main.wait_stream(side)
+        else:
+            for flush in (False, True) if cuda_flush else (False,):
+                cuda_pass(flush)
         launches = [] if cuda_flush else launches[1:]
     if eng == "slices":
         from .ring_decode_slices import ring_read_rows_kernel
