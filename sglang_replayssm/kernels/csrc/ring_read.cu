@@ -189,6 +189,25 @@ __device__ __forceinline__ void head_setup(Head& h, const T* row, const T* a, co
   }
 }
 
+// Flush fold of one chunk: acc[i] += sum_{j < NJ} d_j[row i] fk_j (this lane's columns). tile: the
+// chunk's [16 records x 8 rows] deltas as 32 float4 (record j's rows 0-3 at 2j, 4-7 at 2j+1).
+template <int NJ>
+__device__ __forceinline__ void fold_records(float4 (&acc)[ROWS], const float4* tile, const float4 (&fk)[16]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const float4 lo = tile[2 * j], hi = tile[2 * j + 1];
+    const float dj[ROWS] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const float4 f = fk[j];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      acc[i].x = fmaf(dj[i], f.x, acc[i].x);
+      acc[i].y = fmaf(dj[i], f.y, acc[i].y);
+      acc[i].z = fmaf(dj[i], f.z, acc[i].z);
+      acc[i].w = fmaf(dj[i], f.w, acc[i].w);
+    }
+  }
+}
+
 // Read-out of one chunk of ROWS rows: returns (sq, sk) of row sigma = lane bits 4..2 (in all 4 lanes
 // of that row). srows: the chunk's checkpoint rows (this lane's columns); d[t]: delta record
 // 4*(lane&3)+t at row sigma (zero when dead).
@@ -379,21 +398,12 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
         acc[i] = make_float4(fmaf(dci, h.k.x, srows[i].x * h.sa.x), fmaf(dci, h.k.y, srows[i].y * h.sa.y),
                              fmaf(dci, h.k.z, srows[i].z * h.sa.z), fmaf(dci, h.k.w, srows[i].w * h.sa.w));
       }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (j < nvalid) {
-          const float4 lo = dtile[wib][buf][2 * j], hi = dtile[wib][buf][2 * j + 1];
-          const float dj[ROWS] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          const float4 f = h.fk[j];
-#pragma unroll
-          for (int i = 0; i < ROWS; ++i) {
-            acc[i].x = fmaf(dj[i], f.x, acc[i].x);
-            acc[i].y = fmaf(dj[i], f.y, acc[i].y);
-            acc[i].z = fmaf(dj[i], f.z, acc[i].z);
-            acc[i].w = fmaf(dj[i], f.w, acc[i].w);
-          }
-        }
-      }
+      // dead records have zero factors and zero deltas, so only the record count's bound (8 or 16,
+      // warp-uniform) branches: no per-record branch keeps the tile reads from being issued early
+      if (nvalid > 8)
+        fold_records<16>(acc, dtile[wib][buf], h.fk);
+      else
+        fold_records<8>(acc, dtile[wib][buf], h.fk);
 #pragma unroll
       for (int i = 0; i < ROWS; ++i)  // one 16-byte store per row (streamed: not read again this step)
         __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(v0 + i) * K), acc[i]);
