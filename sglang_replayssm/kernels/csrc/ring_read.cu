@@ -1,8 +1,11 @@
-// Non-flush ReplaySSM read-out (GDN and KDA), CUDA: one warp per (decode row, value head).
+// ReplaySSM decode step (GDN and KDA) in CUDA, as two passes; one warp per (decode row, value head).
 //
 // Function, ring layout and cursor rule: sglang_replayssm/kernels/ring_decode_triton.py (module
-// docstring). This kernel does the every-step half only: rows whose step is a flush return at
-// once (the caller launches the flush pass for them); padded rows (slot < 0) get a zero output.
+// docstring). FLUSH = false serves the non-flush rows (output + this step's ring record; padded
+// rows, slot < 0, get a zero output); FLUSH = true serves the flush rows (output + the folded
+// checkpoint). Each pass leaves the other's rows alone, so the wrapper may run them concurrently.
+// The checkpoint streams through a cp.async ring in shared memory (RR_STAGES / RR_FLUSH_STAGES)
+// or, with 0, through two register buffers.
 //
 // Why CUDA: at decode sizes the Triton kernels are bound by instructions issued (412 per 8-row
 // chunk, 120 of them shuffles; notes/kernels.md). Here every lane owns 4 fixed K columns and walks
