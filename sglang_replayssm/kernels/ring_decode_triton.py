@@ -507,15 +507,17 @@ def pick_config(
     return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 2, False)
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE: dict[int, tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]] = {}
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for the CUDA flush pass (created on first use, then reused)."""
+def _side_stream(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
+    """The CUDA flush pass's side stream of this device with its fork and join events, created on
+    first use and reused (a wait binds to the event's latest record, so reuse is safe and a step
+    allocates nothing)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SIDE_STREAMS:
-        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
-    return _SIDE_STREAMS[idx]
+    if idx not in _SIDE:
+        _SIDE[idx] = (torch.cuda.Stream(device=idx), torch.cuda.Event(), torch.cuda.Event())
+    return _SIDE[idx]
 
 
 def _cuda_unfit(
@@ -762,12 +764,14 @@ def ring_decode_triton(
             # forked from and joined back to the current one, so the two overlap on the GPU (two
             # parallel nodes when captured in a CUDA graph) and an empty pass costs no step time.
             main = torch.cuda.current_stream(mixed_qkv.device)
-            side = _side_stream(mixed_qkv.device)
-            side.wait_stream(main)
+            side, fork, join = _side_stream(mixed_qkv.device)
+            fork.record(main)
+            side.wait_event(fork)
             with torch.cuda.stream(side):
                 cuda_pass(True)
+            join.record(side)
             cuda_pass(False)
-            main.wait_stream(side)
+            main.wait_event(join)
         else:
             for flush in (False, True) if cuda_flush else (False,):
                 cuda_pass(flush)

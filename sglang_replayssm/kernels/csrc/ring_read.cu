@@ -63,31 +63,24 @@ __device__ __forceinline__ float warp_sum(float x) {
 }
 __device__ __forceinline__ float softplus(float x) { return x <= 20.f ? logf(1.f + expf(fminf(x, 20.f))) : x; }
 
+// One reduce-scatter round over lane bit `mask`: v[0 .. 2 HALF) -> v[0 .. HALF), the lane keeping
+// the half its bit selects (the upper one when set) plus its partner's copy of that half.
+template <int HALF>
+__device__ __forceinline__ void rs_round(float* v, int lane, int mask) {
+  const bool up = lane & mask;
+#pragma unroll
+  for (int i = 0; i < HALF; ++i) {
+    const float send = up ? v[i] : v[i + HALF], keep = up ? v[i + HALF] : v[i];
+    v[i] = keep + __shfl_xor_sync(FULL, send, mask);
+  }
+}
+
 // 16 values per lane -> lane l holds the warp total of value (l >> 1).
 __device__ __forceinline__ float reduce_scatter16(float (&v)[16], int lane) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    bool up = lane & 16;
-    float send = up ? v[i] : v[i + 8], keep = up ? v[i + 8] : v[i];
-    v[i] = keep + __shfl_xor_sync(FULL, send, 16);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    bool up = lane & 8;
-    float send = up ? v[i] : v[i + 4], keep = up ? v[i + 4] : v[i];
-    v[i] = keep + __shfl_xor_sync(FULL, send, 8);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    bool up = lane & 4;
-    float send = up ? v[i] : v[i + 2], keep = up ? v[i + 2] : v[i];
-    v[i] = keep + __shfl_xor_sync(FULL, send, 4);
-  }
-  {
-    bool up = lane & 2;
-    float send = up ? v[0] : v[1], keep = up ? v[1] : v[0];
-    v[0] = keep + __shfl_xor_sync(FULL, send, 2);
-  }
+  rs_round<8>(v, lane, 16);
+  rs_round<4>(v, lane, 8);
+  rs_round<2>(v, lane, 4);
+  rs_round<1>(v, lane, 2);
   return v[0] + __shfl_xor_sync(FULL, v[0], 1);
 }
 
@@ -228,24 +221,14 @@ __device__ __forceinline__ float2 chunk_readout(const float4 (&srows)[ROWS], con
     p[i] = dot4(srows[i], h.qv);
     pkk[i] = dot4(srows[i], h.kv);
   }
-  const bool up4 = lane & 16, up2 = lane & 8, up1 = lane & 4;
   // reduce-scatter over lane bits 4, 3, 2: the lane keeps the half holding row sigma
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float sq_ = up4 ? p[i] : p[i + 4], kq_ = up4 ? p[i + 4] : p[i];
-    const float sk_ = up4 ? pkk[i] : pkk[i + 4], kk_ = up4 ? pkk[i + 4] : pkk[i];
-    p[i] = kq_ + __shfl_xor_sync(FULL, sq_, 16);
-    pkk[i] = kk_ + __shfl_xor_sync(FULL, sk_, 16);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float sq_ = up2 ? p[i] : p[i + 2], kq_ = up2 ? p[i + 2] : p[i];
-    const float sk_ = up2 ? pkk[i] : pkk[i + 2], kk_ = up2 ? pkk[i + 2] : pkk[i];
-    p[i] = kq_ + __shfl_xor_sync(FULL, sq_, 8);
-    pkk[i] = kk_ + __shfl_xor_sync(FULL, sk_, 8);
-  }
-  float sq = (up1 ? p[1] : p[0]) + __shfl_xor_sync(FULL, up1 ? p[0] : p[1], 4) + rq;
-  float sk = (up1 ? pkk[1] : pkk[0]) + __shfl_xor_sync(FULL, up1 ? pkk[0] : pkk[1], 4) + rk;
+  rs_round<4>(p, lane, 16);
+  rs_round<4>(pkk, lane, 16);
+  rs_round<2>(p, lane, 8);
+  rs_round<2>(pkk, lane, 8);
+  rs_round<1>(p, lane, 4);
+  rs_round<1>(pkk, lane, 4);
+  float sq = p[0] + rq, sk = pkk[0] + rk;
   sq += __shfl_xor_sync(FULL, sq, 2);
   sk += __shfl_xor_sync(FULL, sk, 2);
   sq += __shfl_xor_sync(FULL, sq, 1);
