@@ -309,12 +309,13 @@ def cuda_configs(B: int) -> list[dict]:
 
 
 def cuda_stage_configs() -> list[dict]:
-    """CUDA passes: checkpoint staging depth of each pass (0 = register double buffer) x grid cap of
-    each pass (resident waves; 0 = one warp per item). Each (stages, flush_stages) is one build."""
+    """CUDA passes, overlapped, flush grid capped: checkpoint staging depth of each pass x how a
+    chunk is staged (cp.async per lane or one bulk copy). Each (stages, flush_stages, bulk) is one build."""
     c = {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 4, "cuda_flush_min_blocks": 1}
     return [
-        dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_waves=w, cuda_flush_waves=fw, cuda_overlap=ov)
-        for st, fst, w, fw, ov in [(3, 3, 0, 1, True), (3, 3, 0, 1, False), (2, 2, 0, 1, True), (0, 0, 0, 1, True)]
+        dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_bulk=bk, cuda_waves=0, cuda_flush_waves=1,
+             cuda_overlap=True)
+        for st, fst, bk in [(3, 3, False), (3, 3, True), (4, 4, True), (2, 2, True), (4, 4, False)]
     ]  # fmt: skip
 
 

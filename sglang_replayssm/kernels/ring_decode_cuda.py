@@ -25,12 +25,12 @@ __all__ = ["DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, int, int], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, int, int, bool], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 STAGES = (0, 2, 3, 4)  # checkpoint staging depths a build may take (0: register double buffer)
 VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit rows in 8-row chunks
-#: the build pick_config's CUDA launch uses: (min_blocks, flush_min_blocks, stages, flush_stages)
-DEFAULT_BUILD = (4, 1, 3, 3)
+#: the build pick_config's CUDA launch uses: (min_blocks, flush_min_blocks, stages, flush_stages, bulk)
+DEFAULT_BUILD = (4, 1, 3, 3, False)
 
 
 class CudaReadUnsupported(ValueError):
@@ -53,21 +53,26 @@ def cache_dir() -> Path:
 
 def build(
     arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1,
-    stages: int = 0, flush_stages: int = 0,
+    stages: int = 0, flush_stages: int = 0, bulk: bool = False,
 ) -> Path:
     """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so.
 
     ``min_blocks`` / ``flush_min_blocks``: register budgets of the two passes, as blocks of 4 warps
     resident per SM (``__launch_bounds__``; 1 = no cap). ``stages`` / ``flush_stages`` (the two
     passes): 0 streams the checkpoint through two register buffers; 2..4 through a ``cp.async`` ring
-    of that many chunks per warp in shared memory."""
+    of that many chunks per warp in shared memory. ``bulk``: each staged chunk arrives by one bulk
+    copy (the sm_90 copy engine, completion on an mbarrier) instead of 8 ``cp.async`` per lane."""
     if stages not in STAGES or flush_stages not in STAGES:
         raise ValueError(f"stages and flush_stages must be in {STAGES} (got {stages}, {flush_stages})")
     arch = arch or _arch()
+    if bulk and int(arch.rstrip("a")) < 90:
+        raise CudaReadUnsupported(f"bulk staging needs sm_90 or newer (got sm_{arch})")
     src = _SRC.read_bytes()
-    key = hashlib.sha256(src + f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}".encode()).hexdigest()[:16]
+    opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}" + (":bulk" if bulk else "")
+    key = hashlib.sha256(src + opts.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    suffix = ("" if flush_min_blocks == 1 else f"_f{flush_min_blocks}") + (f"_s{stages}{flush_stages}" if stages or flush_stages else "")
+    suffix = ("" if flush_min_blocks == 1 else f"_f{flush_min_blocks}") + (f"_s{stages}{flush_stages}" if stages or flush_stages else "") + (
+        "_b" if bulk else "")
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
@@ -77,7 +82,8 @@ def build(
     cmd = [
         os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
         "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
-        f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", str(_SRC), "-o", str(tmp),
+        f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}", str(_SRC),
+        "-o", str(tmp),
     ]  # fmt: skip
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -111,12 +117,15 @@ def available() -> bool:
     return _AVAILABLE[key]
 
 
-def _lib(min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0) -> ctypes.CDLL:
+def _lib(
+    min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0, bulk: bool = False
+) -> ctypes.CDLL:
     """The loaded shared object for this device's architecture, register budgets and staging depth;
     built (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
-    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages)
+    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk)
     if key not in _LIBS:
-        so = build(key[0], min_blocks, flush_min_blocks=flush_min_blocks, stages=stages, flush_stages=flush_stages)
+        so = build(key[0], min_blocks, flush_min_blocks=flush_min_blocks, stages=stages, flush_stages=flush_stages,
+                   bulk=bulk)  # fmt: skip
         lib = ctypes.CDLL(str(so))
         lib.ring_step_launch.restype = ctypes.c_int
         _LIBS[key] = lib
@@ -150,7 +159,7 @@ def launch_step(
     slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
     strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
     use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4, flush_min_blocks: int = 1,
-    stages: int = 0, flush_stages: int = 0, vsplit: int = 1, waves: int = 0,
+    stages: int = 0, flush_stages: int = 0, bulk: bool = False, vsplit: int = 1, waves: int = 0,
 ) -> None:  # fmt: skip
     """Launch one pass for ``B`` rows, ``vsplit`` warps per (row, value head) each streaming
     ``V / vsplit`` rows; ``waves`` > 0 caps the grid at that many resident sets of blocks (each warp
@@ -163,7 +172,7 @@ def launch_step(
         raise ValueError(f"waves must be >= 0 (got {waves})")
     if vsplit not in VSPLITS:
         raise ValueError(f"vsplit must be one of {VSPLITS} (got {vsplit})")
-    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages)
+    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk)
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*strides)
     rc = lib.ring_step_launch(

@@ -51,6 +51,40 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+#ifndef RR_BULK  // 1: stage each chunk with one bulk copy (sm_90 TMA engine, mbarrier completion)
+#define RR_BULK 0
+#endif
+#if RR_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "RR_BULK needs sm_90 or newer"
+#endif
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void bar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void bar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One lane: `bytes` contiguous bytes global -> shared by the bulk-copy engine, completing on `bar`
+// (the copy is marked evict-first in L2: the checkpoint is not read again within the step).
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+  const unsigned b = smem_addr(bar);
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+  asm volatile(
+      "{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
+      " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n"
+      ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes), "r"(b) : "memory");
+}
+// Every lane: wait until phase `parity` of `bar` has completed.
+__device__ __forceinline__ void bar_wait(uint64_t* bar, unsigned parity) {
+  const unsigned b = smem_addr(bar);
+  unsigned done = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(b), "r"(parity) : "memory");
+  } while (!done);
+}
 __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x * b.x)));
 }
@@ -282,6 +316,16 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   const int items = B * HV * vsplit;  // item = (row, value head, part)
   constexpr int ST = stages_of(FLUSH);  // staged chunks per warp (0: register double buffer)
   constexpr int STM = ST > 0 ? ST : 1;
+  constexpr bool BULK = RR_BULK && ST > 0;
+  // BULK: per warp, one completion barrier per staged chunk; bit b of `phases` is the parity the
+  // next wait on barrier b expects (each barrier completes once per chunk it receives)
+  __shared__ uint64_t bars[4][BULK ? STM : 1];
+  unsigned phases = 0;
+  if (BULK) {
+    if (lane < STM) bar_init(&bars[wib][lane]);
+    bar_init_fence();
+    __syncwarp();
+  }
 
   // ---- one item: returns early for rows this pass does not serve
   auto item_fn = [&](int item) {
@@ -325,6 +369,12 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   };
   float4* stage = smem + wib * smem_f4_per_warp(FLUSH);  // this warp's staged chunks
   auto issue = [&](int c) {  // ST > 0: stage chunk c (this lane's columns of its 8 rows)
+    if (BULK) {  // the chunk's 8 rows are contiguous: one copy of 4 KiB by lane 0
+      if (lane == 0)
+        bulk_load(stage + (c % STM) * STAGE_F4, sbase - 4 * lane + static_cast<int64_t>(vbeg + c * ROWS) * K,
+                  ROWS * K * sizeof(float), &bars[wib][c % STM]);
+      return;
+    }
     float4* dst = stage + (c % STM) * STAGE_F4 + lane;
     const float* src = sbase + static_cast<int64_t>(vbeg + c * ROWS) * K;
 #pragma unroll
@@ -336,10 +386,11 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     for (int i = 0; i < ROWS; ++i) r[i] = ld4_cs(sbase + static_cast<int64_t>(vbeg + c * ROWS + i) * K);
   };
   if (ST > 0) {
+    if (BULK) __syncwarp();  // the previous item's reads of the staged chunks are done
 #pragma unroll
     for (int c = 0; c < ST - 1; ++c) {
       if (c < nch) issue(c);
-      cp_async_commit();
+      if (!BULK) cp_async_commit();
     }
   } else {
     load_regs(ra, 0);
@@ -398,11 +449,18 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   if (ST > 0) {
 #pragma unroll 1
     for (int c = 0; c < nch; ++c) {
+      if (BULK) __syncwarp();  // chunk c - 1's buffer, refilled next, has been read by every lane
       if (c + ST - 1 < nch) issue(c + ST - 1);
-      cp_async_commit();
+      if (!BULK) cp_async_commit();
       Small nx;
       if (c + 1 < nch) load_small(nx, vbeg + (c + 1) * ROWS);
-      cp_async_wait<STM - 1>();  // chunk c has landed (this lane's part of it)
+      if (BULK) {  // chunk c has landed (all of it)
+        const int bi = c % STM;
+        bar_wait(&bars[wib][bi], (phases >> bi) & 1u);
+        phases ^= 1u << bi;
+      } else {
+        cp_async_wait<STM - 1>();  // chunk c has landed (this lane's part of it)
+      }
       const float4* st = stage + (c % STM) * STAGE_F4 + lane;
 #pragma unroll
       for (int i = 0; i < ROWS; ++i) ra[i] = st[i * 32];
