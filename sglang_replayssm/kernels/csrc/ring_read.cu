@@ -67,10 +67,13 @@ __device__ __forceinline__ void bar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // One lane: `bytes` contiguous bytes global -> shared by the bulk-copy engine, completing on `bar`
-// (the copy is marked evict-first in L2: the checkpoint is not read again within the step).
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+// (marked evict-first in L2: nothing staged is read again within the step). expect > 0: this lane
+// also arrives on `bar` (its one arrival per phase), announcing `expect` bytes from all copies.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, unsigned expect,
+                                          uint64_t* bar) {
   const unsigned b = smem_addr(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+  if (expect > 0)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(expect) : "memory");
   asm volatile(
       "{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
       " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n"
@@ -219,13 +222,20 @@ __device__ __forceinline__ void head_setup(Head& h, const T* row, const T* a, co
   }
 }
 
-// Flush fold of one chunk: acc[i] += sum_{j < NJ} d_j[row i] fk_j (this lane's columns). tile: the
-// chunk's [16 records x 8 rows] deltas as 32 float4 (record j's rows 0-3 at 2j, 4-7 at 2j+1).
+// A chunk's delta tile ([16 records x 8 rows], fp32) in shared memory: record j's 8 rows at float
+// tile_at(j), the record's octet within its group of 4 swizzled by the group, so that the 4 records
+// the read-out's lanes read at once (4 s + t for s = lane & 3) lie in 4 different bank octets.
+constexpr int TILE_F4 = 16 * ROWS / 4;  // one tile, in float4
+__device__ __forceinline__ int tile_at(int j) { return 32 * (j >> 2) + 8 * ((j & 3) ^ (j >> 2)); }
+
+// Flush fold of one chunk: acc[i] += sum_{j < NJ} d_j[row i] fk_j (this lane's columns); dead
+// records are zero in the tile and in fk.
 template <int NJ>
-__device__ __forceinline__ void fold_records(float4 (&acc)[ROWS], const float4* tile, const float4 (&fk)[16]) {
+__device__ __forceinline__ void fold_records(float4 (&acc)[ROWS], const float* tile, const float4 (&fk)[16]) {
 #pragma unroll
   for (int j = 0; j < NJ; ++j) {
-    const float4 lo = tile[2 * j], hi = tile[2 * j + 1];
+    const float4 lo = *reinterpret_cast<const float4*>(tile + tile_at(j));
+    const float4 hi = *reinterpret_cast<const float4*>(tile + tile_at(j) + 4);
     const float dj[ROWS] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     const float4 f = fk[j];
 #pragma unroll
@@ -270,8 +280,9 @@ __device__ __forceinline__ float2 chunk_readout(const float4 (&srows)[ROWS], con
   return make_float2(sq, sk);
 }
 
-// The small per-chunk inputs: delta records 4*(lane&3)+t at row sigma, this step's v at row sigma,
-// and (FLUSH) this lane's 4 values of the chunk's [16 records x 8 rows] delta tile.
+// ST == 0 (register double buffer): the small per-chunk inputs, loaded one chunk ahead: delta
+// records 4*(lane&3)+t at row sigma, this step's v at row sigma, and (FLUSH) this lane's 4 values
+// of the chunk's delta tile. Staged passes (ST > 0) take all three from shared memory instead.
 struct Small {
   float d[4];
   float v;
@@ -292,7 +303,8 @@ struct Small {
 #endif
 static_assert(RR_STAGES == 0 || (RR_STAGES >= 2 && RR_STAGES <= 6), "RR_STAGES is 0 or 2..6");
 static_assert(RR_FLUSH_STAGES == 0 || (RR_FLUSH_STAGES >= 2 && RR_FLUSH_STAGES <= 6), "RR_FLUSH_STAGES is 0 or 2..6");
-constexpr int STAGE_F4 = ROWS * 32;  // one staged chunk of one warp, in float4
+constexpr int CHUNK_F4 = ROWS * 32;  // one chunk of checkpoint rows (8 x 128 fp32), in float4
+constexpr int STAGE_F4 = CHUNK_F4 + TILE_F4;  // one staged chunk of one warp: its rows, then its delta tile
 
 // Dynamic shared memory per warp, in float4: the staged chunks of one pass.
 __host__ __device__ constexpr int stages_of(bool flush) { return flush ? RR_FLUSH_STAGES : RR_STAGES; }
@@ -310,7 +322,7 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L,
     int vsplit) {
   extern __shared__ float4 smem[];
-  __shared__ float4 dtile[4][2][32];  // FLUSH: per warp, two buffers of the [16 records x 8 rows] delta tile
+  __shared__ float4 dtile[4][2][TILE_F4];  // FLUSH, ST == 0: per warp, two buffers of the delta tile
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
   const int items = B * HV * vsplit;  // item = (row, value head, part)
@@ -358,7 +370,8 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   const float* dptr = dring + (4 * s) * V + sigma;
   const T* vptr = row + 2 * H * K + hv * V + sigma;
   const int jt = nvalid - 4 * s;  // records t < jt of this lane's four are live
-  // FLUSH: lane loads 4 values of the chunk's delta tile: record lane/2, rows 4*(lane&1) .. +3
+  // lane's 4 values of a chunk's delta tile: record lane/2, rows 4*(lane&1) .. +3 (copied by the
+  // cp.async staging; ST == 0 FLUSH: loaded into registers)
   const int tj = lane >> 1;
   const float* tptr = dring + tj * V + 4 * (lane & 1);
   auto load_small = [&](Small& c, int v0) {
@@ -368,35 +381,50 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     c.dt = (FLUSH && tj < nvalid) ? ld4(tptr + v0) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   float4* stage = smem + wib * smem_f4_per_warp(FLUSH);  // this warp's staged chunks
-  auto issue = [&](int c) {  // ST > 0: stage chunk c (this lane's columns of its 8 rows)
-    if (BULK) {  // the chunk's 8 rows are contiguous: one copy of 4 KiB by lane 0
-      if (lane == 0)
-        bulk_load(stage + (c % STM) * STAGE_F4, sbase - 4 * lane + static_cast<int64_t>(vbeg + c * ROWS) * K,
-                  ROWS * K * sizeof(float), &bars[wib][c % STM]);
+  auto issue = [&](int c) {  // ST > 0: stage chunk c: its rows (this warp's head) and its delta tile
+    float4* buf = stage + (c % STM) * STAGE_F4;
+    float* tile = reinterpret_cast<float*>(buf + CHUNK_F4);
+    const int r0 = vbeg + c * ROWS;
+    if (BULK) {  // the chunk's 8 rows are contiguous: one 4 KiB copy; each live record's 8 rows: 32 B
+      uint64_t* bar = &bars[wib][c % STM];
+      if (lane == 0) bulk_load(buf, sbase - 4 * lane + static_cast<int64_t>(r0) * K, ROWS * K * sizeof(float),
+                               ROWS * (K + nvalid) * sizeof(float), bar);
+      if (lane < nvalid) bulk_load(tile + tile_at(lane), dring + lane * V + r0, ROWS * sizeof(float), 0, bar);
       return;
     }
-    float4* dst = stage + (c % STM) * STAGE_F4 + lane;
-    const float* src = sbase + static_cast<int64_t>(vbeg + c * ROWS) * K;
+    const float* src = sbase + static_cast<int64_t>(r0) * K;
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) cp_async16(dst + i * 32, src + i * K);
+    for (int i = 0; i < ROWS; ++i) cp_async16(buf + i * 32 + lane, src + i * K);
+    if (tj < nvalid) cp_async16(reinterpret_cast<float4*>(tile + tile_at(tj) + 4 * (lane & 1)), tptr + r0);
   };
   float4 ra[ROWS], rb[ROWS];  // ST == 0: the two register buffers
   auto load_regs = [&](float4 (&r)[ROWS], int c) {
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) r[i] = ld4_cs(sbase + static_cast<int64_t>(vbeg + c * ROWS + i) * K);
   };
-  if (ST > 0) {
-    if (BULK) __syncwarp();  // the previous item's reads of the staged chunks are done
+  Small sa_;
+  float vr[4];  // ST > 0: this step's v, element 32 r + lane in vr[r] (fp32)
+  if constexpr (ST > 0) {
+    __syncwarp();  // the previous item's reads of this warp's staged chunks and v are done
+    // dead records stay zero in every stage's tile for this item (no copy writes them)
+#pragma unroll
+    for (int b = 0; b < STM; ++b) {
+      float* tile = reinterpret_cast<float*>(stage + b * STAGE_F4 + CHUNK_F4);
+#pragma unroll
+      for (int e = lane; e < 16 * ROWS; e += 32)
+        if ((e >> 3) >= nvalid) tile[tile_at(e >> 3) + (e & 7)] = 0.f;
+    }
 #pragma unroll
     for (int c = 0; c < ST - 1; ++c) {
       if (c < nch) issue(c);
       if (!BULK) cp_async_commit();
     }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) vr[r] = to_f(row[2 * H * K + hv * V + 32 * r + lane]);
   } else {
     load_regs(ra, 0);
+    load_small(sa_, vbeg);
   }
-  Small sa_;
-  load_small(sa_, vbeg);
 
   Head h;
   head_setup<T, KDA, L2N, FLUSH>(h, row, a, b, A_log, dt_bias, k_ring, g_ring, slot, n, hv, i_h, nvalid, lane,
@@ -417,17 +445,16 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
 
   T* optr = outp + sigma;
   float* wptr = d_ring + slot * stride_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
-  auto chunk = [&](const float4 (&srows)[ROWS], const Small& c, int v0, int buf) {
-    const float2 r = chunk_readout(srows, c.d, h, lane);
-    const float dcur = h.beta * (c.v - r.y);
+  // tile: the chunk's delta tile (FLUSH only; dead records zero)
+  auto chunk = [&](const float4 (&srows)[ROWS], const float (&d)[4], float v, const float* tile, int v0) {
+    const float2 r = chunk_readout(srows, d, h, lane);
+    const float dcur = h.beta * (v - r.y);
     if (s == 0) {
       optr[v0] = from_f<T>(fmaf(dcur, h.kq, r.x));
       if (!FLUSH && in_ring) wptr[v0] = dcur;
     }
     if (FLUSH) {
       // new rows: S . Diag(sa) + sum_j d_j fk_j^T + d_cur k^T, this lane's columns of all 8 rows
-      dtile[wib][buf][lane] = c.dt;
-      __syncwarp();
       float4 acc[ROWS];
 #pragma unroll
       for (int i = 0; i < ROWS; ++i) {
@@ -438,47 +465,60 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
       // dead records have zero factors and zero deltas, so only the record count's bound (8 or 16,
       // warp-uniform) branches: no per-record branch keeps the tile reads from being issued early
       if (nvalid > 8)
-        fold_records<16>(acc, dtile[wib][buf], h.fk);
+        fold_records<16>(acc, tile, h.fk);
       else
-        fold_records<8>(acc, dtile[wib][buf], h.fk);
+        fold_records<8>(acc, tile, h.fk);
 #pragma unroll
       for (int i = 0; i < ROWS; ++i)  // one 16-byte store per row (streamed: not read again this step)
         __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(v0 + i) * K), acc[i]);
     }
   };
-  if (ST > 0) {
+  if constexpr (ST > 0) {
 #pragma unroll 1
     for (int c = 0; c < nch; ++c) {
-      if (BULK) __syncwarp();  // chunk c - 1's buffer, refilled next, has been read by every lane
+      __syncwarp();  // every lane is done with chunk c - 1's buffer, which is refilled next
       if (c + ST - 1 < nch) issue(c + ST - 1);
-      if (!BULK) cp_async_commit();
-      Small nx;
-      if (c + 1 < nch) load_small(nx, vbeg + (c + 1) * ROWS);
       if (BULK) {  // chunk c has landed (all of it)
         const int bi = c % STM;
         bar_wait(&bars[wib][bi], (phases >> bi) & 1u);
         phases ^= 1u << bi;
       } else {
-        cp_async_wait<STM - 1>();  // chunk c has landed (this lane's part of it)
+        cp_async_commit();
+        cp_async_wait<STM - 1>();  // chunk c has landed (this lane's copies) ...
+        __syncwarp();              // ... and every lane's
       }
-      const float4* st = stage + (c % STM) * STAGE_F4 + lane;
+      const float4* buf = stage + (c % STM) * STAGE_F4;
+      const float* tile = reinterpret_cast<const float*>(buf + CHUNK_F4);
 #pragma unroll
-      for (int i = 0; i < ROWS; ++i) ra[i] = st[i * 32];
-      chunk(ra, sa_, vbeg + c * ROWS, c & 1);
-      sa_ = nx;
+      for (int i = 0; i < ROWS; ++i) ra[i] = buf[i * 32 + lane];
+      float d[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) d[t] = tile[tile_at(4 * s + t) + sigma];  // zero if dead
+      // v at row v0 + sigma: register (v0 >> 5) (warp-uniform) of lane (v0 & 31) + sigma
+      const int v0 = vbeg + c * ROWS, vreg = v0 >> 5;
+      const float vsel = vreg == 0 ? vr[0] : vreg == 1 ? vr[1] : vreg == 2 ? vr[2] : vr[3];
+      chunk(ra, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), tile, v0);
     }
   } else {
     Small sb_;
+    auto run = [&](const float4 (&r)[ROWS], const Small& c, int v0, int buf) {
+      float* tile = reinterpret_cast<float*>(dtile[wib][buf]);
+      if (FLUSH) {
+        *reinterpret_cast<float4*>(tile + tile_at(tj) + 4 * (lane & 1)) = c.dt;
+        __syncwarp();
+      }
+      chunk(r, c.d, c.v, tile, v0);
+    };
 #pragma unroll 1
     for (int c = 0; c < nch; c += 2) {
       load_regs(rb, c + 1);
       load_small(sb_, vbeg + (c + 1) * ROWS);
-      chunk(ra, sa_, vbeg + c * ROWS, 0);
+      run(ra, sa_, vbeg + c * ROWS, 0);
       if (c + 2 < nch) {
         load_regs(ra, c + 2);
         load_small(sa_, vbeg + (c + 2) * ROWS);
       }
-      chunk(rb, sb_, vbeg + (c + 1) * ROWS, 1);
+      run(rb, sb_, vbeg + (c + 1) * ROWS, 1);
     }
   }
   };  // item_fn
