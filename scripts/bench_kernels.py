@@ -315,7 +315,7 @@ def cuda_stage_configs() -> list[dict]:
     return [
         dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_bulk=bk, cuda_waves=0, cuda_flush_waves=1,
              cuda_overlap=True)
-        for st, fst, bk in [(3, 3, False), (3, 3, True), (4, 4, True), (2, 2, True), (4, 4, False)]
+        for st, fst, bk in [(3, 3, False), (3, 3, True), (4, 4, True), (4, 3, True), (4, 4, False)]
     ]  # fmt: skip
 
 

@@ -51,7 +51,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-#ifndef RR_BULK  // 1: stage each chunk with one bulk copy (sm_90 TMA engine, mbarrier completion)
+#ifndef RR_BULK  // 1: stage each chunk's checkpoint rows with one bulk copy (sm_90 copy engine, mbarrier completion)
 #define RR_BULK 0
 #endif
 #if RR_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -60,20 +60,23 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void bar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+// A completion barrier expecting `count` arrivals per phase.
+__device__ __forceinline__ void bar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// This lane arrives on `bar` once all of its earlier cp.async copies have landed.
+__device__ __forceinline__ void bar_arrive_cp_async(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void bar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // One lane: `bytes` contiguous bytes global -> shared by the bulk-copy engine, completing on `bar`
-// (marked evict-first in L2: nothing staged is read again within the step). expect > 0: this lane
-// also arrives on `bar` (its one arrival per phase), announcing `expect` bytes from all copies.
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, unsigned expect,
-                                          uint64_t* bar) {
+// (marked evict-first in L2: the checkpoint is not read again within the step); the lane arrives
+// on `bar` announcing the bytes.
+__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
   const unsigned b = smem_addr(bar);
-  if (expect > 0)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(expect) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
   asm volatile(
       "{\n .reg .b64 pol;\n createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
       " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n}\n"
@@ -334,7 +337,7 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   __shared__ uint64_t bars[4][BULK ? STM : 1];
   unsigned phases = 0;
   if (BULK) {
-    if (lane < STM) bar_init(&bars[wib][lane]);
+    if (lane < STM) bar_init(&bars[wib][lane], 33);  // lane 0's bulk copy + each lane's cp.async
     bar_init_fence();
     __syncwarp();
   }
@@ -385,17 +388,15 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     float4* buf = stage + (c % STM) * STAGE_F4;
     float* tile = reinterpret_cast<float*>(buf + CHUNK_F4);
     const int r0 = vbeg + c * ROWS;
-    if (BULK) {  // the chunk's 8 rows are contiguous: one 4 KiB copy; each live record's 8 rows: 32 B
-      uint64_t* bar = &bars[wib][c % STM];
-      if (lane == 0) bulk_load(buf, sbase - 4 * lane + static_cast<int64_t>(r0) * K, ROWS * K * sizeof(float),
-                               ROWS * (K + nvalid) * sizeof(float), bar);
-      if (lane < nvalid) bulk_load(tile + tile_at(lane), dring + lane * V + r0, ROWS * sizeof(float), 0, bar);
-      return;
-    }
     const float* src = sbase + static_cast<int64_t>(r0) * K;
+    if (BULK) {  // the chunk's 8 rows are contiguous: one 4 KiB bulk copy
+      if (lane == 0) bulk_load(buf, src - 4 * lane, ROWS * K * sizeof(float), &bars[wib][c % STM]);
+    } else {
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) cp_async16(buf + i * 32 + lane, src + i * K);
+      for (int i = 0; i < ROWS; ++i) cp_async16(buf + i * 32 + lane, src + i * K);
+    }
     if (tj < nvalid) cp_async16(reinterpret_cast<float4*>(tile + tile_at(tj) + 4 * (lane & 1)), tptr + r0);
+    if (BULK) bar_arrive_cp_async(&bars[wib][c % STM]);  // the tile's copies complete on the same barrier
   };
   float4 ra[ROWS], rb[ROWS];  // ST == 0: the two register buffers
   auto load_regs = [&](float4 (&r)[ROWS], int c) {
