@@ -190,8 +190,10 @@ if CUDA:
         {"engine": "cuda", "cuda_warps": 1, "cuda_vsplit": 8},
         {"engine": "cuda", "cuda_flush_stages": 2, "cuda_flush_min_blocks": 3},
         {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_flush_waves": 1, "cuda_overlap": True},
-        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_bulk": True},
-        {"engine": "cuda", "cuda_stages": 2, "cuda_flush_stages": 4, "cuda_bulk": True, "cuda_vsplit": 2},
+        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_bulk": True, "cuda_flush_bulk": True},
+        {"engine": "cuda", "cuda_stages": 2, "cuda_flush_stages": 4, "cuda_bulk": True, "cuda_flush_bulk": True,
+         "cuda_vsplit": 2},
+        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_tail": 4},
     ]
     TF32X3 = [{"block_v": 16, "v_split": 1, "flush_mode": "tf32x3"}]
 else:
@@ -238,10 +240,11 @@ def test_bf16_io_matches_recurrence(is_kda: bool, kw: dict) -> None:
         {"engine": "cuda", "cuda_stages": 2, "cuda_flush_stages": 2, "cuda_vsplit": 2, "cuda_waves": 1,
          "cuda_flush_waves": 2},
         {"engine": "cuda", "cuda_waves": 1, "cuda_flush_waves": 1, "cuda_overlap": True},
-        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_bulk": True, "cuda_waves": 1,
-         "cuda_flush_waves": 1},
+        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_bulk": True, "cuda_flush_bulk": True,
+         "cuda_waves": 1, "cuda_flush_waves": 1},
+        {"engine": "cuda", "cuda_stages": 3, "cuda_flush_stages": 3, "cuda_tail": 2, "cuda_overlap": True},
     ],
-    ids=["regs", "staged-vsplit2", "overlap", "bulk"],
+    ids=["regs", "staged-vsplit2", "overlap", "bulk", "tail"],
 )
 @pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
 def test_cuda_passes_serve_several_items_per_warp(is_kda: bool, kw: dict) -> None:

@@ -25,12 +25,13 @@ __all__ = ["DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, int, int, bool], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, int, int, bool, bool], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 STAGES = (0, 2, 3, 4)  # checkpoint staging depths a build may take (0: register double buffer)
 VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit rows in 8-row chunks
-#: the build pick_config's CUDA launch uses: (min_blocks, flush_min_blocks, stages, flush_stages, bulk)
-DEFAULT_BUILD = (4, 1, 3, 3, False)
+#: the build pick_config's CUDA launch uses:
+#: (min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
+DEFAULT_BUILD = (4, 1, 3, 3, False, False)
 
 
 class CudaReadUnsupported(ValueError):
@@ -53,26 +54,27 @@ def cache_dir() -> Path:
 
 def build(
     arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1,
-    stages: int = 0, flush_stages: int = 0, bulk: bool = False,
+    stages: int = 0, flush_stages: int = 0, bulk: bool = False, flush_bulk: bool = False,
 ) -> Path:
     """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so.
 
     ``min_blocks`` / ``flush_min_blocks``: register budgets of the two passes, as blocks of 4 warps
     resident per SM (``__launch_bounds__``; 1 = no cap). ``stages`` / ``flush_stages`` (the two
     passes): 0 streams the checkpoint through two register buffers; 2..4 through a ``cp.async`` ring
-    of that many chunks per warp in shared memory. ``bulk``: each staged chunk arrives by one bulk
-    copy (the sm_90 copy engine, completion on an mbarrier) instead of 8 ``cp.async`` per lane."""
+    of that many chunks per warp in shared memory. ``bulk`` / ``flush_bulk`` (the two passes): a
+    staged chunk's checkpoint rows arrive by one bulk copy (the sm_90 copy engine, completion on an
+    mbarrier) instead of 8 ``cp.async`` per lane."""
     if stages not in STAGES or flush_stages not in STAGES:
         raise ValueError(f"stages and flush_stages must be in {STAGES} (got {stages}, {flush_stages})")
     arch = arch or _arch()
-    if bulk and int(arch.rstrip("a")) < 90:
+    if (bulk or flush_bulk) and int(arch.rstrip("a")) < 90:
         raise CudaReadUnsupported(f"bulk staging needs sm_90 or newer (got sm_{arch})")
     src = _SRC.read_bytes()
-    opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}" + (":bulk" if bulk else "")
+    opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}" + (":bulk" if bulk else "") + (":fbulk" if flush_bulk else "")
     key = hashlib.sha256(src + opts.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     suffix = ("" if flush_min_blocks == 1 else f"_f{flush_min_blocks}") + (f"_s{stages}{flush_stages}" if stages or flush_stages else "") + (
-        "_b" if bulk else "")
+        "_b" if bulk else "") + ("_fb" if flush_bulk else "")
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
@@ -82,8 +84,8 @@ def build(
     cmd = [
         os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
         "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
-        f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}", str(_SRC),
-        "-o", str(tmp),
+        f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}",
+        f"-DRR_FLUSH_BULK={int(flush_bulk)}", str(_SRC), "-o", str(tmp),
     ]  # fmt: skip
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -118,14 +120,15 @@ def available() -> bool:
 
 
 def _lib(
-    min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0, bulk: bool = False
+    min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0, bulk: bool = False,
+    flush_bulk: bool = False,
 ) -> ctypes.CDLL:
     """The loaded shared object for this device's architecture, register budgets and staging depth;
     built (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
-    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk)
+    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
     if key not in _LIBS:
         so = build(key[0], min_blocks, flush_min_blocks=flush_min_blocks, stages=stages, flush_stages=flush_stages,
-                   bulk=bulk)  # fmt: skip
+                   bulk=bulk, flush_bulk=flush_bulk)  # fmt: skip
         lib = ctypes.CDLL(str(so))
         lib.ring_step_launch.restype = ctypes.c_int
         _LIBS[key] = lib
@@ -159,20 +162,23 @@ def launch_step(
     slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
     strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
     use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4, flush_min_blocks: int = 1,
-    stages: int = 0, flush_stages: int = 0, bulk: bool = False, vsplit: int = 1, waves: int = 0,
+    stages: int = 0, flush_stages: int = 0, bulk: bool = False, flush_bulk: bool = False, vsplit: int = 1,
+    waves: int = 0, tail: int = 0,
 ) -> None:  # fmt: skip
     """Launch one pass for ``B`` rows, ``vsplit`` warps per (row, value head) each streaming
     ``V / vsplit`` rows; ``waves`` > 0 caps the grid at that many resident sets of blocks (each warp
     then serves several (row, head) items, and rows the pass skips cost one short wave), 0 launches
-    one warp per item. Precondition (the wrapper in :mod:`.ring_decode_triton` checks it once per
+    one warp per item. ``tail`` > 0 (``vsplit`` 1): the last ``tail`` quarters of the resident
+    warps' worth of items (but none of the first resident set's) are served in halves, so the
+    step's ragged end is short. Precondition (the wrapper in :mod:`.ring_decode_triton` checks it once per
     step): its shape checks passed and :func:`supports` returned ``None``."""
     if warps not in (1, 2, 4):
         raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
-    if waves < 0:
-        raise ValueError(f"waves must be >= 0 (got {waves})")
+    if waves < 0 or tail < 0:
+        raise ValueError(f"waves and tail must be >= 0 (got {waves}, {tail})")
     if vsplit not in VSPLITS:
         raise ValueError(f"vsplit must be one of {VSPLITS} (got {vsplit})")
-    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk)
+    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*strides)
     rc = lib.ring_step_launch(
@@ -181,7 +187,8 @@ def launch_step(
         vp(slots.data_ptr()), vp(write_pos.data_ptr()), vp(force_flush.data_ptr() if force_flush is not None else 0),
         ctypes.c_float(scale), st, ctypes.c_int(B), ctypes.c_int(H), ctypes.c_int(HV), ctypes.c_int(L),
         ctypes.c_int(int(is_kda)), ctypes.c_int(int(use_l2norm)), ctypes.c_int(_IO[mixed_qkv.dtype]),
-        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit), ctypes.c_int(waves), ctypes.c_int(int(flush)),
+        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit), ctypes.c_int(waves), ctypes.c_int(tail),
+        ctypes.c_int(int(flush)),
         vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
     )  # fmt: skip
     if rc != 0:

@@ -440,10 +440,11 @@ class RingDecodeConfig(NamedTuple):
     per block, register budget for ``cuda_min_blocks`` blocks per SM; flush rows by the same file's
     flush pass with ``cuda_flush`` (budget ``cuda_flush_min_blocks``), else as for ``"slices"``;
     ``cuda_stages`` / ``cuda_flush_stages``: checkpoint chunks staged per warp through ``cp.async``
-    in the two passes (0: two register buffers); ``cuda_bulk``: each staged chunk by one sm_90
-    bulk copy instead of ``cp.async`` per lane; ``cuda_vsplit``: warps per (row, head);
+    in the two passes (0: two register buffers); ``cuda_bulk`` / ``cuda_flush_bulk``: a staged
+    chunk's checkpoint rows by one sm_90 bulk copy instead of ``cp.async`` per lane; ``cuda_vsplit``: warps per (row, head);
     ``cuda_waves`` / ``cuda_flush_waves``: grid cap of each pass in resident sets of blocks (0: one
-    warp per (row, head) item); ``cuda_overlap``: the flush pass on a side stream, concurrent with
+    warp per (row, head) item); ``cuda_tail``: the non-flush pass's last items served in halves
+    (quarters of the resident warps; 0: none); ``cuda_overlap``: the flush pass on a side stream, concurrent with
     the non-flush pass); ``row_major``: program order (the heads of
     one row consecutive).
     """
@@ -469,9 +470,11 @@ class RingDecodeConfig(NamedTuple):
     cuda_stages: int = 0
     cuda_flush_stages: int = 0
     cuda_bulk: bool = False
+    cuda_flush_bulk: bool = False
     cuda_vsplit: int = 1
     cuda_waves: int = 0
     cuda_flush_waves: int = 0
+    cuda_tail: int = 0
     cuda_overlap: bool = False
 
 
@@ -495,10 +498,11 @@ def pick_config(
         if cuda and K == 128 and V == 128 and L <= 16:
             from .ring_decode_cuda import DEFAULT_BUILD
 
-            mb, fmb, st, fst, bulk = DEFAULT_BUILD
+            mb, fmb, st, fst, bulk, fbulk = DEFAULT_BUILD
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="cuda", cuda_warps=2,
                                     cuda_min_blocks=mb, cuda_flush_min_blocks=fmb, cuda_stages=st,
-                                    cuda_flush_stages=fst, cuda_bulk=bulk, cuda_flush_waves=1, cuda_overlap=True,
+                                    cuda_flush_stages=fst, cuda_bulk=bulk, cuda_flush_bulk=fbulk,
+                                    cuda_flush_waves=1, cuda_tail=4, cuda_overlap=True,
                                     row_major=True)  # fmt: skip
         if is_kda and K % 32 == 0:
             return RingDecodeConfig(min(V, 8), v_split, 1, "fma", 1, True, engine="slices", slice_k=32,
@@ -657,9 +661,11 @@ def ring_decode_triton(
     cuda_stages: int | None = None,
     cuda_flush_stages: int | None = None,
     cuda_bulk: bool | None = None,
+    cuda_flush_bulk: bool | None = None,
     cuda_vsplit: int | None = None,
     cuda_waves: int | None = None,
     cuda_flush_waves: int | None = None,
+    cuda_tail: int | None = None,
     cuda_overlap: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch; drop-in for SGLang's ``fused_recurrent_linear_replayssm_decode``.
@@ -755,12 +761,14 @@ def ring_decode_triton(
                 stages=cuda_stages if cuda_stages is not None else cfg.cuda_stages,
                 flush_stages=cuda_flush_stages if cuda_flush_stages is not None else cfg.cuda_flush_stages,
                 bulk=cuda_bulk if cuda_bulk is not None else cfg.cuda_bulk,
+                flush_bulk=cuda_flush_bulk if cuda_flush_bulk is not None else cfg.cuda_flush_bulk,
                 vsplit=cuda_vsplit if cuda_vsplit is not None else cfg.cuda_vsplit,
                 waves=(
                     (cuda_flush_waves if cuda_flush_waves is not None else cfg.cuda_flush_waves)
                     if flush
                     else (cuda_waves if cuda_waves is not None else cfg.cuda_waves)
                 ),
+                tail=0 if flush else (cuda_tail if cuda_tail is not None else cfg.cuda_tail),
             )  # fmt: skip
 
         if cuda_flush and (cuda_overlap if cuda_overlap is not None else cfg.cuda_overlap):

@@ -51,11 +51,14 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-#ifndef RR_BULK  // 1: stage each chunk's checkpoint rows with one bulk copy (sm_90 copy engine, mbarrier completion)
+#ifndef RR_BULK  // non-flush pass, 1: stage each chunk's checkpoint rows with one bulk copy (sm_90 copy engine)
 #define RR_BULK 0
 #endif
-#if RR_BULK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "RR_BULK needs sm_90 or newer"
+#ifndef RR_FLUSH_BULK  // the same for the flush pass
+#define RR_FLUSH_BULK 0
+#endif
+#if (RR_BULK || RR_FLUSH_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "RR_BULK / RR_FLUSH_BULK need sm_90 or newer"
 #endif
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -313,9 +316,25 @@ constexpr int STAGE_F4 = CHUNK_F4 + TILE_F4;  // one staged chunk of one warp: i
 __host__ __device__ constexpr int stages_of(bool flush) { return flush ? RR_FLUSH_STAGES : RR_STAGES; }
 __host__ __device__ constexpr int smem_f4_per_warp(bool flush) { return stages_of(flush) * STAGE_F4; }
 
+// Work unit u of P (row, value head) pairs -> (pair, part, parts): the unit streams V rows
+// [part * V / parts, (part + 1) * V / parts) of the pair. tail == 0: every pair is `vsplit` units;
+// tail > 0 (vsplit == 1): the first P - tail pairs are one unit each and the last `tail` pairs two
+// halves each, so that the units left when the GPU runs out of work are short.
+struct Unit {
+  int pair, part, parts;
+};
+__device__ __forceinline__ Unit unit_of(int u, int P, int vsplit, int tail) {
+  const int head = P - tail;
+  if (u < head * vsplit) {
+    const int pr = u / vsplit;
+    return {pr, u - pr * vsplit, vsplit};
+  }
+  const int r = u - head;
+  return {head + (r >> 1), r & 1, 2};
+}
+
 // FLUSH = false: non-flush rows (output + ring record); FLUSH = true: flush rows (output + new checkpoint).
-// Each (row, value head) pair is served by `vsplit` warps, warp `part` streaming V rows
-// [part * V / vsplit, (part + 1) * V / vsplit); part 0 also writes the key / gate records.
+// Each unit (unit_of) is served by one warp; part 0 of a pair also writes the key / gate records.
 template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOCKS) ring_step_kernel(
     const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ A_log,
@@ -323,15 +342,15 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     float* k_ring, float* g_ring, const IDX* __restrict__ slots, const int32_t* __restrict__ write_pos,
     const int32_t* __restrict__ force_flush, float scale, int64_t stride_qkv, int64_t stride_a, int64_t stride_b,
     int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L,
-    int vsplit) {
+    int vsplit, int tail) {
   extern __shared__ float4 smem[];
   __shared__ float4 dtile[4][2][TILE_F4];  // FLUSH, ST == 0: per warp, two buffers of the delta tile
   const int lane = threadIdx.x & 31;
   const int wib = threadIdx.x >> 5;
-  const int items = B * HV * vsplit;  // item = (row, value head, part)
+  const int items = B * HV * vsplit + tail;  // work units
   constexpr int ST = stages_of(FLUSH);  // staged chunks per warp (0: register double buffer)
   constexpr int STM = ST > 0 ? ST : 1;
-  constexpr bool BULK = RR_BULK && ST > 0;
+  constexpr bool BULK = (FLUSH ? RR_FLUSH_BULK : RR_BULK) && ST > 0;
   // BULK: per warp, one completion barrier per staged chunk; bit b of `phases` is the parity the
   // next wait on barrier b expects (each barrier completes once per chunk it receives)
   __shared__ uint64_t bars[4][BULK ? STM : 1];
@@ -344,7 +363,8 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
 
   // ---- one item: returns early for rows this pass does not serve
   auto item_fn = [&](int item) {
-  const int pair = item / vsplit, part = item - pair * vsplit;
+  const Unit un = unit_of(item, B * HV, vsplit, tail);
+  const int pair = un.pair, part = un.part;
   const int n = pair / HV, hv = pair - n * HV;
   const int i_h = hv / (HV / H);
   const int64_t slot = static_cast<int64_t>(slots[n]);
@@ -361,7 +381,7 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   if (is_flush != FLUSH) return;
   const int nvalid = m < L ? m : L;
   const bool in_ring = m < L;
-  const int nch = V / ROWS / vsplit;  // chunks this warp streams
+  const int nch = V / ROWS / un.parts;  // chunks this warp streams
   const int vbeg = part * nch * ROWS;
 
   // ---- first chunks requested before the setup, so that their latency overlaps it
@@ -534,7 +554,7 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
     const int it = base + lane * tw;
     bool todo = false;
     if (it < items) {
-      const int nn = it / vsplit / HV;
+      const int nn = unit_of(it, B * HV, vsplit, tail).pair / HV;
       const bool padded = slots[nn] < 0;
       const bool fl = (write_pos[nn] == L - 1) || (force_flush != nullptr && force_flush[nn] != 0);
       todo = FLUSH ? (!padded && fl) : (padded || !fl);
@@ -552,8 +572,8 @@ template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                      void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
                      const int32_t* write_pos, const int32_t* force_flush, float scale, const int64_t* strides,
-                     int B, int H, int HV, int L, int warps, int vsplit, int waves, cudaStream_t stream) {
-  const int64_t items = static_cast<int64_t>(B) * HV * vsplit;
+                     int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
+                     cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(warps) * smem_f4_per_warp(FLUSH) * sizeof(float4);
   auto kern = ring_step_kernel<T, IDX, KDA, L2N, FLUSH>;
   // per instantiation and block size, computed once (host queries only: safe under graph capture)
@@ -569,6 +589,13 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
     if (e != cudaSuccess) return e;
     resident_blocks[warps] = sms * (per_sm > 0 ? per_sm : 1);
   }
+  // tail: the last tail_quarters quarters of a resident set of warps' worth of pairs, halved; never
+  // pairs of the first resident set (a launch that fits in one set has no ragged end to shorten)
+  const int64_t pairs = static_cast<int64_t>(B) * HV;
+  const int64_t resident_warps = static_cast<int64_t>(resident_blocks[warps]) * warps;
+  int64_t tail = vsplit == 1 ? tail_quarters * resident_warps / 4 : 0;
+  if (tail > pairs - resident_warps) tail = pairs > resident_warps ? pairs - resident_warps : 0;
+  const int64_t items = pairs * vsplit + tail;
   // waves = 0: one item per warp; else at most `waves` resident sets of blocks, each warp serving
   // several items (but never more than 32 per ballot round)
   const int64_t needed = (items + warps - 1) / warps;
@@ -580,7 +607,8 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
   kern<<<blocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
-      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit);
+      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
+      static_cast<int>(tail));
   return cudaGetLastError();
 }
 
@@ -589,9 +617,9 @@ cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, cons
                         const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                         float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
                         float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
-                        int vsplit, int waves, cudaStream_t stream) {
+                        int vsplit, int waves, int tail_quarters, cudaStream_t stream) {
 #define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
-                scale, strides, B, H, HV, L, warps, vsplit, waves, stream
+                scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, stream
   if (kda)
     return l2n ? launch_t<T, IDX, true, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, true, false, FLUSH>(RR_ARGS);
   return l2n ? launch_t<T, IDX, false, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, false, false, FLUSH>(RR_ARGS);
@@ -608,10 +636,10 @@ extern "C" int ring_step_launch(const void* qkv, const void* a, const void* b, c
                                 float* g_ring, const void* slots, const int32_t* write_pos,
                                 const int32_t* force_flush, float scale, const int64_t* strides, int B, int H, int HV,
                                 int L, int is_kda, int use_l2norm, int io_dtype, int idx64, int warps, int vsplit,
-                                int waves, int flush, void* stream) {
+                                int waves, int tail_quarters, int flush, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define RR_ARGS2 is_kda != 0, use_l2norm != 0, qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, \
-                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, vsplit, waves, st
+                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, st
   cudaError_t e;
   if (flush) {
     if (io_dtype == 1)
