@@ -311,15 +311,15 @@ def cuda_configs(B: int) -> list[dict]:
 def cuda_stage_configs() -> list[dict]:
     """CUDA passes, overlapped, flush grid capped: checkpoint staging depth of each pass x how its
     rows are staged (cp.async per lane or one bulk copy) x the non-flush pass's halved tail
-    (quarters of the resident warps) x the flush pass's register budget. Each (flush_min_blocks,
+    (quarters of the resident warps) x the flush pass's register budget x warps per block. Each (flush_min_blocks,
     stages, flush_stages, bulk, flush_bulk) is one build."""
     c = {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 4, "cuda_flush_min_blocks": 1}
     return [
         dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_bulk=bk, cuda_flush_bulk=fbk, cuda_tail=tail,
-             cuda_flush_min_blocks=fmb, cuda_waves=0, cuda_flush_waves=1, cuda_overlap=True)
-        for st, fst, bk, fbk, tail, fmb in [
-            (3, 3, False, False, 4, 1), (3, 3, False, False, 0, 1), (3, 3, False, False, 8, 1),
-            (3, 3, False, False, 4, 3), (4, 3, True, False, 4, 1),
+             cuda_flush_min_blocks=fmb, cuda_warps=w, cuda_waves=0, cuda_flush_waves=1, cuda_overlap=True)
+        for st, fst, bk, fbk, tail, fmb, w in [
+            (3, 3, False, False, 4, 1, 2), (3, 3, False, False, 4, 1, 1), (3, 3, False, False, 4, 1, 4),
+            (3, 3, False, False, 4, 3, 2), (4, 3, True, False, 4, 1, 1),
         ]
     ]  # fmt: skip
 

@@ -578,10 +578,13 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
   auto kern = ring_step_kernel<T, IDX, KDA, L2N, FLUSH>;
   // per instantiation and block size, computed once (host queries only: safe under graph capture)
   static int resident_blocks[5] = {0, 0, 0, 0, 0};
+  static size_t smem_allowed = 0;  // the kernel's dynamic shared memory limit as last set (only raised)
   if (resident_blocks[warps] == 0) {
     cudaError_t e = cudaSuccess;
-    if (smem > 0)  // the static delta tile counts against the same 48 KiB default
+    if (smem > smem_allowed) {  // the static delta tile counts against the same 48 KiB default
       e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (e == cudaSuccess) smem_allowed = smem;
+    }
     int dev = 0, sms = 0, per_sm = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
