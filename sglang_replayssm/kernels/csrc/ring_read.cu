@@ -4,8 +4,9 @@
 // docstring). FLUSH = false serves the non-flush rows (output + this step's ring record; padded
 // rows, slot < 0, get a zero output); FLUSH = true serves the flush rows (output + the folded
 // checkpoint). Each pass leaves the other's rows alone, so the wrapper may run them concurrently.
-// The checkpoint streams through a cp.async ring in shared memory (RR_STAGES / RR_FLUSH_STAGES)
-// or, with 0, through two register buffers.
+// The checkpoint streams through a cp.async ring in shared memory (RR_STAGES / RR_FLUSH_STAGES),
+// each staged chunk carrying its 8 rows and the live records' deltas at those rows, the rows
+// optionally by one bulk copy (RR_BULK / RR_FLUSH_BULK); or, with 0, through two register buffers.
 //
 // Why CUDA: at decode sizes the Triton kernels are bound by instructions issued (412 per 8-row
 // chunk, 120 of them shuffles; notes/kernels.md). Here every lane owns 4 fixed K columns and walks
