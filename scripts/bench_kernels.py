@@ -311,8 +311,8 @@ def cuda_configs(B: int) -> list[dict]:
 def cuda_stage_configs() -> list[dict]:
     """CUDA passes, overlapped, flush grid capped: checkpoint staging depth of each pass x how its
     rows are staged (cp.async per lane or one bulk copy) x the non-flush pass's halved tail
-    (quarters of the resident warps) x the flush pass's register budget x warps per block. Each (flush_min_blocks,
-    stages, flush_stages, bulk, flush_bulk) is one build."""
+    (quarters of the resident warps) x the flush pass's register budget x warps per block. Each
+    (flush_min_blocks, stages, flush_stages, bulk, flush_bulk) is one build."""
     c = {"engine": "cuda", "cuda_warps": 2, "cuda_min_blocks": 4, "cuda_flush_min_blocks": 1}
     return [
         dict(c, cuda_stages=st, cuda_flush_stages=fst, cuda_bulk=bk, cuda_flush_bulk=fbk, cuda_tail=tail,

@@ -3,9 +3,10 @@
 ``flush=False``: the non-flush rows (output + ring record; padded rows zeroed; flush rows
 skipped), the contract of :func:`sglang_replayssm.kernels.ring_decode_slices.ring_read_rows_kernel`.
 ``flush=True``: the flush rows (output + new checkpoint; every other row skipped), the contract of
-the flush pass of :mod:`.ring_decode_triton`. The wrapper there launches the two in that order. The shared object is compiled once
-per (source, architecture, register budgets, staging depth) with ``nvcc`` into ``$SGLANG_REPLAYSSM_CUDA_CACHE``
-(default ``~/.cache/sglang-replayssm/cuda``) and loaded with ``ctypes``; the launch goes onto the
+the flush pass of :mod:`.ring_decode_triton`. The wrapper there launches the two in that order
+(or concurrently, on two streams). The shared object is compiled once per (source, architecture,
+build options: register budgets, staging depth, bulk copies) with ``nvcc`` into
+``$SGLANG_REPLAYSSM_CUDA_CACHE`` (default ``~/.cache/sglang-replayssm/cuda``) and loaded with ``ctypes``; the launch goes onto the
 current torch stream, so it is captured by CUDA graphs like any other kernel.
 """
 
@@ -70,11 +71,14 @@ def build(
     if (bulk or flush_bulk) and int(arch.rstrip("a")) < 90:
         raise CudaReadUnsupported(f"bulk staging needs sm_90 or newer (got sm_{arch})")
     src = _SRC.read_bytes()
-    opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}" + (":bulk" if bulk else "") + (":fbulk" if flush_bulk else "")
+    opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}"
+    opts += (":bulk" if bulk else "") + (":fbulk" if flush_bulk else "")
     key = hashlib.sha256(src + opts.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    suffix = ("" if flush_min_blocks == 1 else f"_f{flush_min_blocks}") + (f"_s{stages}{flush_stages}" if stages or flush_stages else "") + (
-        "_b" if bulk else "") + ("_fb" if flush_bulk else "")
+    # the name shows the options that differ from the plain build (the hash tells builds apart)
+    suffix = "" if flush_min_blocks == 1 else f"_f{flush_min_blocks}"
+    suffix += f"_s{stages}{flush_stages}" if stages or flush_stages else ""
+    suffix += ("_b" if bulk else "") + ("_fb" if flush_bulk else "")
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
@@ -123,7 +127,7 @@ def _lib(
     min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0, bulk: bool = False,
     flush_bulk: bool = False,
 ) -> ctypes.CDLL:
-    """The loaded shared object for this device's architecture, register budgets and staging depth;
+    """The loaded shared object for this device's architecture and these build options (:func:`build`);
     built (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
     key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
     if key not in _LIBS:
@@ -170,8 +174,8 @@ def launch_step(
     then serves several (row, head) items, and rows the pass skips cost one short wave), 0 launches
     one warp per item. ``tail`` > 0 (``vsplit`` 1): the last ``tail`` quarters of the resident
     warps' worth of items (but none of the first resident set's) are served in halves, so the
-    step's ragged end is short. Precondition (the wrapper in :mod:`.ring_decode_triton` checks it once per
-    step): its shape checks passed and :func:`supports` returned ``None``."""
+    step's ragged end is short. Precondition (the wrapper in :mod:`.ring_decode_triton` checks it
+    once per step): its shape checks passed and :func:`supports` returned ``None``."""
     if warps not in (1, 2, 4):
         raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
     if waves < 0 or tail < 0:
@@ -187,8 +191,8 @@ def launch_step(
         vp(slots.data_ptr()), vp(write_pos.data_ptr()), vp(force_flush.data_ptr() if force_flush is not None else 0),
         ctypes.c_float(scale), st, ctypes.c_int(B), ctypes.c_int(H), ctypes.c_int(HV), ctypes.c_int(L),
         ctypes.c_int(int(is_kda)), ctypes.c_int(int(use_l2norm)), ctypes.c_int(_IO[mixed_qkv.dtype]),
-        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit), ctypes.c_int(waves), ctypes.c_int(tail),
-        ctypes.c_int(int(flush)),
+        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit),
+        ctypes.c_int(waves), ctypes.c_int(tail), ctypes.c_int(int(flush)),
         vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
     )  # fmt: skip
     if rc != 0:

@@ -441,12 +441,12 @@ class RingDecodeConfig(NamedTuple):
     flush pass with ``cuda_flush`` (budget ``cuda_flush_min_blocks``), else as for ``"slices"``;
     ``cuda_stages`` / ``cuda_flush_stages``: checkpoint chunks staged per warp through ``cp.async``
     in the two passes (0: two register buffers); ``cuda_bulk`` / ``cuda_flush_bulk``: a staged
-    chunk's checkpoint rows by one sm_90 bulk copy instead of ``cp.async`` per lane; ``cuda_vsplit``: warps per (row, head);
-    ``cuda_waves`` / ``cuda_flush_waves``: grid cap of each pass in resident sets of blocks (0: one
-    warp per (row, head) item); ``cuda_tail``: the non-flush pass's last items served in halves
-    (quarters of the resident warps; 0: none); ``cuda_overlap``: the flush pass on a side stream, concurrent with
-    the non-flush pass); ``row_major``: program order (the heads of
-    one row consecutive).
+    chunk's checkpoint rows by one sm_90 bulk copy instead of ``cp.async`` per lane;
+    ``cuda_vsplit``: warps per (row, head); ``cuda_waves`` / ``cuda_flush_waves``: grid cap of each
+    pass in resident sets of blocks (0: one warp per (row, head) item); ``cuda_tail``: the
+    non-flush pass's last items served in halves (quarters of the resident warps; 0: none);
+    ``cuda_overlap``: the flush pass on a side stream, concurrent with the non-flush pass);
+    ``row_major``: program order (the heads of one row consecutive).
     """
 
     block_v: int
@@ -746,32 +746,28 @@ def ring_decode_triton(
         if cuda_why is not None:
             raise CudaReadUnsupported(f"engine='cuda': {cuda_why}")
 
-        cuda_flush = cfg.cuda_flush if cuda_flush is None else cuda_flush
+        # the launch's CUDA knobs: the defaults with the caller's overrides
+        knobs = {
+            "cuda_warps": cuda_warps, "cuda_min_blocks": cuda_min_blocks, "cuda_flush": cuda_flush,
+            "cuda_flush_min_blocks": cuda_flush_min_blocks, "cuda_stages": cuda_stages,
+            "cuda_flush_stages": cuda_flush_stages, "cuda_bulk": cuda_bulk, "cuda_flush_bulk": cuda_flush_bulk,
+            "cuda_vsplit": cuda_vsplit, "cuda_waves": cuda_waves, "cuda_flush_waves": cuda_flush_waves,
+            "cuda_tail": cuda_tail, "cuda_overlap": cuda_overlap,
+        }  # fmt: skip
+        cc = cfg._replace(**{name: v for name, v in knobs.items() if v is not None})
 
         def cuda_pass(flush: bool) -> None:
             launch_step(
                 mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
                 ssm_state_indices, write_pos, force_flush, float(scale), strides, B=B, H=H, HV=HV, K=K, V=V,
-                L=L, is_kda=is_kda, use_l2norm=use_qk_l2norm_in_kernel, flush=flush,
-                warps=cuda_warps if cuda_warps is not None else cfg.cuda_warps,
-                min_blocks=cuda_min_blocks if cuda_min_blocks is not None else cfg.cuda_min_blocks,
-                flush_min_blocks=(
-                    cuda_flush_min_blocks if cuda_flush_min_blocks is not None else cfg.cuda_flush_min_blocks
-                ),
-                stages=cuda_stages if cuda_stages is not None else cfg.cuda_stages,
-                flush_stages=cuda_flush_stages if cuda_flush_stages is not None else cfg.cuda_flush_stages,
-                bulk=cuda_bulk if cuda_bulk is not None else cfg.cuda_bulk,
-                flush_bulk=cuda_flush_bulk if cuda_flush_bulk is not None else cfg.cuda_flush_bulk,
-                vsplit=cuda_vsplit if cuda_vsplit is not None else cfg.cuda_vsplit,
-                waves=(
-                    (cuda_flush_waves if cuda_flush_waves is not None else cfg.cuda_flush_waves)
-                    if flush
-                    else (cuda_waves if cuda_waves is not None else cfg.cuda_waves)
-                ),
-                tail=0 if flush else (cuda_tail if cuda_tail is not None else cfg.cuda_tail),
+                L=L, is_kda=is_kda, use_l2norm=use_qk_l2norm_in_kernel, flush=flush, warps=cc.cuda_warps,
+                min_blocks=cc.cuda_min_blocks, flush_min_blocks=cc.cuda_flush_min_blocks, stages=cc.cuda_stages,
+                flush_stages=cc.cuda_flush_stages, bulk=cc.cuda_bulk, flush_bulk=cc.cuda_flush_bulk,
+                vsplit=cc.cuda_vsplit, waves=cc.cuda_flush_waves if flush else cc.cuda_waves,
+                tail=0 if flush else cc.cuda_tail,
             )  # fmt: skip
 
-        if cuda_flush and (cuda_overlap if cuda_overlap is not None else cfg.cuda_overlap):
+        if cc.cuda_flush and cc.cuda_overlap:
             # The passes serve disjoint rows (distinct slots): the flush pass runs on a side stream
             # forked from and joined back to the current one, so the two overlap on the GPU (two
             # parallel nodes when captured in a CUDA graph) and an empty pass costs no step time.
@@ -785,9 +781,9 @@ def ring_decode_triton(
             cuda_pass(False)
             main.wait_event(join)
         else:
-            for flush in (False, True) if cuda_flush else (False,):
+            for flush in (False, True) if cc.cuda_flush else (False,):
                 cuda_pass(flush)
-        launches = [] if cuda_flush else launches[1:]
+        launches = [] if cc.cuda_flush else launches[1:]
     if eng == "slices":
         from .ring_decode_slices import ring_read_rows_kernel
 
