@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODELS ?= $(HOME)/.cache/sglang-replayssm/models
 BENCH_ARGS ?= --json out/bench.json --plot-dir out
 
-.PHONY: env test bench lint models
+.PHONY: env test bench lint models lock
 
 env:
 	@scripts/ensure_env.sh
@@ -12,8 +12,7 @@ env:
 models: env
 	@$(PY) -m sglang_replayssm.cli make-models --out $(MODELS)
 
-test: env
-	@$(PY) -m ruff check sglang_replayssm tests scripts
+test: env lint
 	@$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 bench: env
@@ -21,3 +20,8 @@ bench: env
 
 lint: env
 	@$(PY) -m ruff check sglang_replayssm tests scripts
+	@$(PY) -m mypy
+
+# Regenerate requirements.lock from requirements.in (then commit it; the environment key changes).
+lock:
+	@scripts/lock.sh

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_replayssm.bench.fake_server import write_fake_model_dir
+from sglang_replayssm.testing.fake_server import write_fake_model_dir
 from sglang_replayssm.bench.model import (
     ModelError,
     linear_attention_layers,

@@ -38,7 +38,7 @@ def merge_output_ids(acc: list[int], chunk_ids: list[int], completion_tokens: in
 
 def iter_sse_events(buffer: bytearray) -> list[str]:
     """Pop complete ``data: ...`` payloads off ``buffer`` (events end with a blank line)."""
-    events = []
+    events: list[str] = []
     while True:
         end = buffer.find(b"\n\n")
         if end < 0:

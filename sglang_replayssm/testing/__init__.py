@@ -1,4 +1,4 @@
-"""Helpers for tests: reference outputs to compare SGLang's against."""
+"""Test-only code: reference outputs, a stand-in server, loaders and simulators. Product modules never import it."""
 
 from __future__ import annotations
 

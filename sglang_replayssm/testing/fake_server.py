@@ -4,7 +4,7 @@ It answers ``/health``, ``/model_info``, ``/metrics``, ``/flush_cache`` and stre
 ``/generate`` with ``input_ids``. Outputs are a deterministic function of the prompt (so greedy
 agreement can be exercised), ``cached_tokens`` is the longest prefix shared with any earlier
 prompt+output (an ideal token-granular radix cache), and the Prometheus counters mirror SGLang's
-names. For tests and for dry runs of the bench: ``python -m sglang_replayssm.bench.fake_server``.
+names. For tests and for dry runs of the bench: ``python -m sglang_replayssm.testing.fake_server``.
 """
 
 from __future__ import annotations
