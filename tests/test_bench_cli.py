@@ -80,6 +80,10 @@ def test_url_run_writes_table_json_and_plots(model_dir: Path, tmp_path: Path,
     # Ordered, one at a time, ideal cache: the second prompt of each group hits its 24-token system prompt.
     assert arm["hit_rate"] == pytest.approx(2 * 24 / (4 * 28))
     assert arm["hit_rate_server"] == pytest.approx(arm["hit_rate"])
+    # The fake server is an ideal token-granular cache: every request hits exactly its ceiling.
+    assert arm["ceiling_hit_rate"] == pytest.approx(arm["hit_rate"])
+    assert [r["ceiling_tokens"] for r in arm["requests"]] == [r["cached_tokens"] for r in arm["requests"]]
+    assert any(line.split()[:3] == ["arm", "hit", "ceiling"] for line in stdout.splitlines())
     assert arm["agreement"] == 1.0 and arm["server_cmd"] is None
     assert all(len(r["output_ids"]) == 3 for r in arm["requests"])
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["hit_rate.png", "ttft_cdf.png"]

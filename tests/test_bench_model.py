@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from sglang_replayssm.testing.fake_server import write_fake_model_dir
 from sglang_replayssm.bench.model import (
     ModelError,
     linear_attention_layers,
@@ -15,6 +14,7 @@ from sglang_replayssm.bench.model import (
     resolve_model_path,
     vocab_ids,
 )
+from sglang_replayssm.testing.fake_server import write_fake_model_dir
 
 
 @pytest.mark.parametrize(("config", "expected"), [

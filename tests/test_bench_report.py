@@ -53,12 +53,12 @@ def test_write_json_keeps_the_old_file_when_serialisation_fails(tmp_path: Path) 
 
 def test_table_lists_arms_and_failures() -> None:
     ref = records([[1], [2]])
-    res = arm_result(summarize(ref, 1.0), {}, agreement("baseline", ref, ref), "cmd", ref)
+    res = arm_result(summarize(ref, 1.0), {}, agreement("baseline", ref, ref), "cmd", ref, ceiling_hit_rate=0.5)
     table = format_table({"baseline": res}, {"upstream": {"error": "server exited with code 1\nlog tail"}})
     lines = table.splitlines()
-    assert lines[0].split()[:3] == ["arm", "hit", "hit(srv)"]
+    assert lines[0].split()[:4] == ["arm", "hit", "ceiling", "hit(srv)"]
     row = next(line for line in lines if line.startswith("baseline"))
-    assert "25.0%" in row and "100.0%" in row and "none" in row and "2/2" in row
+    assert "25.0%" in row and "50.0%" in row and "100.0%" in row and "none" in row and "2/2" in row
     assert lines[-1] == "upstream: FAILED: server exited with code 1"
 
 

@@ -22,6 +22,7 @@ from sglang_replayssm.bench.arms import (
     server_command,
     server_env,
 )
+from sglang_replayssm.bench.ceiling import ceiling_hit_rate, ceiling_tokens
 from sglang_replayssm.bench.metrics import agreement
 from sglang_replayssm.bench.model import (
     DEFAULT_MODEL,
@@ -170,6 +171,7 @@ class Bench:
             "error": None,
         }
         self.records: dict[str, list[RequestRecord]] = {}
+        self.conversations: list[Conversation] = []  # the workload, for the attention-only ceiling
 
     def save(self) -> None:
         if self.args.json is not None:
@@ -183,8 +185,12 @@ class Bench:
         self.records[name] = run.records
         ref_name = next(iter(self.records))
         agree = agreement(ref_name, self.records[ref_name], run.records)
-        self.doc["arms"][name] = arm_result(run.summary, run.server, agree, server_cmd, run.records,
-                                            notes=run.notes, **extra)
+        ceiling = ceiling_tokens(self.conversations, run.records)
+        result = arm_result(run.summary, run.server, agree, server_cmd, run.records,
+                            ceiling_hit_rate=ceiling_hit_rate(ceiling, run.records), notes=run.notes, **extra)
+        for request in result["requests"]:
+            request["ceiling_tokens"] = ceiling.get(request["rid"])
+        self.doc["arms"][name] = result
         self.save()
 
     def add_failure(self, name: str, error: str, server_cmd: str | None, **extra: Any) -> None:
@@ -198,6 +204,7 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
     from sglang_replayssm.bench.server import ServerProcess, ServerStartError, pick_port
 
     args = bench.args
+    bench.conversations = conversations
     run_kw = dict(request_rate=args.request_rate, max_concurrency=args.max_concurrency or None,
                   seed=args.seed, flush_cache=args.flush_cache, disable_tqdm=args.disable_tqdm)
     if args.url is not None:

@@ -68,14 +68,14 @@ def _num(x: float | None) -> str:
 
 def format_table(arms: dict[str, dict[str, Any]], failed: dict[str, dict[str, Any]] | None = None) -> str:
     """Fixed-width table, one row per arm (failed arms last, with their reason)."""
-    header = ("arm", "hit", "hit(srv)", "ttft mean", "p50", "p90", "p99", "e2e mean", "out tok/s",
+    header = ("arm", "hit", "ceiling", "hit(srv)", "ttft mean", "p50", "p90", "p99", "e2e mean", "out tok/s",
               "agree", "first diff", "ok/req")
-    rows = [header, ("", "", "", "ms", "ms", "ms", "ms", "ms", "", "", "", "")]
+    rows = [header, ("", "", "", "", "ms", "ms", "ms", "ms", "ms", "", "", "", "")]
     for name, a in arms.items():
         detail = a.get("agreement_detail") or {}
         diff = detail.get("first_diff_rid")
         first = "-" if not detail else ("none" if diff is None else f"{diff}@{detail.get('first_diff_token')}")
-        rows.append((name, _pct(a["hit_rate"]), _pct(a.get("hit_rate_server")), _ms(a["ttft_mean_s"]),
+        rows.append((name, _pct(a["hit_rate"]), _pct(a.get("ceiling_hit_rate")), _pct(a.get("hit_rate_server")), _ms(a["ttft_mean_s"]),
                      _ms(a["ttft_p50_s"]), _ms(a["ttft_p90_s"]), _ms(a["ttft_p99_s"]), _ms(a.get("e2e_mean_s")),
                      _num(a["output_tok_s"]), _pct(a["agreement"]), first,
                      f"{a.get('requests_ok', '?')}/{a.get('requests_total', '?')}"))
