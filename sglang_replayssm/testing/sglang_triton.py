@@ -10,7 +10,7 @@ callers get the interpreted kernel as well); if it was already imported in compi
 *private copy* (same source file, another ``sys.modules`` name) is executed instead and SGLang's
 module object is left as it is.
 
-Interpreter blockers from ``cpu-runtime-facts.md`` §3 and how they apply here:
+What keeps a Triton kernel from running interpreted, and how each applies here:
 
 * decoration-time interpret switch: handled as above;
 * Triton's own ``triton.language.standard`` helpers (``tl.sigmoid``, ``tl.sum``, ``tl.cumsum``...)
