@@ -222,22 +222,22 @@ def run_passes(
     overlap on the GPU (two parallel nodes when captured in a CUDA graph) and an empty pass costs
     no step time. ``flush=False`` leaves the flush rows to the caller; the other keywords are
     research parameters (see :func:`launch_step`)."""
-    build_opts = {
-        "warps": cfg.cuda_warps, "min_blocks": cfg.cuda_min_blocks, "flush_min_blocks": cfg.cuda_flush_min_blocks,
-        "stages": cfg.cuda_stages, "flush_stages": cfg.cuda_flush_stages, "bulk": bulk, "flush_bulk": flush_bulk,
-        "vsplit": vsplit,
-    }  # fmt: skip
+    one_pass = functools.partial(
+        launch_step, step, warps=cfg.cuda_warps, min_blocks=cfg.cuda_min_blocks,
+        flush_min_blocks=cfg.cuda_flush_min_blocks, stages=cfg.cuda_stages, flush_stages=cfg.cuda_flush_stages,
+        bulk=bulk, flush_bulk=flush_bulk, vsplit=vsplit,
+    )  # fmt: skip
     if flush and cfg.cuda_overlap:
         main = torch.cuda.current_stream(step.qkv.device)
         side, fork, join = _side_stream(step.qkv.device)
         fork.record(main)
         side.wait_event(fork)
         with torch.cuda.stream(side):
-            launch_step(step, flush=True, waves=cfg.cuda_flush_waves, **build_opts)
+            one_pass(flush=True, waves=cfg.cuda_flush_waves)
         join.record(side)
-        launch_step(step, flush=False, waves=waves, tail=cfg.cuda_tail, **build_opts)
+        one_pass(flush=False, waves=waves, tail=cfg.cuda_tail)
         main.wait_event(join)
         return
-    launch_step(step, flush=False, waves=waves, tail=cfg.cuda_tail, **build_opts)
+    one_pass(flush=False, waves=waves, tail=cfg.cuda_tail)
     if flush:
-        launch_step(step, flush=True, waves=cfg.cuda_flush_waves, **build_opts)
+        one_pass(flush=True, waves=cfg.cuda_flush_waves)

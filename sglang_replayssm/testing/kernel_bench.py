@@ -145,7 +145,7 @@ class Problem:
         p = MODELS[model]
         self.model, self.B = model, B
         H, HV, K, V = p["H"], p["HV"], p["K"], p["V"]
-        self.H, self.HV, self.K, self.V, self.is_kda = H, HV, K, V, p["is_kda"]
+        self.H, self.HV, self.K, self.V, self.is_kda = H, HV, K, V, bool(p["is_kda"])
         g = torch.Generator(device="cuda").manual_seed(seed)
         dev = "cuda"
         N = B + 1

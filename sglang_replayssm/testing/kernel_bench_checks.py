@@ -3,6 +3,8 @@ floor, and one decode step (device cursor step + ring decode) eager vs CUDA-grap
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from sglang_replayssm.kernels.cursor import cursor_step_triton
@@ -33,7 +35,7 @@ def bench_materialize(B: int, copy_TBps: dict) -> list[dict]:
             dst = torch.arange(B + 1, 2 * B + 1, dtype=torch.int64, device="cuda")
             counts = torch.full((B,), L_RING - 1, dtype=torch.int32, device="cuda")
             args = (temporal, d, k, g, src, dst, counts)
-            t, meth = time_us(lambda args=args, is_kda=is_kda: fn(*args, is_kda=is_kda, check_values=False))
+            t, meth = time_us(functools.partial(fn, *args, is_kda=is_kda, check_values=False))
             rec = (HV * V + H * K + (HV * K if is_kda else HV)) * 4
             nbytes = B * (2 * HV * V * K * 4 + (L_RING - 1) * rec)
             floor_us = nbytes / (copy_TBps[model] * 1e6)

@@ -93,7 +93,7 @@ def interpreted_stdlib() -> Iterator[None]:
             def _interpreted_call(self: Any, *args: Any, **kwargs: Any) -> Any:
                 return _interpreted_twin(self.fn)(*args, **kwargs)
 
-            JITFunction.__call__ = _interpreted_call  # type: ignore[method-assign]
+            JITFunction.__call__ = _interpreted_call
         _stdlib_depth += 1
     try:
         yield
@@ -101,7 +101,7 @@ def interpreted_stdlib() -> Iterator[None]:
         with _stdlib_lock:
             _stdlib_depth -= 1
             if _stdlib_depth == 0:
-                JITFunction.__call__ = _stdlib_saved_call  # type: ignore[method-assign]
+                JITFunction.__call__ = _stdlib_saved_call
                 _stdlib_saved_call = None
 
 

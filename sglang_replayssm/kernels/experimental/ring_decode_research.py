@@ -11,6 +11,7 @@ pipelining, the CUDA read pass paired with the Triton flush pass, bulk-copy buil
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -74,27 +75,28 @@ def split_tuning(tuning: Mapping[str, object], base: RingDecodeConfig) -> tuple[
     unknown = set(tuning) - _CONFIG_FIELDS - _KNOB_FIELDS
     if unknown:
         raise ValueError(f"unknown launch knob(s) {sorted(unknown)}")
+    # a sweep dict's values are untyped (JSON); the frozen dataclasses check what they need
     cfg = dataclasses.replace(base, **{k: v for k, v in tuning.items() if k in _CONFIG_FIELDS})  # type: ignore[arg-type]
     knobs = ResearchKnobs(**{k: v for k, v in tuning.items() if k in _KNOB_FIELDS})  # type: ignore[arg-type]
     return cfg, knobs
 
 
 def _launch_research(step: RingStep, cfg: RingDecodeConfig, knobs: ResearchKnobs) -> None:
-    regs = {"flush_mode": knobs.flush_mode, "evict_first": knobs.evict_first, "maxnreg": knobs.maxnreg}
-    flush_pass = dict(regs, num_stages=1)  # the flush pass of a "slices" / "cuda" step: one stage
+    regs = functools.partial(
+        launch_rows, step, cfg, flush_mode=knobs.flush_mode, evict_first=knobs.evict_first, maxnreg=knobs.maxnreg
+    )
     if cfg.engine == "cuda":
         run_passes(step, cfg, flush=knobs.cuda_flush, bulk=knobs.cuda_bulk, flush_bulk=knobs.cuda_flush_bulk,
                    vsplit=knobs.cuda_vsplit, waves=knobs.cuda_waves)  # fmt: skip
         if not knobs.cuda_flush:
-            launch_rows(step, cfg, FLUSH_ROWS, **flush_pass)  # type: ignore[arg-type]
+            regs(FLUSH_ROWS)  # the flush pass of a "cuda" or "slices" step runs one stage
     elif cfg.engine == "slices":
         launch_read(step, cfg, slices_first=knobs.slices_first, perm_rows=knobs.perm_rows,
                     num_stages=knobs.num_stages or 1)  # fmt: skip
-        launch_rows(step, cfg, FLUSH_ROWS, **flush_pass)  # type: ignore[arg-type]
+        regs(FLUSH_ROWS)
     else:
-        passes = (NON_FLUSH_ROWS, FLUSH_ROWS) if cfg.split else (ALL_ROWS,)
-        for rows in passes:
-            launch_rows(step, cfg, rows, num_stages=knobs.num_stages or 1, **regs)  # type: ignore[arg-type]
+        for rows in (NON_FLUSH_ROWS, FLUSH_ROWS) if cfg.split else (ALL_ROWS,):
+            regs(rows, num_stages=knobs.num_stages or 1)
 
 
 def ring_decode_research(
