@@ -100,25 +100,12 @@ def _launch_research(step: RingStep, cfg: RingDecodeConfig, knobs: ResearchKnobs
 
 
 def ring_decode_research(
-    mixed_qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    scale: float,
-    initial_state: torch.Tensor,
-    d_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    g_cache: torch.Tensor,
-    out: torch.Tensor,
-    ssm_state_indices: torch.Tensor,
-    write_pos: torch.Tensor,
-    force_flush: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    is_kda: bool = False,
-    *,
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    scale: float, initial_state: torch.Tensor, d_cache: torch.Tensor, k_cache: torch.Tensor,
+    g_cache: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor, write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None = None, use_qk_l2norm_in_kernel: bool = False, is_kda: bool = False, *,
     tuning: Mapping[str, object] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """:func:`..ring_decode.ring_decode` with a sweep's flat launch dict: ``tuning``'s config
     fields override :func:`..ring_decode.pick_config`'s choice for this step (an ``engine`` of
     ``"cuda"`` is then forced: inputs that do not fit raise
