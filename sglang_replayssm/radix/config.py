@@ -61,7 +61,8 @@ _state: dict[str, bool] | None = None
 
 
 def cuda_kernels_enabled() -> bool:
-    """False when ``SGLANG_REPLAYSSM_CUDA_KERNELS`` is ``0``: the ring decode then never runs the CUDA passes."""
+    """False when ``SGLANG_REPLAYSSM_CUDA_KERNELS`` is ``0``: the ring decode's default launch then
+    never picks the CUDA passes (read on every call)."""
     return os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") != "0"
 
 
