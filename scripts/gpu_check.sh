@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Kernel checks on the lent GPU box, in one call: GPU tests of the ring decode kernel and the
-# device cursor, then scripts/bench_kernels.py (table + JSON). Logs go to $OUT (the device tool's
-# return folder) or out/gpu. Extra arguments go to bench_kernels.py.
+# Kernel checks on the lent GPU box, in one call: GPU tests of the ring decode kernels, the
+# device cursor and materialize, then scripts/bench_kernels.py (table + JSON). Logs go to $OUT
+# (the device tool's return folder) or out/gpu. Extra arguments go to bench_kernels.py. The
+# package is imported from this tree (PYTHONPATH), the GPU box having no install of it.
 #
 # Needs, carried in .devcarry/ (ignored by git; see notes/kernels.md for how it is made):
 #   apache_tvm_ffi-*.whl                 tvm_ffi for the CUDA KDA packed baseline
@@ -20,6 +21,7 @@ mkdir -p /tmp/kda_packed_build && cp .devcarry/kda_build/*.so /tmp/kda_packed_bu
 cat "$OUT/env.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 400 python3 -m pytest -q -p no:cacheprovider -rs tests/test_ring_decode_triton.py tests/test_cursor.py \
+    tests/test_ring_decode_cuda.py tests/test_radix_kernel_binding.py tests/test_materialize.py \
     2>&1 | tee "$OUT/pytest.log" | tail -30
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

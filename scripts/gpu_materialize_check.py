@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sglang_replayssm.kernels.materialize_ref import materialize_torch  # noqa: E402
-from sglang_replayssm.kernels.materialize_triton import materialize_triton  # noqa: E402
+from sglang_replayssm.kernels.materialize_ref import materialize_torch
+from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
 SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
 B, L, COUNT = 256, 16, 15

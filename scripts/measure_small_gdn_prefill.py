@@ -16,15 +16,12 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sglang_replayssm.models import DEFAULT_OUT, SPECS, hf_model_class, make_models  # noqa: E402
+from sglang_replayssm.models import DEFAULT_OUT, SPECS, hf_model_class, make_models
 
 
 def _timed(fn: object) -> tuple[float, object]:

@@ -3,22 +3,18 @@
 Usage (GPU box): ``ncu --clock-control none -k regex:ring_step --launch-skip 4 --launch-count 2
 python3 scripts/profile_cuda_step.py --model gdn --B 256 --m 0 --cfg '{"cuda_stages": 3}'``: the
 third step's two launches (non-flush pass, flush pass) are profiled. Shapes and data are those of
-``scripts/bench_kernels.py``'s ``Problem``.
+the kernel benchmark's :class:`sglang_replayssm.testing.kernel_bench.Problem`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_kernels import Problem  # noqa: E402
-
-from sglang_replayssm.kernels.ring_decode_triton import ring_decode_triton  # noqa: E402
+from sglang_replayssm.kernels.experimental.ring_decode_research import ring_decode_research
+from sglang_replayssm.testing.kernel_bench import Problem
 
 
 def main() -> int:
@@ -26,13 +22,13 @@ def main() -> int:
     ap.add_argument("--model", choices=["gdn", "kda"], default="gdn")
     ap.add_argument("--B", type=int, default=256)
     ap.add_argument("--m", type=int, default=0, help="cursor of every row (L-1: a flush step)")
-    ap.add_argument("--cfg", default="{}", help="JSON launch knobs for ring_decode_triton")
+    ap.add_argument("--cfg", default="{}", help="JSON launch knobs (a sweep dict) for ring_decode_research")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     pb = Problem(args.model, args.B)
     cfg = {"engine": "cuda", **json.loads(args.cfg)}
     for _ in range(args.steps):
-        pb.ring_step(ring_decode_triton, args.m, **cfg)
+        pb.ring_step(ring_decode_research, args.m, tuning=cfg)
     torch.cuda.synchronize()
     return 0
 

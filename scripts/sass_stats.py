@@ -19,18 +19,15 @@ import collections
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from sglang_replayssm.kernels.ring_decode_slices import ring_read_rows_kernel  # noqa: E402
-from sglang_replayssm.kernels.ring_decode_triton import _ring_decode_kernel  # noqa: E402
+from sglang_replayssm.kernels.ring_decode_slices import ring_read_rows_kernel
+from sglang_replayssm.kernels.ring_decode_triton import ring_decode_kernel
 
 POINTERS = {
     "qkv": "*bf16", "a": "*bf16", "b": "*bf16", "A_log": "*fp32", "dt_bias": "*fp32", "out": "*bf16",
@@ -99,9 +96,9 @@ def configs(is_kda: bool) -> list[tuple[str, object, dict, int]]:
     base = {"H": 32 if is_kda else 16, "HV": 32, "K": 128, "V": 128, "L": 16, "BC": 16, "IS_KDA": is_kda,
             "HAS_FF": False, "USE_L2NORM": True, "ROW_MAJOR": True}  # fmt: skip
     out = [
-        ("rows bv8 w1 (non-flush pass)", _ring_decode_kernel,
+        ("rows bv8 w1 (non-flush pass)", ring_decode_kernel,
          dict(base, BVC=8, VPER=128, FLUSH_MODE=0, PF=1, PASS=1, EVICT=""), 1),
-        ("rows bv8 w1 (flush pass)", _ring_decode_kernel,
+        ("rows bv8 w1 (flush pass)", ring_decode_kernel,
          dict(base, BVC=8, VPER=128, FLUSH_MODE=0, PF=1, PASS=2, EVICT=""), 1),
     ]  # fmt: skip
     for ks, bv, nw, ns, qf in [(16, 8, 1, 1, False), (32, 8, 1, 1, False), (16, 8, 1, 1, True), (16, 32, 4, 3, False)]:

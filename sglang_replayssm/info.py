@@ -29,7 +29,9 @@ def _ring_decode_path() -> str:
 
     import torch
 
-    if os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") == "0":
+    from sglang_replayssm.radix.config import cuda_kernels_enabled
+
+    if not cuda_kernels_enabled():
         return "Triton (CUDA passes switched off by SGLANG_REPLAYSSM_CUDA_KERNELS=0)"
     if not torch.cuda.is_available():
         nvcc = shutil.which(os.environ.get("NVCC", "nvcc"))

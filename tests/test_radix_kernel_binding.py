@@ -36,7 +36,7 @@ def test_binding_passes_sglang_arguments_to_the_ring_kernel(monkeypatch, is_kda)
     mixed_qkv, a, b, kw = _case(is_kda)
     ours = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in kw.items()}
     monkeypatch.setattr(kernel_binding, "_ours_applies", lambda x, kwargs: True)
-    monkeypatch.setattr(kernel_binding, "_ring_kernel", lambda: ring_decode_torch)
+    monkeypatch.setattr(kernel_binding, "ring_decode", ring_decode_torch)
     got = kernel_binding.ring_packed_decode(None, None, mixed_qkv, a, b, is_kda=is_kda, **ours)
 
     # What SGLang's own packed_decode passes to its kernel (gdn_triton.py:96-118 / kda_triton.py:78-110).

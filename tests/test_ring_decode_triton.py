@@ -1,4 +1,4 @@
-"""Ring decode kernel (sglang_replayssm.kernels.ring_decode_triton) vs the fp64 recurrence.
+"""Ring decode kernels (sglang_replayssm.kernels.ring_decode, every engine) vs the fp64 recurrence.
 
 Each test drives a batch through >= 2L+1 decode steps with the device cursor of
 ``sglang_replayssm.kernels.cursor``: random start cursors per slot, natural (``m == L-1``) and
@@ -13,7 +13,9 @@ forced flushes, padded rows (slot -1) and slots outside the batch. Invariants ch
 
 On CPU the kernels run under ``TRITON_INTERPRET=1`` with small shapes (K=V=32, L=4); on CUDA they
 run compiled at the Qwen3-Next (GDN) and Kimi-Linear (KDA) shapes with L=16, over every launch
-variant. fp32 I/O must agree to 1e-5 relative error; bf16 I/O (production dtypes) to 5e-3.
+variant: the product's default through ``ring_decode``, the others (sweep dicts, research knobs
+included) through ``experimental.ring_decode_research``. fp32 I/O must agree to 1e-5 relative
+error; bf16 I/O (production dtypes) to 5e-3.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import torch
 
 from sglang_replayssm.kernels import naive
 from sglang_replayssm.kernels.cursor import cursor_step_torch
-from sglang_replayssm.kernels.ring_decode_triton import ring_decode_triton
+from sglang_replayssm.kernels.experimental.ring_decode_research import ring_decode_research
+from sglang_replayssm.kernels.ring_decode import RingDecodeConfig, pick_config, ring_decode
+from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -115,10 +119,11 @@ class RingSim:
             (self.state[o].clone(), self.d[o].clone(), self.k[o].clone(), self.g[o].clone(), int(self.cursor[o]))
             for o in self.outside
         ]
-        ring_decode_triton(
-            qkv, a, b, self.A_log, self.dt_bias, s.K**-0.5, self.state, self.d, self.k, self.g, out,
-            rows, wp, ff, use_qk_l2norm_in_kernel=True, is_kda=self.is_kda, **kernel_kwargs,
-        )  # fmt: skip
+        args = (qkv, a, b, self.A_log, self.dt_bias, s.K**-0.5, self.state, self.d, self.k, self.g, out, rows, wp, ff)
+        if kernel_kwargs:
+            ring_decode_research(*args, use_qk_l2norm_in_kernel=True, is_kda=self.is_kda, tuning=kernel_kwargs)
+        else:
+            ring_decode(*args, use_qk_l2norm_in_kernel=True, is_kda=self.is_kda)
         # Truth for the valid rows.
         valid = [i for i in range(s.B) if int(rows[i]) >= 0]
         vslots = [int(rows[i]) for i in valid]
@@ -273,30 +278,54 @@ def test_rejects_bad_inputs() -> None:
     idx = torch.zeros(2, dtype=torch.int32, device=DEV)
     args = (qkv, a, a, torch.zeros(s.HV, device=DEV), torch.zeros(s.HV, device=DEV), 1.0, state, d, k)
     with pytest.raises(ValueError, match="write_pos"):
-        ring_decode_triton(*args, g, out, idx, idx.long())
+        ring_decode(*args, g, out, idx, idx.long())
     with pytest.raises(ValueError, match="g_cache"):
-        ring_decode_triton(*args, g.double(), out, idx, idx)
-    with pytest.raises(ValueError, match="KDA a"):
+        ring_decode(*args, g.double(), out, idx, idx)
+    with pytest.raises(ValueError, match="KDA `a`"):
         g_kda = torch.zeros(3, s.HV, s.L, s.K, device=DEV)
-        ring_decode_triton(*args, g_kda, out, idx, idx, is_kda=True)
+        ring_decode(*args, g_kda, out, idx, idx, is_kda=True)
     with pytest.raises(ValueError, match="block_v"):
-        ring_decode_triton(*args, g, out, idx, idx, block_v=3)
+        ring_decode(*args, g, out, idx, idx, config=RingDecodeConfig(3, 1, 1, 1, False))
     with pytest.raises(ValueError, match="block_v"):
-        ring_decode_triton(*args, g, out, idx, idx, block_v=s.V, v_split=2)
+        ring_decode(*args, g, out, idx, idx, config=RingDecodeConfig(s.V, 2, 1, 1, False))
     with pytest.raises(ValueError, match="engine"):
-        ring_decode_triton(*args, g, out, idx, idx, engine="tensor-cores")
+        RingDecodeConfig(8, 1, 1, 1, False, engine="tensor-cores")
+    with pytest.raises(ValueError, match="unknown launch knob"):
+        ring_decode_research(*args, g, out, idx, idx, tuning={"nk": 2})
     if not CUDA:
         with pytest.raises(ValueError, match="not on a CUDA device"):
-            ring_decode_triton(*args, g, out, idx, idx, engine="cuda")
+            ring_decode(*args, g, out, idx, idx, config=RingDecodeConfig(8, 1, 1, 1, True, engine="cuda"))
     # B == 0 is a no-op
     empty = qkv[:0]
-    ring_decode_triton(empty, a[:0], a[:0], *args[3:], g, out[:0], idx[:0], idx[:0])
+    ring_decode(empty, a[:0], a[:0], *args[3:], g, out[:0], idx[:0], idx[:0])
+
+
+@pytest.mark.parametrize("kernel", [ring_decode, ring_decode_torch], ids=["fused", "torch"])
+def test_cursor_tensors_have_exactly_b_entries(kernel) -> None:
+    """``write_pos``, ``ssm_state_indices`` and ``force_flush`` have exactly B entries, as SGLang's
+    wrapper requires and its decode metadata passes them: one validator for both paths."""
+    s = GDN
+    B = 2
+    qkv = torch.zeros(B, 2 * s.H * s.K + s.HV * s.V, device=DEV)
+    state = torch.zeros(3, s.HV, s.V, s.K, device=DEV)
+    ring = (torch.zeros(3, s.HV, s.L, s.V, device=DEV), torch.zeros(3, s.H, s.L, s.K, device=DEV),
+            torch.zeros(3, s.HV, s.L, device=DEV))  # fmt: skip
+    a = torch.zeros(B, s.HV, device=DEV)
+    args = (qkv, a, a, torch.zeros(s.HV, device=DEV), torch.zeros(s.HV, device=DEV), 1.0, state, *ring)
+    out = torch.zeros(B, 1, s.HV, s.V, device=DEV)
+    idx = torch.zeros(B, dtype=torch.int32, device=DEV)
+    longer = torch.zeros(B + 1, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="write_pos"):
+        kernel(*args, out, idx, longer)
+    with pytest.raises(ValueError, match="ssm_state_indices"):
+        kernel(*args, out, longer, idx)
+    with pytest.raises(ValueError, match="force_flush"):
+        kernel(*args, out, idx, idx, longer)
 
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU answer")
 def test_cuda_passes_not_chosen_without_cuda() -> None:
     from sglang_replayssm.kernels.ring_decode_cuda import available
-    from sglang_replayssm.kernels.ring_decode_triton import pick_config
 
     assert not available()
     assert pick_config(256, 16, 32, 128, 128, 16, is_kda=False).engine == "regs"
@@ -308,7 +337,7 @@ def test_cuda_passes_not_chosen_without_cuda() -> None:
 
 def _sglang_kernel():
     try:
-        from sglang_replayssm.kernels.sglang_triton import sglang_replayssm_decode
+        from sglang_replayssm.testing.sglang_triton import sglang_replayssm_decode
 
         return sglang_replayssm_decode()
     except Exception:  # pragma: no cover - SGLang absent (the GPU box carries no install)
@@ -334,7 +363,7 @@ def test_same_ring_effects_as_sglang_kernel(is_kda: bool) -> None:
     ff = torch.tensor([0, 0, 1, 0][: shape.B], dtype=torch.int32)
     wp = sim.cursor[sim.rows.clamp(min=0).long()].clone()
     res = []
-    for kernel in (ring_decode_triton, fn):
+    for kernel in (ring_decode, fn):
         st, d, k, g = sim.state.clone(), sim.d.clone(), sim.k.clone(), sim.g.clone()
         out = torch.full((shape.B, 1, shape.HV, shape.V), float("nan"))
         kernel(

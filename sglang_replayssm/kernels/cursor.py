@@ -185,16 +185,19 @@ def cursor_step_triton(
     B = slots.shape[0]
     dev = write_pos_buf.device
     wp = wp_out if wp_out is not None else torch.empty(B, dtype=torch.int32, device=dev)
-    has_ff = seq_lens is not None and track_interval is not None
-    if has_ff and track_interval <= 0:
+    lens = seq_lens if track_interval is not None else None  # the force-flush mask's input, if any
+    interval = int(track_interval) if track_interval is not None else 1
+    if lens is not None and interval <= 0:
         raise ValueError(f"track_interval must be positive (got {track_interval})")
-    ff = (ff_out if ff_out is not None else torch.empty(B, dtype=torch.int32, device=dev)) if has_ff else None
+    ff = None
+    if lens is not None:
+        ff = ff_out if ff_out is not None else torch.empty(B, dtype=torch.int32, device=dev)
     if B == 0:
         return wp[:0], (ff[:0] if ff is not None else None)
     _cursor_step_kernel[(1,)](
-        write_pos_buf, slots.contiguous(), seq_lens if has_ff else slots, wp, ff if has_ff else wp,
-        B, seq_lens.shape[0] if has_ff else 0, int(track_interval) if has_ff else 1,
-        L=L, HAS_FF=has_ff, BLOCK=block, num_warps=4,
+        write_pos_buf, slots.contiguous(), lens if lens is not None else slots, wp, ff if ff is not None else wp,
+        B, lens.shape[0] if lens is not None else 0, interval if lens is not None else 1,
+        L=L, HAS_FF=lens is not None, BLOCK=block, num_warps=4,
     )  # fmt: skip
     return wp[:B], (ff[:B] if ff is not None else None)
 

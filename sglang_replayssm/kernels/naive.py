@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from .constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
+
 __all__ = [
     "L2NORM_EPS",
     "SOFTPLUS_THRESHOLD",
@@ -50,10 +52,6 @@ __all__ = [
     "unpack_mixed_qkv",
 ]
 
-#: Epsilon added to the squared norm in the in-kernel q/k L2 normalisation.
-L2NORM_EPS: float = 1e-6
-#: Softplus switches to the identity above this input (beta = 1), as in SGLang's kernels.
-SOFTPLUS_THRESHOLD: float = 20.0
 
 _F64 = torch.float64
 

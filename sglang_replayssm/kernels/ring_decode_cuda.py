@@ -3,11 +3,13 @@
 ``flush=False``: the non-flush rows (output + ring record; padded rows zeroed; flush rows
 skipped), the contract of :func:`sglang_replayssm.kernels.ring_decode_slices.ring_read_rows_kernel`.
 ``flush=True``: the flush rows (output + new checkpoint; every other row skipped), the contract of
-the flush pass of :mod:`.ring_decode_triton`. The wrapper there launches the two in that order
+the flush pass of :mod:`.ring_decode_triton`. :func:`run_passes` launches the two in that order
 (or concurrently, on two streams). The shared object is compiled once per (source, architecture,
 build options: register budgets, staging depth, bulk copies) with ``nvcc`` into
-``$SGLANG_REPLAYSSM_CUDA_CACHE`` (default ``~/.cache/sglang-replayssm/cuda``) and loaded with ``ctypes``; the launch goes onto the
-current torch stream, so it is captured by CUDA graphs like any other kernel.
+``$SGLANG_REPLAYSSM_CUDA_CACHE`` (default ``~/.cache/sglang-replayssm/cuda``) and loaded with
+``ctypes``; the launch goes onto the current torch stream, so it is captured by CUDA graphs like
+any other kernel. The bulk-copy builds, ``vsplit`` and the non-flush pass's grid cap (``waves``)
+are research parameters of :func:`run_passes`, used only by the sweeps.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "supports"]
+from ..radix.config import cuda_kernels_enabled
+from .ring_decode_args import RingStep
+from .ring_decode_config import RingDecodeConfig
+
+__all__ = [
+    "DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "run_passes", "supports",
+]  # fmt: skip
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
@@ -109,7 +117,7 @@ def available() -> bool:
     8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the default build
     (:data:`DEFAULT_BUILD`) cached or nvcc able to make it (built and loaded on the first call;
     the answer is cached per process)."""
-    if os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") == "0" or not torch.cuda.is_available():
+    if not cuda_kernels_enabled() or not torch.cuda.is_available():
         return False
     key = str(torch.cuda.current_device())
     if key not in _AVAILABLE:
@@ -161,39 +169,75 @@ def supports(
 
 
 def launch_step(
-    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-    out: torch.Tensor, state: torch.Tensor, d: torch.Tensor, k: torch.Tensor, g: torch.Tensor,
-    slots: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None, scale: float,
-    strides: tuple[int, ...], *, B: int, H: int, HV: int, K: int, V: int, L: int, is_kda: bool,
-    use_l2norm: bool, flush: bool, warps: int = 4, min_blocks: int = 4, flush_min_blocks: int = 1,
-    stages: int = 0, flush_stages: int = 0, bulk: bool = False, flush_bulk: bool = False, vsplit: int = 1,
-    waves: int = 0, tail: int = 0,
+    step: RingStep, *, flush: bool, warps: int, min_blocks: int, flush_min_blocks: int, stages: int,
+    flush_stages: int, bulk: bool = False, flush_bulk: bool = False, vsplit: int = 1, waves: int = 0, tail: int = 0,
 ) -> None:  # fmt: skip
-    """Launch one pass for ``B`` rows, ``vsplit`` warps per (row, value head) each streaming
-    ``V / vsplit`` rows; ``waves`` > 0 caps the grid at that many resident sets of blocks (each warp
-    then serves several (row, head) items, and rows the pass skips cost one short wave), 0 launches
-    one warp per item. ``tail`` > 0 (``vsplit`` 1): the last ``tail`` quarters of the resident
-    warps' worth of items (but none of the first resident set's) are served in halves, so the
-    step's ragged end is short. Precondition (the wrapper in :mod:`.ring_decode_triton` checks it
-    once per step): its shape checks passed and :func:`supports` returned ``None``."""
-    if warps not in (1, 2, 4):
-        raise ValueError(f"warps must be 1, 2 or 4 (got {warps})")
-    if waves < 0 or tail < 0:
-        raise ValueError(f"waves and tail must be >= 0 (got {waves}, {tail})")
-    if vsplit not in VSPLITS:
-        raise ValueError(f"vsplit must be one of {VSPLITS} (got {vsplit})")
+    """Launch one pass for the step's ``B`` rows, ``vsplit`` warps per (row, value head) each
+    streaming ``V / vsplit`` rows; ``waves`` > 0 caps the grid at that many resident sets of blocks
+    (each warp then serves several (row, head) items, and rows the pass skips cost one short wave),
+    0 launches one warp per item. ``tail`` > 0 (``vsplit`` 1): the last ``tail`` quarters of the
+    resident warps' worth of items (but none of the first resident set's) are served in halves, so
+    the step's ragged end is short. Precondition, checked once per step by the caller: the
+    arguments passed :mod:`.ring_decode_args`'s checks and :func:`supports` returned ``None``."""
     lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
+    s = step.shape
     vp = ctypes.c_void_p
-    st = (ctypes.c_int64 * 7)(*strides)
+    st = (ctypes.c_int64 * 7)(*step.strides)
+    ff = step.force_flush
     rc = lib.ring_step_launch(
-        vp(mixed_qkv.data_ptr()), vp(a.data_ptr()), vp(b.data_ptr()), vp(A_log.data_ptr()), vp(dt_bias.data_ptr()),
-        vp(out.data_ptr()), vp(state.data_ptr()), vp(d.data_ptr()), vp(k.data_ptr()), vp(g.data_ptr()),
-        vp(slots.data_ptr()), vp(write_pos.data_ptr()), vp(force_flush.data_ptr() if force_flush is not None else 0),
-        ctypes.c_float(scale), st, ctypes.c_int(B), ctypes.c_int(H), ctypes.c_int(HV), ctypes.c_int(L),
-        ctypes.c_int(int(is_kda)), ctypes.c_int(int(use_l2norm)), ctypes.c_int(_IO[mixed_qkv.dtype]),
-        ctypes.c_int(int(slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit),
+        vp(step.qkv.data_ptr()), vp(step.a.data_ptr()), vp(step.b.data_ptr()), vp(step.A_log.data_ptr()),
+        vp(step.dt_bias.data_ptr()), vp(step.out.data_ptr()), vp(step.state.data_ptr()), vp(step.d.data_ptr()),
+        vp(step.k.data_ptr()), vp(step.g.data_ptr()), vp(step.slots.data_ptr()), vp(step.write_pos.data_ptr()),
+        vp(ff.data_ptr() if ff is not None else 0), ctypes.c_float(step.scale), st, ctypes.c_int(s.B),
+        ctypes.c_int(s.H), ctypes.c_int(s.HV), ctypes.c_int(s.L), ctypes.c_int(int(step.is_kda)),
+        ctypes.c_int(int(step.use_l2norm)), ctypes.c_int(_IO[step.qkv.dtype]),
+        ctypes.c_int(int(step.slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit),
         ctypes.c_int(waves), ctypes.c_int(tail), ctypes.c_int(int(flush)),
-        vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
+        vp(torch.cuda.current_stream(step.qkv.device).cuda_stream),
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"ring_step_launch failed with cudaError {rc}")
+
+
+_SIDE: dict[int, tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]] = {}
+
+
+def _side_stream(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
+    """The flush pass's side stream of this device with its fork and join events, created on first
+    use and reused (a wait binds to the event's latest record, so reuse is safe and a step
+    allocates nothing)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE:
+        _SIDE[idx] = (torch.cuda.Stream(device=idx), torch.cuda.Event(), torch.cuda.Event())
+    return _SIDE[idx]
+
+
+def run_passes(
+    step: RingStep, cfg: RingDecodeConfig, *, flush: bool = True, bulk: bool = False, flush_bulk: bool = False,
+    vsplit: int = 1, waves: int = 0,
+) -> None:  # fmt: skip
+    """The step's CUDA passes with ``cfg``'s ``cuda_*`` knobs: the non-flush pass, then (``flush``)
+    the flush pass, or, with ``cfg.cuda_overlap``, the flush pass on a side stream forked from and
+    joined back to the current one. The passes serve disjoint rows (distinct slots), so they
+    overlap on the GPU (two parallel nodes when captured in a CUDA graph) and an empty pass costs
+    no step time. ``flush=False`` leaves the flush rows to the caller; the other keywords are
+    research parameters (see :func:`launch_step`)."""
+    one_pass = functools.partial(
+        launch_step, step, warps=cfg.cuda_warps, min_blocks=cfg.cuda_min_blocks,
+        flush_min_blocks=cfg.cuda_flush_min_blocks, stages=cfg.cuda_stages, flush_stages=cfg.cuda_flush_stages,
+        bulk=bulk, flush_bulk=flush_bulk, vsplit=vsplit,
+    )  # fmt: skip
+    if flush and cfg.cuda_overlap:
+        main = torch.cuda.current_stream(step.qkv.device)
+        side, fork, join = _side_stream(step.qkv.device)
+        fork.record(main)
+        side.wait_event(fork)
+        with torch.cuda.stream(side):
+            one_pass(flush=True, waves=cfg.cuda_flush_waves)
+        join.record(side)
+        one_pass(flush=False, waves=waves, tail=cfg.cuda_tail)
+        main.wait_event(join)
+        return
+    one_pass(flush=False, waves=waves, tail=cfg.cuda_tail)
+    if flush:
+        one_pass(flush=True, waves=cfg.cuda_flush_waves)

@@ -1,7 +1,7 @@
 """Pure-torch ReplaySSM ring decode: a drop-in for SGLang 0.5.23's
 ``fused_recurrent_linear_replayssm_decode`` (decode mode, GDN and KDA).
 
-Same signature, same return value and same in-place effects as the Triton wrapper, so the CPU
+Same signature, same return value and same in-place effects as SGLang's wrapper, so the CPU
 runtime can bind :func:`ring_decode_torch` where ``TritonGDNKernel.packed_decode`` /
 ``TritonKDAKernel.packed_decode`` call the kernel. Arithmetic is fp32 and mirrors the kernel's
 casts (the reconstruction operands are rounded to ``out.dtype``; the ring key is stored as
@@ -21,94 +21,23 @@ Per decode row ``i`` with slot ``s = ssm_state_indices[i]`` and cursor ``m = wri
   ``k`` ``[H_k, K]``, fp32 ``g`` ``[HV]`` or ``[HV, K]``); the checkpoint is not written.
 * ``write_pos`` is never modified (the host advances it).
 
-Invariants checked (``ValueError``): the wrapper's shape/dtype checks, plus ``0 <= m <= L-1`` and
-``s < num_slots`` for valid rows and no slot appearing in two valid rows (the Triton kernel would
-race on it). The kernel's launch-tuning arguments (``block_v``, ``num_warps``, ``num_stages``,
-``nk``) are accepted and ignored, so ``K < 32`` is allowed here although the kernel refuses it.
+Invariants checked (``ValueError``): SGLang's shape/dtype checks
+(:func:`.ring_decode_args.check_ring_decode_args`, shared with the fused kernels), plus
+``0 <= m <= L-1`` and ``s < num_slots`` for valid rows and no slot appearing in two valid rows
+(the fused kernels would race on it). SGLang's launch-tuning arguments (``block_v``,
+``num_warps``, ``num_stages``, ``nk``) are accepted and ignored; the fused kernels' layout
+requirements (:func:`.ring_decode_args.check_fused_layout`: powers of two, contiguity) do not
+apply here.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
+from .ring_decode_args import check_ring_decode_args
+
 __all__ = ["ring_decode_torch"]
-
-_SOFTPLUS_THRESHOLD = 20.0
-_L2NORM_EPS = 1e-6
-
-
-def _validate(
-    mixed_qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    initial_state: torch.Tensor,
-    d_cache: torch.Tensor,
-    k_cache: torch.Tensor,
-    g_cache: torch.Tensor,
-    out: torch.Tensor,
-    ssm_state_indices: torch.Tensor,
-    write_pos: torch.Tensor,
-    force_flush: torch.Tensor | None,
-    is_kda: bool,
-) -> tuple[int, int, int, int, int, int]:
-    """Mirror of the Triton wrapper's argument checks; returns ``(B, H, HV, K, V, L)``."""
-    if mixed_qkv.ndim != 2:
-        raise ValueError(f"`mixed_qkv` must be 2D (got ndim={mixed_qkv.ndim}).")
-    if b.ndim != 2:
-        raise ValueError(f"`b` must be 2D (got b.ndim={b.ndim}).")
-    if A_log.ndim != 1:
-        raise ValueError("`A_log` must be a 1D tensor.")
-    if initial_state.ndim != 4:
-        raise ValueError(f"`initial_state` must be 4D (got ndim={initial_state.ndim}).")
-    if write_pos.ndim != 1 or write_pos.dtype != torch.int32:
-        raise ValueError("`write_pos` must be a 1D int32 tensor.")
-    if force_flush is not None and (force_flush.ndim != 1 or force_flush.dtype != torch.int32):
-        raise ValueError("`force_flush` must be a 1D int32 tensor or None.")
-    B = mixed_qkv.shape[0]
-    _, HV, V, K = initial_state.shape
-    q_dim = (mixed_qkv.shape[1] - HV * V) // 2
-    if q_dim <= 0 or q_dim % K != 0 or 2 * q_dim + HV * V != mixed_qkv.shape[1]:
-        raise ValueError(f"Invalid packed `mixed_qkv` last dim={mixed_qkv.shape[1]} for HV={HV}, V={V}, K={K}.")
-    H = q_dim // K
-    if HV % H != 0:
-        raise ValueError(f"Invalid head config inferred from mixed_qkv: H={H}, HV={HV}.")
-    L = d_cache.shape[2]
-    if is_kda:
-        if tuple(a.shape) != (B, HV, K):
-            raise ValueError(f"KDA `a` must have shape {(B, HV, K)} (got {tuple(a.shape)}).")
-        if tuple(dt_bias.shape) != (HV, K):
-            raise ValueError(f"KDA `dt_bias` must have shape {(HV, K)} (got {tuple(dt_bias.shape)}).")
-        g_expect: tuple[int, ...] = (HV, L, K)
-    else:
-        if tuple(a.shape) != (B, HV):
-            raise ValueError(f"GDN `a` must have shape {(B, HV)} (got {tuple(a.shape)}).")
-        if tuple(dt_bias.shape) != (HV,):
-            raise ValueError(f"GDN `dt_bias` must have shape {(HV,)} (got {tuple(dt_bias.shape)}).")
-        g_expect = (HV, L)
-    if A_log.shape[0] != HV or tuple(b.shape) != (B, HV):
-        raise ValueError(f"`A_log` must be ({HV},) and `b` {(B, HV)} (got {tuple(A_log.shape)}, {tuple(b.shape)}).")
-    if tuple(d_cache.shape[1:]) != (HV, L, V):
-        raise ValueError(f"`d_cache` per-slot shape must be {(HV, L, V)} (got {tuple(d_cache.shape[1:])}).")
-    if tuple(k_cache.shape[1:]) != (H, L, K):
-        raise ValueError(f"`k_cache` per-slot shape must be {(H, L, K)} (got {tuple(k_cache.shape[1:])}).")
-    if tuple(g_cache.shape[1:]) != g_expect:
-        raise ValueError(f"`g_cache` per-slot shape must be {g_expect} (got {tuple(g_cache.shape[1:])}).")
-    if g_cache.dtype != torch.float32:
-        raise ValueError(f"`g_cache` must be float32 (got {g_cache.dtype}).")
-    if tuple(out.shape) != (B, 1, HV, V):
-        raise ValueError(f"`out` must have shape {(B, 1, HV, V)} (got {tuple(out.shape)}).")
-    if write_pos.shape[0] != B or ssm_state_indices.shape[0] != B:
-        raise ValueError(
-            f"`write_pos` and `ssm_state_indices` must both have length B={B} "
-            f"(got {write_pos.shape[0]}, {ssm_state_indices.shape[0]})."
-        )
-    if force_flush is not None and force_flush.shape[0] != B:
-        raise ValueError(f"`force_flush` must have length B={B} (got {force_flush.shape[0]}).")
-    if not (d_cache.shape[0] == k_cache.shape[0] == g_cache.shape[0] == initial_state.shape[0]):
-        raise ValueError("ring tensors and `initial_state` must have the same number of slots.")
-    return B, H, HV, K, V, L
 
 
 def ring_decode_torch(
@@ -143,7 +72,7 @@ def ring_decode_torch(
     (int32 or None) ``[B]``. Returns ``(out, initial_state)``.
     """
     del block_v, num_warps, num_stages, nk  # launch tuning of the Triton kernel only
-    B, H, HV, K, V, L = _validate(
+    B, H, HV, K, V, L = check_ring_decode_args(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
         ssm_state_indices, write_pos, force_flush, is_kda,
     )  # fmt: skip
@@ -172,8 +101,8 @@ def ring_decode_torch(
     k = x[:, H * K : 2 * H * K].reshape(-1, H, K)
     v = x[:, 2 * H * K :].reshape(-1, HV, V)
     if use_qk_l2norm_in_kernel:
-        q = q * (1.0 / torch.sqrt((q * q).sum(-1, keepdim=True) + _L2NORM_EPS))
-        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + _L2NORM_EPS))
+        q = q * (1.0 / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS))
+        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS))
     q_s = q * scale
     kq = (k * q_s).sum(-1)  # [n, H]
     q_v = q_s.repeat_interleave(G, dim=1)  # [n, HV, K]
@@ -182,7 +111,7 @@ def ring_decode_torch(
 
     A = torch.exp(A_log.to(f32))  # [HV]
     xg = a[rows].to(f32) + dt_bias.to(f32)
-    softplus = torch.where(xg <= _SOFTPLUS_THRESHOLD, torch.log(1.0 + torch.exp(xg)), xg)
+    softplus = torch.where(xg <= SOFTPLUS_THRESHOLD, torch.log(1.0 + torch.exp(xg)), xg)
     g_cur = -(A[:, None] if is_kda else A) * softplus  # GDN [n, HV]; KDA [n, HV, K]
     alpha = torch.exp(g_cur)
     beta = torch.sigmoid(b[rows].to(f32)).to(b.dtype).to(f32)  # [n, HV]

@@ -2,7 +2,7 @@
 
 The every-step half of the ring decode: for each decode row whose step is *not* a flush, the
 output and the new ring record, from the checkpoint ``S0`` and the live records (function,
-layout and cursor rule as in :mod:`.ring_decode_triton`). Flush rows are skipped; the caller
+layout and cursor rule as in :mod:`.ring_decode`). Flush rows are skipped; the caller
 launches the flush pass of :mod:`.ring_decode_triton` for them.
 
 Why a second form: the read-out ``S0 (A o alpha o q)`` reduces every checkpoint row over K, the
@@ -12,6 +12,9 @@ the bytes, bound the kernel (the H200 sweeps in notes/kernels.md: time tracks in
 Here a chunk is loaded as ``[rows, K/KS, KS]`` so lanes spread over rows and ``KS/4`` columns.
 Which of the two non-contiguous axes the compiler spreads lanes over is its choice (Triton 3.6
 takes ``slices_first=False``, 3.8 the other); both orders are exact, only the speed differs.
+The product launches the default order with one chunk prefetched into registers; the tile orders
+(``slices_first``, ``perm_rows``) and the shared-memory pipeline (``num_stages`` > 1) are research
+parameters of :func:`launch_read`, selected only by :mod:`.experimental.ring_decode_research`.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .ring_decode_triton import _append_key_record, _head_setup, _program_row
+from .ring_decode_args import RingStep
+from .ring_decode_common import append_key_record, head_setup, program_row
+from .ring_decode_config import RingDecodeConfig
 
-__all__ = ["ring_read_rows_kernel"]
+__all__ = ["launch_read", "ring_read_rows_kernel"]
 
 
 @triton.jit
@@ -95,7 +100,7 @@ def ring_read_rows_kernel(
     padded rows (slot < 0) get a zero output.
     """
     i_s = tl.program_id(0)
-    i_n, hv, i_h, slot, m, is_flush = _program_row(slots, write_pos, force_flush, H, HV, L, HAS_FF, ROW_MAJOR)
+    i_n, hv, i_h, slot, m, is_flush = program_row(slots, write_pos, force_flush, H, HV, L, HAS_FF, ROW_MAJOR)
     NCH: tl.constexpr = VPER // BV
     NKS: tl.constexpr = K // KS
     v_base = i_s * VPER
@@ -126,7 +131,7 @@ def ring_read_rows_kernel(
     if NS == 1:  # first chunk requested before the setup
         s_cur = tl.load(p_s).to(tl.float32)
         d_cur_t = tl.load(p_d, mask=valid[:, None], other=0.0).to(tl.float32)
-    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac = _head_setup(
+    k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac = head_setup(
         qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
         stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
     )  # fmt: skip
@@ -152,5 +157,28 @@ def ring_read_rows_kernel(
             s_cur = s_new
             d_cur_t = d_new
     if i_s == 0:
-        _append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
+        append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
                            H, HV, K, L, IS_KDA)  # fmt: skip
+
+
+def launch_read(
+    step: RingStep, cfg: RingDecodeConfig, *, slices_first: bool = False, perm_rows: bool = False,
+    num_stages: int = 1,
+) -> None:  # fmt: skip
+    """Launch :func:`ring_read_rows_kernel` for the step's non-flush rows with ``cfg``'s
+    ``block_v`` / ``v_split`` / ``num_warps`` / ``slice_k`` / ``row_major``; the keywords are the
+    kernel's research parameters (the product launches with their defaults)."""
+    s = step.shape
+    bv, _ = cfg.fit(s.V)
+    ks = cfg.slice_k
+    if ks < 4 or ks & (ks - 1) or s.K % ks != 0:
+        raise ValueError(f"slice_k={ks} must be a power of two >= 4 dividing K={s.K}")
+    grid = (cfg.v_split, s.HV, s.B) if cfg.row_major else (cfg.v_split, s.B, s.HV)
+    ring_read_rows_kernel[grid](
+        step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k, step.g,
+        step.slots, step.write_pos, step.force_flush_arg, step.scale, *step.strides,
+        H=s.H, HV=s.HV, K=s.K, V=s.V, L=s.L, BC=triton.next_power_of_2(s.L), BV=bv, KS=ks,
+        VPER=s.V // cfg.v_split, QF=slices_first, PERM=perm_rows, IS_KDA=step.is_kda, NS=num_stages,
+        HAS_FF=step.force_flush is not None, USE_L2NORM=step.use_l2norm, ROW_MAJOR=cfg.row_major,
+        num_warps=cfg.num_warps, num_stages=1,
+    )  # fmt: skip

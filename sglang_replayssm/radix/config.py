@@ -22,6 +22,7 @@ __all__ = [
     "DISABLE_ENV",
     "FIXES",
     "adapter_enabled",
+    "cuda_kernels_enabled",
     "enabled",
     "enabled_fixes",
     "override",
@@ -57,6 +58,12 @@ FIXES: dict[str, str] = {
 }
 
 _state: dict[str, bool] | None = None
+
+
+def cuda_kernels_enabled() -> bool:
+    """False when ``SGLANG_REPLAYSSM_CUDA_KERNELS`` is ``0``: the ring decode's default launch then
+    never picks the CUDA passes (read on every call)."""
+    return os.environ.get("SGLANG_REPLAYSSM_CUDA_KERNELS", "1") != "0"
 
 
 def adapter_enabled() -> bool:

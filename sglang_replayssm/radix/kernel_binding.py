@@ -1,6 +1,6 @@
-"""Bind sglang-replayssm's ring decode (kernels/ring_decode_triton.py: Triton, or the CUDA passes of
-kernels/csrc/ring_read.cu where they build and the inputs fit) where SGLang 0.5.23's packed-decode
-methods would launch its own ReplaySSM kernel, on CUDA tensors only.
+"""Bind sglang-replayssm's ring decode (:func:`sglang_replayssm.kernels.ring_decode.ring_decode`:
+Triton, or the CUDA passes of kernels/csrc/ring_read.cu where they build and the inputs fit) where
+SGLang 0.5.23's packed-decode methods would launch its own ReplaySSM kernel, on CUDA tensors only.
 
 Same ring layout, cursor and flush semantics (the kernel takes SGLang's exact argument list), so the
 swap changes speed, not results; rows without rings, the KDA safe gate (lower_bound) and non-CUDA
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglang_replayssm.kernels.ring_decode import ring_decode
+
 _RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
 
 
@@ -21,12 +23,6 @@ def _has_ring(kwargs: dict[str, Any]) -> bool:
 
 def _ours_applies(mixed_qkv: Any, kwargs: dict[str, Any]) -> bool:
     return bool(mixed_qkv.is_cuda and _has_ring(kwargs) and kwargs.get("lower_bound") is None)
-
-
-def _ring_kernel() -> Callable[..., Any]:
-    from sglang_replayssm.kernels.ring_decode_triton import ring_decode_triton
-
-    return ring_decode_triton
 
 
 def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any, a: Any, b: Any, *,
@@ -44,7 +40,7 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
         dt_bias = kwargs["dt_bias"].reshape(hv, k_dim).contiguous()
     else:
         dt_bias = kwargs["dt_bias"]
-    _ring_kernel()(
+    ring_decode(
         mixed_qkv, a, b.reshape(rows, hv).contiguous(), kwargs["A_log"].reshape(-1), dt_bias,
         kwargs["scale"], ssm_states, kwargs["replayssm_d"], kwargs["replayssm_k"], kwargs["replayssm_g"],
         out, kwargs["cache_indices"], kwargs["replayssm_write_pos"], kwargs.get("replayssm_force_flush"),

@@ -10,7 +10,7 @@ callers get the interpreted kernel as well); if it was already imported in compi
 *private copy* (same source file, another ``sys.modules`` name) is executed instead and SGLang's
 module object is left as it is.
 
-Interpreter blockers from ``cpu-runtime-facts.md`` §3 and how they apply here:
+What keeps a Triton kernel from running interpreted, and how each applies here:
 
 * decoration-time interpret switch: handled as above;
 * Triton's own ``triton.language.standard`` helpers (``tl.sigmoid``, ``tl.sum``, ``tl.cumsum``...)
@@ -93,7 +93,7 @@ def interpreted_stdlib() -> Iterator[None]:
             def _interpreted_call(self: Any, *args: Any, **kwargs: Any) -> Any:
                 return _interpreted_twin(self.fn)(*args, **kwargs)
 
-            JITFunction.__call__ = _interpreted_call  # type: ignore[method-assign]
+            JITFunction.__call__ = _interpreted_call
         _stdlib_depth += 1
     try:
         yield
@@ -101,7 +101,7 @@ def interpreted_stdlib() -> Iterator[None]:
         with _stdlib_lock:
             _stdlib_depth -= 1
             if _stdlib_depth == 0:
-                JITFunction.__call__ = _stdlib_saved_call  # type: ignore[method-assign]
+                JITFunction.__call__ = _stdlib_saved_call
                 _stdlib_saved_call = None
 
 

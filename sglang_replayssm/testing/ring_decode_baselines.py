@@ -46,7 +46,7 @@ class SGLangKernels:
 
 def _stub_package(name: str, path: Path | None) -> types.ModuleType:
     mod = types.ModuleType(name)
-    mod.__path__ = [str(path)] if path is not None else []  # type: ignore[attr-defined]
+    mod.__path__ = [str(path)] if path is not None else []
     sys.modules[name] = mod
     return mod
 
@@ -68,7 +68,8 @@ def _install_stubs(root: Path) -> None:
             _stub_package(name, base / rel if rel is not None else None)
     if "sglang.srt.utils.common" not in sys.modules:
         common = types.ModuleType("sglang.srt.utils.common")
-        common.torch_release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:3] if x.isdigit())
+        release = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:3] if x.isdigit())
+        common.__dict__["torch_release"] = release
         sys.modules["sglang.srt.utils.common"] = common
     # fused_recurrent_kda_packed_decode imports this lazily for its CUDA path: a stub that never
     # covers keeps it on its Triton kernel (the CUDA kernel is benchmarked on its own).
