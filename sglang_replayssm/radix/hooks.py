@@ -26,7 +26,7 @@ __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
 
 def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
-    """AROUND ``handle_linear_attn_backend``."""
+    """Admit extra_buffer with the decode ring; refuse what the adapter cannot make exact."""
     if not config.enabled("admission"):
         return original(server_args)
     from sglang_replayssm.radix.admission import admit_linear_attn_args
@@ -38,7 +38,7 @@ def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
 
 
 def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``packed_decode``."""
+    """GDN packed decode on CUDA: sglang-replayssm's ring decode kernel."""
     if not config.enabled("ring_kernels"):
         return original(kernel, *args, **kwargs)
     from sglang_replayssm.radix.kernel_binding import ring_packed_decode
@@ -47,7 +47,7 @@ def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwa
 
 
 def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``packed_decode``."""
+    """KDA packed decode on CUDA: sglang-replayssm's ring decode kernel."""
     if not config.enabled("ring_kernels"):
         return original(kernel, *args, **kwargs)
     from sglang_replayssm.radix.kernel_binding import ring_packed_decode
@@ -58,41 +58,23 @@ def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwa
 # ---- decode metadata and track snapshot ------------------------------------------------------
 
 
-def kda_flush_forward_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``_forward_metadata``."""
-    if not config.enabled("kda_force_flush"):
+def decode_metadata_eager(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """Eager decode metadata: KDA force flush, then the device cursor (each behind its own fix)."""
+    if not (config.enabled("kda_force_flush") or config.enabled("device_cursor")):
         return original(backend, *args, **kwargs)
-    from sglang_replayssm.radix.flush import with_kda_force_flush
+    from sglang_replayssm.radix.decode_metadata import forward_metadata
 
-    return with_kda_force_flush(original, backend, *args, **kwargs)
+    return forward_metadata(original, backend, *args, **kwargs)
 
 
-def kda_flush_replay_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``_replay_metadata``."""
-    if not config.enabled("kda_force_flush"):
+def decode_metadata_graph(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """CUDA-graph decode metadata (it calls ``_replay_metadata`` and alone holds the device
+    ``seq_lens``): KDA force flush, then the device cursor (each behind its own fix)."""
+    if not (config.enabled("kda_force_flush") or config.enabled("device_cursor")):
         return original(backend, *args, **kwargs)
-    from sglang_replayssm.radix.flush import with_kda_force_flush
+    from sglang_replayssm.radix.decode_metadata import out_graph_metadata
 
-    return with_kda_force_flush(original, backend, *args, **kwargs)
-
-
-def device_cursor_eager(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``_forward_metadata``."""
-    if not config.enabled("device_cursor"):
-        return original(backend, *args, **kwargs)
-    from sglang_replayssm.radix.device_cursor import device_forward_metadata
-
-    return device_forward_metadata(original, backend, *args, **kwargs)
-
-
-def device_cursor_graph(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``init_forward_metadata_out_graph``
-    (it calls ``_replay_metadata``, :747, and alone holds the device ``seq_lens``)."""
-    if not config.enabled("device_cursor"):
-        return original(backend, *args, **kwargs)
-    from sglang_replayssm.radix.device_cursor import device_out_graph_metadata
-
-    return device_out_graph_metadata(original, backend, *args, **kwargs)
+    return out_graph_metadata(original, backend, *args, **kwargs)
 
 
 def exact_track_decode(
@@ -104,7 +86,7 @@ def exact_track_decode(
     cache_indices: Any,
     layer_id: int | None = None,
 ) -> Any:
-    """AROUND ``_track_mamba_state_decode``."""
+    """The decode track snapshot folds the working slot's pending records."""
     if not config.enabled("materialize_track"):
         return original(backend, forward_batch, conv_states, ssm_states, cache_indices, layer_id)
     from sglang_replayssm.radix.snapshot import track_decode_exact
@@ -118,7 +100,7 @@ def exact_track_decode(
 
 
 def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: Any, dst_indices: Any) -> Any:
-    """AROUND ``MambaPool.copy_from``."""
+    """A slot copy folds the source's pending records into the destination."""
     if not (config.enabled("materialize_copy") and config.enabled("cursor_reset")):
         return original(mamba_pool, src_indices, dst_indices)
     from sglang_replayssm.radix.snapshot import copy_from_exact
@@ -127,37 +109,37 @@ def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: 
 
 
 def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``HybridReqToTokenPool._init_mamba_pool``."""
-    from sglang_replayssm.radix.cursor import link_allocator
+    """Link the new slot allocator to the pool's cursor (whatever the fixes: a link does nothing)."""
+    from sglang_replayssm.radix.alloc_reset import link_allocator
 
     link_allocator(req_to_token_pool)
 
 
 def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``MambaSlotAllocator.alloc``."""
+    """Every slot the allocator hands out starts with an empty ring."""
     if result is None or not config.enabled("cursor_reset"):
         return
-    from sglang_replayssm.radix.cursor import linked_write_pos, reset_cursors
+    from sglang_replayssm.radix.alloc_reset import empty_allocated
 
-    reset_cursors(linked_write_pos(allocator), result)
+    empty_allocated(allocator, result)
 
 
 def empty_ring_on_int8_load(
     result: Any, ckpt_pool: Any, active_mamba_pool: Any, ckpt_slots: Any, active_slots: Any
 ) -> None:
-    """AFTER ``MambaCheckpointPool.load_to_active``."""
-    if not config.enabled("cursor_reset") or not getattr(active_mamba_pool, "enable_linear_replayssm", False):
+    """A slot an int8 checkpoint is loaded into starts with an empty ring."""
+    if not config.enabled("cursor_reset"):
         return
-    from sglang_replayssm.radix.cursor import reset_cursors
+    from sglang_replayssm.radix.alloc_reset import empty_loaded
 
-    reset_cursors(getattr(active_mamba_pool, "replayssm_write_pos", None), active_slots)
+    empty_loaded(active_mamba_pool, active_slots)
 
 
 # ---- extend over pending records, CPU retraction backup --------------------------------------
 
 
 def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
-    """AROUND ``_maybe_execute_deferred_mamba_cow_and_clear``."""
+    """Before an extend forward reads the pool, fold every row's pending records."""
     if not config.enabled("extend_fold"):
         return original(runner, forward_batch)
     from sglang_replayssm.radix.movers import fold_before_extend
@@ -166,7 +148,7 @@ def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_b
 
 
 def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) -> Any:
-    """AROUND ``MambaPool.get_cpu_copy``."""
+    """The CPU retraction backup carries the full state."""
     if not config.enabled("retract_backup"):
         return original(mamba_pool, indices)
     from sglang_replayssm.radix.movers import cpu_copy_exact
@@ -175,12 +157,12 @@ def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) 
 
 
 def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
-    """AFTER ``MambaPool.load_cpu_copy``."""
+    """A slot a CPU backup is loaded into starts with an empty ring."""
     if not config.enabled("retract_backup"):
         return
-    from sglang_replayssm.radix.movers import empty_ring_after_cpu_load
+    from sglang_replayssm.radix.alloc_reset import empty_loaded
 
-    empty_ring_after_cpu_load(mamba_pool, indices)
+    empty_loaded(mamba_pool, indices)
 
 
 # ---- radix tree ------------------------------------------------------------------------------
@@ -194,7 +176,7 @@ def exact_finish_donation(
     token_ids_len: int,
     is_finished: bool,
 ) -> Any:
-    """AROUND ``prepare_for_caching_req``."""
+    """no_buffer finish: fold the slot before SGLang donates it, at the real depth."""
     if config.enabled("finish_donation"):
         from sglang_replayssm.radix.donation import materialize_before_finish_donation
 
@@ -203,7 +185,7 @@ def exact_finish_donation(
 
 
 def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any) -> None:
-    """AFTER ``finalize_match_result_in_cache``."""
+    """Count the prompt tokens whose KV hit was dropped for lack of a mamba state."""
     if not config.enabled("lost_hit_metric"):
         return
     from sglang_replayssm.radix.metrics import record_match
@@ -215,7 +197,7 @@ def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any)
 
 
 def collect_lost_hit(stats: Any, cls: Any, adder: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``PrefillStats.from_adder``."""
+    """Carry the lost-hit count into the prefill stats."""
     if not config.enabled("lost_hit_metric"):
         return
     from sglang_replayssm.radix.metrics import collect_for_prefill
@@ -224,7 +206,7 @@ def collect_lost_hit(stats: Any, cls: Any, adder: Any, *args: Any, **kwargs: Any
 
 
 def report_lost_hit(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``report_prefill_stats``."""
+    """Report the lost-hit count with the prefill stats."""
     if not config.enabled("lost_hit_metric"):
         return original(reporter, *args, **kwargs)
     from sglang_replayssm.radix.metrics import report_prefill
@@ -233,7 +215,7 @@ def report_lost_hit(original: Callable[..., Any], reporter: Any, *args: Any, **k
 
 
 def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_rest_memory: float) -> Any:
-    """AROUND ``_handle_max_mamba_cache``."""
+    """Charge the decode ring to the mamba memory budget."""
     if not config.enabled("ring_budget"):
         return original(configurator, total_rest_memory)
     from sglang_replayssm.radix.budget import charge_decode_ring
@@ -251,14 +233,10 @@ _REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 HOOKS: tuple[Hook, ...] = (
     Hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND", admit_linear_attn,
          "sglang/srt/arg_groups/attention_hook.py:281", "admit_linear_attn", "admission"),
-    Hook(f"{_BACKEND}._forward_metadata", "AROUND", kda_flush_forward_metadata,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166", "kda_flush_forward_metadata", "kda_force_flush"),
-    Hook(f"{_BACKEND}._replay_metadata", "AROUND", kda_flush_replay_metadata,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747", "kda_flush_replay_metadata", "kda_force_flush"),
-    Hook(f"{_BACKEND}._forward_metadata", "AROUND", device_cursor_eager,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166", "device_cursor_eager", "device_cursor"),
-    Hook(f"{_BACKEND}.init_forward_metadata_out_graph", "AROUND", device_cursor_graph,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368", "device_cursor_graph", "device_cursor"),
+    Hook(f"{_BACKEND}._forward_metadata", "AROUND", decode_metadata_eager,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166", "decode_metadata_eager"),
+    Hook(f"{_BACKEND}.init_forward_metadata_out_graph", "AROUND", decode_metadata_graph,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368", "decode_metadata_graph"),
     Hook(f"{_BACKEND}._track_mamba_state_decode", "AROUND", exact_track_decode,
          "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975", "exact_track_decode", "materialize_track"),
     Hook("sglang.srt.mem_cache.memory_pool.MambaPool.copy_from", "AROUND", exact_copy_from,
