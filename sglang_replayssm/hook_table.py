@@ -25,7 +25,17 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Hook", "HookKind", "Patch", "applied", "apply_patches", "install", "live_attr", "register"]
+__all__ = [
+    "Hook",
+    "HookKind",
+    "Patch",
+    "applied",
+    "apply_patches",
+    "install",
+    "live_attr",
+    "register",
+    "wrapped_hooks",
+]
 
 HookKind = Literal["AROUND", "BEFORE", "AFTER", "REPLACE"]
 

@@ -114,22 +114,26 @@ def _split_forward_batch(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0] if args else kwargs["forward_batch"]
 
 
-def forward_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """Eager decode metadata (``_forward_metadata``) with both fixes, in the module's order."""
+def _with_both_fixes(
+    device_path: Callable[..., Any], original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """SGLang's metadata function with the KDA flag lowered (``kda_force_flush``, outer) and run
+    through ``device_path`` (``device_cursor``, inner), each only while its fix is on."""
     lowered = kda_flag_lowered(ring_pool_of(backend)) if config.enabled("kda_force_flush") else nullcontext()
     with lowered:
         if config.enabled("device_cursor"):
-            return device_forward_metadata(original, backend, *args, **kwargs)
+            return device_path(original, backend, *args, **kwargs)
         return original(backend, *args, **kwargs)
+
+
+def forward_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
+    """Eager decode metadata (``_forward_metadata``) with both fixes, in the module's order."""
+    return _with_both_fixes(device_forward_metadata, original, backend, *args, **kwargs)
 
 
 def out_graph_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
     """CUDA-graph metadata (``init_forward_metadata_out_graph``) with both fixes, in the module's order."""
-    lowered = kda_flag_lowered(ring_pool_of(backend)) if config.enabled("kda_force_flush") else nullcontext()
-    with lowered:
-        if config.enabled("device_cursor"):
-            return device_out_graph_metadata(original, backend, *args, **kwargs)
-        return original(backend, *args, **kwargs)
+    return _with_both_fixes(device_out_graph_metadata, original, backend, *args, **kwargs)
 
 
 def device_forward_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,8 +1,11 @@
-"""Every hook the radix adapter installs into SGLang 0.5.23, and the table naming their targets.
+"""Every hook the radix adapter installs into SGLang 0.5.23, each with its target beside it.
 
-The hooks are thin: each checks its fix switch (:mod:`config`) and either calls SGLang's original
-unchanged (fix off = SGLang's behaviour) or the adapter logic in a sibling module. :data:`HOOKS`
-names each target once, with its SGLang file:line (checked by ``tests/test_hook_table.py``).
+The hooks are thin: each names its target, its SGLang file:line and its fix switch (:mod:`config`)
+once, in its ``@_hook`` line (collected into :data:`HOOKS`, checked against the installed source by
+``tests/test_hook_table.py``), and calls the adapter logic in a sibling module, imported on first
+use. A hook runs behind its switch: with the fix off it is SGLang's function (AROUND: the original
+with the same arguments; AFTER: no change). The two decode-metadata hooks carry two fixes and
+switch each part themselves (:mod:`decode_metadata`).
 
 All hooks are method/function hooks through ``sglang.srt.plugins.hook_registry.HookRegistry``;
 none mutates SGLang's dicts or class attributes (``MambaComponent`` is hooked on the class that
@@ -12,23 +15,65 @@ none mutates SGLang's dicts or class attributes (``MambaComponent`` is hooked on
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm import hook_table
-from sglang_replayssm.hook_table import Hook
+from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
+
+_BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
+_MAMBA_COMPONENT = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent"
+_REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter"
+_TABLE: list[Hook] = []
+
+
+def _gated(body: Callable[..., Any], kind: HookKind, fix: str) -> Callable[..., Any]:
+    """``body`` behind its fix switch: while ``fix`` is off an AROUND hook calls SGLang's function
+    with the same arguments and an AFTER hook changes nothing (SGLang's behaviour)."""
+    if kind == "AROUND":
+
+        @functools.wraps(body)
+        def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            if not config.enabled(fix):
+                return original(*args, **kwargs)
+            return body(original, *args, **kwargs)
+
+        return around
+    if kind != "AFTER":
+        raise ValueError(f"no switch for a {kind} hook")
+
+    @functools.wraps(body)
+    def after(result: Any, *args: Any, **kwargs: Any) -> Any:
+        return body(result, *args, **kwargs) if config.enabled(fix) else None
+
+    return after
+
+
+def _hook(
+    target: str, kind: HookKind, *, at: str, fix: str | None = None, gate: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: record the function in :data:`HOOKS` (registered only while ``fix`` is on) and,
+    with ``gate``, run it behind that switch (:func:`_gated`); returns what is registered."""
+
+    def add(body: Callable[..., Any]) -> Callable[..., Any]:
+        fn = _gated(body, kind, fix) if fix is not None and gate else body
+        _TABLE.append(Hook(target, kind, fn, at, body.__name__, fix))
+        return fn
+
+    return add
 
 
 # ---- arguments -------------------------------------------------------------------------------
 
 
+@_hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND",
+       at="sglang/srt/arg_groups/attention_hook.py:281", fix="admission")
 def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
     """Admit extra_buffer with the decode ring; refuse what the adapter cannot make exact."""
-    if not config.enabled("admission"):
-        return original(server_args)
     from sglang_replayssm.radix.admission import admit_linear_attn_args
 
     return admit_linear_attn_args(original, server_args)
@@ -37,19 +82,19 @@ def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
 # ---- decode kernels ----------------------------------------------------------------------------
 
 
+@_hook("sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode", "AROUND",
+       at="sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46", fix="ring_kernels")
 def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
     """GDN packed decode on CUDA: sglang-replayssm's ring decode kernel."""
-    if not config.enabled("ring_kernels"):
-        return original(kernel, *args, **kwargs)
     from sglang_replayssm.radix.kernel_binding import ring_packed_decode
 
     return ring_packed_decode(original, kernel, *args, is_kda=False, **kwargs)
 
 
+@_hook("sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel.packed_decode", "AROUND",
+       at="sglang/srt/layers/attention/linear/kernels/kda_triton.py:37", fix="ring_kernels")
 def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
     """KDA packed decode on CUDA: sglang-replayssm's ring decode kernel."""
-    if not config.enabled("ring_kernels"):
-        return original(kernel, *args, **kwargs)
     from sglang_replayssm.radix.kernel_binding import ring_packed_decode
 
     return ring_packed_decode(original, kernel, *args, is_kda=True, **kwargs)
@@ -58,6 +103,8 @@ def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwa
 # ---- decode metadata and track snapshot ------------------------------------------------------
 
 
+@_hook(f"{_BACKEND}._forward_metadata", "AROUND",
+       at="sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166")
 def decode_metadata_eager(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
     """Eager decode metadata: KDA force flush, then the device cursor (each behind its own fix)."""
     if not (config.enabled("kda_force_flush") or config.enabled("device_cursor")):
@@ -67,6 +114,8 @@ def decode_metadata_eager(original: Callable[..., Any], backend: Any, *args: Any
     return forward_metadata(original, backend, *args, **kwargs)
 
 
+@_hook(f"{_BACKEND}.init_forward_metadata_out_graph", "AROUND",
+       at="sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368")
 def decode_metadata_graph(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
     """CUDA-graph decode metadata (it calls ``_replay_metadata`` and alone holds the device
     ``seq_lens``): KDA force flush, then the device cursor (each behind its own fix)."""
@@ -77,6 +126,8 @@ def decode_metadata_graph(original: Callable[..., Any], backend: Any, *args: Any
     return out_graph_metadata(original, backend, *args, **kwargs)
 
 
+@_hook(f"{_BACKEND}._track_mamba_state_decode", "AROUND",
+       at="sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975", fix="materialize_track")
 def exact_track_decode(
     original: Callable[..., Any],
     backend: Any,
@@ -87,8 +138,6 @@ def exact_track_decode(
     layer_id: int | None = None,
 ) -> Any:
     """The decode track snapshot folds the working slot's pending records."""
-    if not config.enabled("materialize_track"):
-        return original(backend, forward_batch, conv_states, ssm_states, cache_indices, layer_id)
     from sglang_replayssm.radix.snapshot import track_decode_exact
 
     return track_decode_exact(
@@ -99,15 +148,19 @@ def exact_track_decode(
 # ---- slot movers and the cursor choke point --------------------------------------------------
 
 
+@_hook("sglang.srt.mem_cache.memory_pool.MambaPool.copy_from", "AROUND",
+       at="sglang/srt/mem_cache/memory_pool.py:1163", fix="materialize_copy")
 def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: Any, dst_indices: Any) -> Any:
     """A slot copy folds the source's pending records into the destination."""
-    if not (config.enabled("materialize_copy") and config.enabled("cursor_reset")):
+    if not config.enabled("cursor_reset"):  # a record count is trusted only if every slot starts empty
         return original(mamba_pool, src_indices, dst_indices)
     from sglang_replayssm.radix.snapshot import copy_from_exact
 
     return copy_from_exact(original, mamba_pool, src_indices, dst_indices)
 
 
+@_hook("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", "AFTER",
+       at="sglang/srt/mem_cache/memory_pool.py:1426", fix="cursor_reset", gate=False)
 def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: Any) -> None:
     """Link the new slot allocator to the pool's cursor (whatever the fixes: a link does nothing)."""
     from sglang_replayssm.radix.alloc_reset import link_allocator
@@ -115,21 +168,23 @@ def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwarg
     link_allocator(req_to_token_pool)
 
 
+@_hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc", "AFTER",
+       at="sglang/srt/mem_cache/allocator/mamba.py:65", fix="cursor_reset")
 def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
     """Every slot the allocator hands out starts with an empty ring."""
-    if result is None or not config.enabled("cursor_reset"):
+    if result is None:
         return
     from sglang_replayssm.radix.alloc_reset import empty_allocated
 
     empty_allocated(allocator, result)
 
 
+@_hook("sglang.srt.mem_cache.mamba_checkpoint_pool.MambaCheckpointPool.load_to_active", "AFTER",
+       at="sglang/srt/mem_cache/mamba_checkpoint_pool.py:254", fix="cursor_reset")
 def empty_ring_on_int8_load(
     result: Any, ckpt_pool: Any, active_mamba_pool: Any, ckpt_slots: Any, active_slots: Any
 ) -> None:
     """A slot an int8 checkpoint is loaded into starts with an empty ring."""
-    if not config.enabled("cursor_reset"):
-        return
     from sglang_replayssm.radix.alloc_reset import empty_loaded
 
     empty_loaded(active_mamba_pool, active_slots)
@@ -138,28 +193,28 @@ def empty_ring_on_int8_load(
 # ---- extend over pending records, CPU retraction backup --------------------------------------
 
 
+@_hook("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear", "AROUND",
+       at="sglang/srt/model_executor/model_runner.py:1915", fix="extend_fold")
 def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
     """Before an extend forward reads the pool, fold every row's pending records."""
-    if not config.enabled("extend_fold"):
-        return original(runner, forward_batch)
     from sglang_replayssm.radix.movers import fold_before_extend
 
     return fold_before_extend(original, runner, forward_batch)
 
 
+@_hook("sglang.srt.mem_cache.memory_pool.MambaPool.get_cpu_copy", "AROUND",
+       at="sglang/srt/mem_cache/memory_pool.py:1208", fix="retract_backup")
 def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) -> Any:
     """The CPU retraction backup carries the full state."""
-    if not config.enabled("retract_backup"):
-        return original(mamba_pool, indices)
     from sglang_replayssm.radix.movers import cpu_copy_exact
 
     return cpu_copy_exact(original, mamba_pool, indices)
 
 
+@_hook("sglang.srt.mem_cache.memory_pool.MambaPool.load_cpu_copy", "AFTER",
+       at="sglang/srt/mem_cache/memory_pool.py:1223", fix="retract_backup")
 def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
     """A slot a CPU backup is loaded into starts with an empty ring."""
-    if not config.enabled("retract_backup"):
-        return
     from sglang_replayssm.radix.alloc_reset import empty_loaded
 
     empty_loaded(mamba_pool, indices)
@@ -168,26 +223,22 @@ def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, i
 # ---- radix tree ------------------------------------------------------------------------------
 
 
+@_hook(f"{_MAMBA_COMPONENT}.prepare_for_caching_req", "AROUND",
+       at="sglang/srt/mem_cache/unified_cache/components/mamba.py:604", fix="finish_donation")
 def exact_finish_donation(
-    original: Callable[..., Any],
-    component: Any,
-    req: Any,
-    insert_params: Any,
-    token_ids_len: int,
-    is_finished: bool,
+    original: Callable[..., Any], component: Any, req: Any, insert_params: Any, token_ids_len: int, is_finished: bool
 ) -> Any:
     """no_buffer finish: fold the slot before SGLang donates it, at the real depth."""
-    if config.enabled("finish_donation"):
-        from sglang_replayssm.radix.donation import materialize_before_finish_donation
+    from sglang_replayssm.radix.donation import materialize_before_finish_donation
 
-        materialize_before_finish_donation(component, req, is_finished)
+    materialize_before_finish_donation(component, req, is_finished)
     return original(component, req, insert_params, token_ids_len, is_finished)
 
 
+@_hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AFTER",
+       at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="lost_hit_metric")
 def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any) -> None:
     """Count the prompt tokens whose KV hit was dropped for lack of a mamba state."""
-    if not config.enabled("lost_hit_metric"):
-        return
     from sglang_replayssm.radix.metrics import record_match
 
     record_match(params, result if result is not None else match_result)
@@ -196,78 +247,37 @@ def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any)
 # ---- metrics and memory budget ---------------------------------------------------------------
 
 
+@_hook(f"{_REPORTER}.PrefillStats.from_adder", "AFTER",
+       at="sglang/srt/managers/scheduler_components/metrics_reporter.py:136", fix="lost_hit_metric")
 def collect_lost_hit(stats: Any, cls: Any, adder: Any, *args: Any, **kwargs: Any) -> None:
     """Carry the lost-hit count into the prefill stats."""
-    if not config.enabled("lost_hit_metric"):
-        return
     from sglang_replayssm.radix.metrics import collect_for_prefill
 
     collect_for_prefill(stats, getattr(adder, "can_run_list", ()))
 
 
+@_hook(f"{_REPORTER}.SchedulerMetricsReporter.report_prefill_stats", "AROUND",
+       at="sglang/srt/managers/scheduler_components/metrics_reporter.py:719", fix="lost_hit_metric")
 def report_lost_hit(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:
     """Report the lost-hit count with the prefill stats."""
-    if not config.enabled("lost_hit_metric"):
-        return original(reporter, *args, **kwargs)
     from sglang_replayssm.radix.metrics import report_prefill
 
     return report_prefill(original, reporter, *args, **kwargs)
 
 
+@_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache", "AROUND",
+       at="sglang/srt/mem_cache/kv_cache_configurator.py:3229", fix="ring_budget")
 def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_rest_memory: float) -> Any:
     """Charge the decode ring to the mamba memory budget."""
-    if not config.enabled("ring_budget"):
-        return original(configurator, total_rest_memory)
     from sglang_replayssm.radix.budget import charge_decode_ring
 
     return charge_decode_ring(original, configurator, total_rest_memory)
 
 
-# ---- the table and registration --------------------------------------------------------------
+# ---- registration ---------------------------------------------------------------------------------
 
-_BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
-_MAMBA_COMPONENT = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent"
-_REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter"
-
-#: Every hook of the radix adapter: (target, kind, function, SGLang def line, name, fix switch).
-HOOKS: tuple[Hook, ...] = (
-    Hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND", admit_linear_attn,
-         "sglang/srt/arg_groups/attention_hook.py:281", "admit_linear_attn", "admission"),
-    Hook(f"{_BACKEND}._forward_metadata", "AROUND", decode_metadata_eager,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166", "decode_metadata_eager"),
-    Hook(f"{_BACKEND}.init_forward_metadata_out_graph", "AROUND", decode_metadata_graph,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368", "decode_metadata_graph"),
-    Hook(f"{_BACKEND}._track_mamba_state_decode", "AROUND", exact_track_decode,
-         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975", "exact_track_decode", "materialize_track"),
-    Hook("sglang.srt.mem_cache.memory_pool.MambaPool.copy_from", "AROUND", exact_copy_from,
-         "sglang/srt/mem_cache/memory_pool.py:1163", "exact_copy_from", "materialize_copy"),
-    Hook("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", "AFTER", link_slot_allocator,
-         "sglang/srt/mem_cache/memory_pool.py:1426", "link_slot_allocator", "cursor_reset"),
-    Hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc", "AFTER", empty_ring_on_alloc,
-         "sglang/srt/mem_cache/allocator/mamba.py:65", "empty_ring_on_alloc", "cursor_reset"),
-    Hook("sglang.srt.mem_cache.mamba_checkpoint_pool.MambaCheckpointPool.load_to_active", "AFTER", empty_ring_on_int8_load,
-         "sglang/srt/mem_cache/mamba_checkpoint_pool.py:254", "empty_ring_on_int8_load", "cursor_reset"),
-    Hook(f"{_MAMBA_COMPONENT}.prepare_for_caching_req", "AROUND", exact_finish_donation,
-         "sglang/srt/mem_cache/unified_cache/components/mamba.py:604", "exact_finish_donation", "finish_donation"),
-    Hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AFTER", record_lost_hit,
-         "sglang/srt/mem_cache/unified_cache/components/mamba.py:196", "record_lost_hit", "lost_hit_metric"),
-    Hook(f"{_REPORTER}.PrefillStats.from_adder", "AFTER", collect_lost_hit,
-         "sglang/srt/managers/scheduler_components/metrics_reporter.py:136", "collect_lost_hit", "lost_hit_metric"),
-    Hook(f"{_REPORTER}.SchedulerMetricsReporter.report_prefill_stats", "AROUND", report_lost_hit,
-         "sglang/srt/managers/scheduler_components/metrics_reporter.py:719", "report_lost_hit", "lost_hit_metric"),
-    Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache", "AROUND", charge_ring_budget,
-         "sglang/srt/mem_cache/kv_cache_configurator.py:3229", "charge_ring_budget", "ring_budget"),
-    Hook("sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode", "AROUND", gdn_ring_kernel,
-         "sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46", "gdn_ring_kernel", "ring_kernels"),
-    Hook("sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel.packed_decode", "AROUND", kda_ring_kernel,
-         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:37", "kda_ring_kernel", "ring_kernels"),
-    Hook("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear", "AROUND", fold_rows_before_extend,
-         "sglang/srt/model_executor/model_runner.py:1915", "fold_rows_before_extend", "extend_fold"),
-    Hook("sglang.srt.mem_cache.memory_pool.MambaPool.get_cpu_copy", "AROUND", exact_cpu_copy,
-         "sglang/srt/mem_cache/memory_pool.py:1208", "exact_cpu_copy", "retract_backup"),
-    Hook("sglang.srt.mem_cache.memory_pool.MambaPool.load_cpu_copy", "AFTER", empty_ring_on_cpu_load,
-         "sglang/srt/mem_cache/memory_pool.py:1223", "empty_ring_on_cpu_load", "retract_backup"),
-)
+#: Every hook of the radix adapter, in definition order.
+HOOKS: tuple[Hook, ...] = tuple(_TABLE)
 
 
 def applied_hooks(*, import_modules: bool = True) -> list[Hook]:

@@ -59,7 +59,7 @@ def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
     destination is overwritten by its exact source). Folding first keeps the order simple: the
     clear and the copy see a pool where no row of this batch has pending records.
     """
-    pool = getattr(runner, "req_to_token_pool", None)
+    pool: Any = getattr(runner, "req_to_token_pool", None)
     view = ring_pool(getattr(pool, "mamba_pool", None))
     indices = getattr(forward_batch, "req_pool_indices", None)
     if (

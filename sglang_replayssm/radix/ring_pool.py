@@ -123,8 +123,8 @@ class RingPool:
         idx = flat.clamp(min=0)
         temporal = self.temporal[:, idx].clone()
         rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
-        ring = [t[:, idx].contiguous() for t in (self.d, self.k, self.g)]
-        materialize(temporal, *ring, rows, rows, counts, is_kda=self.is_kda)
+        d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
+        materialize(temporal, d, k, g, rows, rows, counts, is_kda=self.is_kda)
         return temporal.reshape(self.temporal[:, torch.as_tensor(indices)].shape)
 
     def empty(self, slots: Any) -> None:

@@ -61,38 +61,6 @@ class Sim(SimInvariants):
         self.running: list[SimReq] = []
         self._rid = 0
 
-    # -- pool views ---------------------------------------------------------------------------------
-
-    @property
-    def temporal(self) -> torch.Tensor:
-        return self.mamba_pool.mamba_cache.temporal
-
-    @property
-    def conv(self) -> torch.Tensor:
-        return self.mamba_pool.mamba_cache.conv[0]
-
-    @property
-    def write_pos(self) -> torch.Tensor:
-        return self.mamba_pool.replayssm_write_pos
-
-    def slot_state(self, slot: int) -> list[torch.Tensor]:
-        """Checkpoint of ``slot`` folded with its live ring records (fp64), per layer."""
-        from sglang_replayssm.kernels.naive import fold_records_fp64
-
-        cache = self.mamba_pool.mamba_cache
-        count = int(self.write_pos[slot])
-        return [
-            fold_records_fp64(
-                cache.temporal[li, slot],
-                cache.replayssm_d[li, slot],
-                cache.replayssm_k[li, slot],
-                cache.replayssm_g[li, slot],
-                count,
-                self.cfg.is_kda,
-            )
-            for li in range(self.cfg.mamba_layers)
-        ]
-
     # -- requests -----------------------------------------------------------------------------------
 
     def _new_req(self, prompt: Sequence[int], max_new_tokens: int) -> Any:

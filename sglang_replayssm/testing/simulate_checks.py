@@ -1,4 +1,4 @@
-"""The invariants the radix adapter must keep, read off a simulated server (for tests).
+"""The state of a simulated server's slots, and the invariants the radix adapter must keep (for tests).
 
 Every radix node's ``(conv, temporal)`` is its token path's state and its ring is empty; every
 running request's checkpoint + ring reproduces its consumed path's state.
@@ -16,19 +16,46 @@ __all__ = ["SimInvariants"]
 
 
 class SimInvariants:
-    """The invariant checks of :class:`sglang_replayssm.testing.simulate.Sim` (a mixin: it reads
-    the attributes below, which ``Sim`` sets)."""
+    """The pool views and invariant checks of :class:`sglang_replayssm.testing.simulate.Sim` (a
+    mixin: it reads the attributes below, which ``Sim`` sets)."""
 
     cfg: SimConfig
     model: ToyModel
     cache: Any
+    mamba_pool: Any
     running: list[SimReq]
-    temporal: torch.Tensor
-    conv: torch.Tensor
-    write_pos: torch.Tensor
+
+    # -- pool views ---------------------------------------------------------------------------------
+
+    @property
+    def temporal(self) -> torch.Tensor:
+        return self.mamba_pool.mamba_cache.temporal
+
+    @property
+    def conv(self) -> torch.Tensor:
+        return self.mamba_pool.mamba_cache.conv[0]
+
+    @property
+    def write_pos(self) -> torch.Tensor:
+        return self.mamba_pool.replayssm_write_pos
 
     def slot_state(self, slot: int) -> list[torch.Tensor]:
-        raise NotImplementedError
+        """Checkpoint of ``slot`` folded with its live ring records (fp64), per layer."""
+        from sglang_replayssm.kernels.naive import fold_records_fp64
+
+        cache = self.mamba_pool.mamba_cache
+        count = int(self.write_pos[slot])
+        return [
+            fold_records_fp64(
+                cache.temporal[li, slot],
+                cache.replayssm_d[li, slot],
+                cache.replayssm_k[li, slot],
+                cache.replayssm_g[li, slot],
+                count,
+                self.cfg.is_kda,
+            )
+            for li in range(self.cfg.mamba_layers)
+        ]
 
     def cached_nodes(self) -> list[tuple[list[int], int]]:
         """``(token path, mamba slot)`` of every radix node holding a device mamba state."""

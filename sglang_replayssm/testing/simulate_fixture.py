@@ -53,6 +53,7 @@ def torch_track_all_layers(
 
 
 def cache_params(cfg: SimConfig, model: ToyModel, layer_ids: list[int]) -> Any:
+    """SGLang's cache params (GDN: Mamba2, KDA: Kimi-Linear) of the toy model, fp32 states."""
     from sglang.srt.configs.mamba_utils import (
         KimiLinearCacheParams,
         KimiLinearStateShape,
@@ -64,22 +65,13 @@ def cache_params(cfg: SimConfig, model: ToyModel, layer_ids: list[int]) -> Any:
     dtype = Mamba2StateDType(conv=torch.float32, temporal=torch.float32)
     if cfg.is_kda:
         shape = KimiLinearStateShape.create(
-            tp_world_size=1,
-            num_heads=model.HV,
-            head_dim=model.V,
-            num_k_heads=model.H,
-            head_k_dim=model.K,
+            tp_world_size=1, num_heads=model.HV, head_dim=model.V, num_k_heads=model.H, head_k_dim=model.K,
             conv_kernel_size=cfg.conv_kernel,
         )
         return KimiLinearCacheParams(shape=shape, layers=layer_ids, dtype=dtype)
     shape = Mamba2StateShape.create(
-        tp_world_size=1,
-        intermediate_size=model.HV * model.V,
-        n_groups=model.H,
-        num_heads=model.HV,
-        head_dim=model.V,
-        state_size=model.K,
-        conv_kernel=cfg.conv_kernel,
+        tp_world_size=1, intermediate_size=model.HV * model.V, n_groups=model.H, num_heads=model.HV,
+        head_dim=model.V, state_size=model.K, conv_kernel=cfg.conv_kernel,
     )
     return Mamba2CacheParams(shape=shape, layers=layer_ids, dtype=dtype)
 
