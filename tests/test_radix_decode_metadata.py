@@ -422,21 +422,6 @@ def _ring_namespace(write_pos: torch.Tensor | None, enabled: bool = True, kda: b
                            replayssm_is_kda=kda)
 
 
-def test_cursor_restored_when_sglang_raises() -> None:
-    pool = _ring_namespace(torch.zeros(3, dtype=torch.int32))
-    backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool))
-    fb = SimpleNamespace(logical_forward_mode=_mode("DECODE"))
-    write_pos = pool.replayssm_write_pos
-
-    def original(_backend: Any, _fb: Any) -> Any:
-        assert pool.replayssm_write_pos is None
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError, match="boom"):
-        decode_metadata.device_forward_metadata(original, backend, fb)
-    assert pool.replayssm_write_pos is write_pos
-
-
 @pytest.mark.parametrize(
     "pool",
     [
@@ -462,18 +447,6 @@ def test_passes_through_without_the_decode_ring(pool: Any) -> None:
     assert seen == [((backend, fb), {}), ((backend, fb), {"in_capture": True})]
 
 
-def test_extend_passes_through_with_the_cursor_visible() -> None:
-    pool = _ring_namespace(torch.zeros(3, dtype=torch.int32))
-    backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool))
-    fb = SimpleNamespace(logical_forward_mode=_mode("EXTEND"))
-
-    def original(_backend: Any, _fb: Any) -> str:
-        assert pool.replayssm_write_pos is not None
-        return "sglang"
-
-    assert decode_metadata.device_forward_metadata(original, backend, fb) == "sglang"
-
-
 def test_one_hook_per_metadata_entry_point() -> None:
     backend = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
     for entry, fn in (("_forward_metadata", hooks.decode_metadata_eager),
@@ -485,14 +458,15 @@ def test_one_hook_per_metadata_entry_point() -> None:
 
 @pytest.mark.parametrize("device_fix", [True, False], ids=["device-cursor", "sglang-cursor"])
 @pytest.mark.parametrize("kda_fix", [True, False], ids=["kda-flush", "no-kda-flush"])
+@pytest.mark.parametrize("mode", ["DECODE", "EXTEND"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_kda_flag_lowered_only_inside_sglang_and_only_with_its_fix(graph: bool, kda_fix: bool, device_fix: bool) -> None:
+def test_kda_flag_and_cursor_hidden_only_inside_sglang(graph: bool, mode: str, kda_fix: bool, device_fix: bool) -> None:
     """The KDA flag is lowered around SGLang's metadata call (outer) with the cursor hidden inside
     it only while ``device_cursor`` is on; both are restored afterwards, also when SGLang raises."""
     pool = _ring_namespace(torch.zeros(3, dtype=torch.int32), kda=True)
     cursor = pool.replayssm_write_pos
     backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool), replayssm_write_pos_list=[])
-    fb = SimpleNamespace(logical_forward_mode=_mode("EXTEND"), forward_mode=_mode("EXTEND"))
+    fb = SimpleNamespace(logical_forward_mode=_mode(mode), forward_mode=_mode(mode))
     seen = []
 
     def original(_backend: Any, _fb: Any) -> str:
@@ -500,10 +474,11 @@ def test_kda_flag_lowered_only_inside_sglang_and_only_with_its_fix(graph: bool, 
         raise RuntimeError("boom")
 
     hook = hooks.decode_metadata_graph if graph else hooks.decode_metadata_eager
-    with config.override(kda_force_flush=kda_fix, device_cursor=device_fix), pytest.raises(RuntimeError):
+    with config.override(kda_force_flush=kda_fix, device_cursor=device_fix), pytest.raises(RuntimeError, match="boom"):
         hook(original, backend, fb)
-    # an extend batch: the cursor stays visible on the eager path; the graph path hides it for any mode
-    assert seen == [(not kda_fix, device_fix and graph)]
+    # the eager path passes an extend batch through with the cursor visible; the graph path hides
+    # the cursor for any mode (it refreshes the snapshot on a non-decode replay)
+    assert seen == [(not kda_fix, device_fix and (graph or mode == "DECODE"))]
     assert pool.replayssm_is_kda is True and pool.replayssm_write_pos is cursor
 
 
