@@ -14,7 +14,8 @@ import pytest
 
 from sglang_replayssm.radix import config, hooks
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
-from sglang_replayssm.radix.simulate import SimConfig, ToyModel, _cache_params, build_fixture
+from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
+from sglang_replayssm.testing.simulate_fixture import cache_params
 
 GIB = 1 << 30
 
@@ -36,7 +37,7 @@ def _pool_bytes_per_slot(kind: str, ring_len: int):
     ring += pool.replayssm_write_pos.nbytes
     state = sum(c.nbytes for c in cache.conv) + cache.temporal.nbytes
     assert (ring + state) % slots == 0 and ring % slots == 0
-    return _cache_params(cfg, model, list(range(cfg.mamba_layers))), (ring + state) // slots, ring // slots
+    return cache_params(cfg, model, list(range(cfg.mamba_layers))), (ring + state) // slots, ring // slots
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

@@ -135,8 +135,8 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
     guard = module.__dict__.get("mamba_extra_buffer_of")
     if guard is None:
         return original(server_args)
-    module.mamba_extra_buffer_of = lambda cfg: False
+    setattr(module, "mamba_extra_buffer_of", lambda cfg: False)  # noqa: B010 (a module global, looked up at call time)
     try:
         return original(server_args)
     finally:
-        module.mamba_extra_buffer_of = guard
+        setattr(module, "mamba_extra_buffer_of", guard)  # noqa: B010

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_replayssm.radix.snapshot import fold_in_place
+from sglang_replayssm.radix.ring_pool import ring_pool
 
 __all__ = ["materialize_before_finish_donation"]
 
@@ -29,10 +29,10 @@ def materialize_before_finish_donation(component: Any, req: Any, is_finished: bo
     if not is_finished or component.cache.enable_mamba_extra_buffer:
         return
     req_pool = component.cache.req_to_token_pool
-    mamba_pool = getattr(req_pool, "mamba_pool", None)
-    if getattr(mamba_pool, "replayssm_write_pos", None) is None:
+    view = ring_pool(getattr(req_pool, "mamba_pool", None))
+    if view is None:
         return
     slot = req.kv.mamba_pool_idx
     if slot is None:
         return
-    fold_in_place(mamba_pool, req_pool.translate_mamba_indices(slot.reshape(1)))
+    view.fold(req_pool.translate_mamba_indices(slot.reshape(1)))

@@ -18,8 +18,8 @@ read ``temporal`` alone or copy it alone:
 * **CPU retraction backup.** ``Req.offload_kv_cache`` (directly, or through
   ``HybridLinearKVPool.get_cpu_copy``) stores ``MambaPool.get_cpu_copy``: conv + temporal, no ring,
   no cursor. :func:`cpu_copy_exact` folds the pending records into the *copy* (the live slot is not
-  modified), and :func:`empty_ring_after_cpu_load` empties the ring of every slot a CPU copy is
-  loaded into (the copy is a full state, so the destination has no pending records).
+  modified), and :func:`sglang_replayssm.radix.alloc_reset.empty_loaded` empties the ring of every slot a CPU
+  copy is loaded into (the copy is a full state, so the destination has no pending records).
 
 Invariants: after :func:`fold_before_extend` every slot of the batch's rows has ``write_pos == 0``
 and ``temporal`` equal to its full state; a CPU copy's ``temporal`` is the slot's full state; a
@@ -33,31 +33,9 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.snapshot import is_kda_pool, materialize_rows, ring_tensors
+from sglang_replayssm.radix.ring_pool import ring_pool
 
-__all__ = ["cpu_copy_exact", "empty_ring_after_cpu_load", "fold_before_extend", "fold_slots"]
-
-
-def fold_slots(mamba_pool: Any, slots: torch.Tensor) -> None:
-    """Fold each live slot's pending records into its own checkpoint and empty its ring.
-
-    ``slots`` may be any shape; entries ``<= 0`` (the reserved padding slot 0 and -1 sentinels) are
-    left alone. Live slots must be pairwise distinct (one request row per slot). Runs on the pool's
-    device without host syncs; a no-op for pools without the decode ring.
-    """
-    write_pos = getattr(mamba_pool, "replayssm_write_pos", None)
-    if write_pos is None or ring_tensors(mamba_pool) is None:
-        return
-    flat = slots.reshape(-1).to(device=write_pos.device, dtype=torch.long)
-    if flat.numel() == 0:
-        return
-    live = flat > 0
-    flat = torch.where(live, flat, torch.full_like(flat, -1))
-    counts = torch.where(live, write_pos[flat.clamp(min=0)], torch.zeros_like(flat)).to(torch.long)
-    materialize_rows(mamba_pool, flat, flat, counts)
-    # Zero the live slots' cursors; rows left alone write slot 0's own cursor back to it.
-    idx = flat.clamp(min=0)
-    write_pos[idx] = torch.where(live, torch.zeros_like(idx), write_pos[idx].to(torch.long)).to(write_pos.dtype)
+__all__ = ["cpu_copy_exact", "fold_before_extend"]
 
 
 def _reads_extend_state(runner: Any, forward_batch: Any) -> bool:
@@ -81,50 +59,17 @@ def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
     destination is overwritten by its exact source). Folding first keeps the order simple: the
     clear and the copy see a pool where no row of this batch has pending records.
     """
-    pool = getattr(runner, "req_to_token_pool", None)
-    mamba_pool = getattr(pool, "mamba_pool", None)
+    pool: Any = getattr(runner, "req_to_token_pool", None)
+    view = ring_pool(getattr(pool, "mamba_pool", None))
     indices = getattr(forward_batch, "req_pool_indices", None)
     if (
-        mamba_pool is not None
+        view is not None
         and indices is not None
-        and ring_tensors(mamba_pool) is not None
         and hasattr(pool, "get_mamba_indices")
         and _reads_extend_state(runner, forward_batch)
     ):
-        slots = pool.translate_mamba_indices(pool.get_mamba_indices(indices))
-        fold_slots(mamba_pool, slots)
+        view.fold(pool.translate_mamba_indices(pool.get_mamba_indices(indices)))
     original(runner, forward_batch)
-
-
-def _folded_temporal(mamba_pool: Any, indices: torch.Tensor) -> torch.Tensor | None:
-    """``temporal[:, indices]`` with each slot's pending records folded in, or None when no slot
-    has records (one host read of the cursors; the caller already synchronised the device)."""
-    write_pos = mamba_pool.replayssm_write_pos
-    flat = indices.reshape(-1).to(device=write_pos.device, dtype=torch.long)
-    if flat.numel() == 0:
-        return None
-    counts = write_pos[flat.clamp(min=0)].to(torch.long)
-    counts = torch.where(flat > 0, counts, torch.zeros_like(counts))
-    if not bool((counts > 0).any().item()):
-        return None
-    cache = mamba_pool.mamba_cache
-    d, k, g = ring_tensors(mamba_pool)
-    idx = flat.clamp(min=0)
-    temporal = cache.temporal[:, idx].clone()
-    rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
-    from sglang_replayssm.kernels.materialize import materialize
-
-    materialize(
-        temporal,
-        d[:, idx].contiguous(),
-        k[:, idx].contiguous(),
-        g[:, idx].contiguous(),
-        rows,
-        rows,
-        counts,
-        is_kda=is_kda_pool(mamba_pool),
-    )
-    return temporal.reshape(cache.temporal[:, indices].shape)
 
 
 def cpu_copy_exact(original: Any, mamba_pool: Any, indices: torch.Tensor) -> Any:
@@ -137,26 +82,17 @@ def cpu_copy_exact(original: Any, mamba_pool: Any, indices: torch.Tensor) -> Any
     is made to own its memory (SGLang's would alias the slot there).
     """
     result = original(mamba_pool, indices)
-    if getattr(mamba_pool, "replayssm_write_pos", None) is None or ring_tensors(mamba_pool) is None:
+    view = ring_pool(mamba_pool)
+    if view is None:
         return result
     items = list(result)
-    if mamba_pool.mamba_cache.temporal.device.type == "cpu":
+    if view.temporal.device.type == "cpu":
         # On a CPU pool SGLang's ``.to("cpu")`` is a no-op, and a 0-d slot index (what
         # ``HybridLinearKVPool.get_cpu_copy`` passes) selects a view: the "backup" would alias the
         # live slot and change when the slot is reused. Own the memory of the copy.
         items[0] = [c.clone() for c in items[0]]
         items[1] = items[1].clone()
-    folded = _folded_temporal(mamba_pool, torch.as_tensor(indices))
+    folded = view.folded_temporal(indices)
     if folded is not None:
         items[1] = folded.to("cpu")
     return tuple(items)
-
-
-def empty_ring_after_cpu_load(mamba_pool: Any, indices: torch.Tensor) -> None:
-    """After ``MambaPool.load_cpu_copy``: the destination slots hold full states, empty their rings."""
-    write_pos = getattr(mamba_pool, "replayssm_write_pos", None)
-    if write_pos is None or ring_tensors(mamba_pool) is None:
-        return
-    from sglang_replayssm.radix.cursor import reset_cursors
-
-    reset_cursors(write_pos, torch.as_tensor(indices))

@@ -1,4 +1,5 @@
-"""The ``device_cursor`` fix: SGLang's decode cursor advance moved onto the device.
+"""The decode-metadata hooks: the ``device_cursor`` fix (SGLang's decode cursor advance moved onto
+the device) composed with the ``kda_force_flush`` fix.
 
 Driven on CPU through SGLang 0.5.23's real ``MambaAttnBackendBase`` decode metadata
 (``_forward_metadata`` eager, ``init_forward_metadata_out_graph`` -> ``_replay_metadata`` for CUDA
@@ -25,7 +26,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sglang_replayssm.radix import config, device_cursor, hooks
+from sglang_replayssm import hook_table
+from sglang_replayssm.radix import config, decode_metadata, hooks
+from sglang_replayssm.radix.ring_pool import ring_pool
 
 MAX_BS = 12
 
@@ -77,7 +80,7 @@ def _backend_cls() -> type:
 
 
 def _pool(kind: str, ring_len: int, interval: int) -> Any:
-    from sglang_replayssm.radix.simulate import SimConfig, ToyModel, build_fixture
+    from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
 
     cfg = SimConfig(kind=kind, ring_len=ring_len, track_interval=interval, mamba_slots=24, max_reqs=16)
     _, _, req_pool = build_fixture(cfg, ToyModel(cfg))
@@ -224,7 +227,7 @@ def _counts(stats: dict[str, int], wp: torch.Tensor | None, ff: torch.Tensor | N
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize(("kind", "kda_fix", "ring_len", "interval"), CONFIGS)
 def test_eager_matches_sglang(kind: str, kda_fix: bool, ring_len: int, interval: int, impl: str, monkeypatch) -> None:
-    monkeypatch.setattr(device_cursor, "cursor_step", functools.partial(device_cursor.cursor_step, impl=impl))
+    monkeypatch.setattr(decode_metadata, "cursor_step", functools.partial(decode_metadata.cursor_step, impl=impl))
     world = _World(_pool(kind, ring_len, interval), seed=11 + ring_len, ring_len=ring_len, interval=interval)
     backend = _backend_cls()(world.req_pool, graph=False)
     stats = {"wraps": 0, "forced": 0, "padded": 0, "shared": 0}
@@ -257,7 +260,7 @@ def test_eager_matches_sglang(kind: str, kda_fix: bool, ring_len: int, interval:
 def test_cuda_graph_replay_matches_sglang(
     kind: str, kda_fix: bool, ring_len: int, interval: int, impl: str, monkeypatch
 ) -> None:
-    monkeypatch.setattr(device_cursor, "cursor_step", functools.partial(device_cursor.cursor_step, impl=impl))
+    monkeypatch.setattr(decode_metadata, "cursor_step", functools.partial(decode_metadata.cursor_step, impl=impl))
     world = _World(_pool(kind, ring_len, interval), seed=5 + ring_len, ring_len=ring_len, interval=interval)
     backend = _backend_cls()(world.req_pool, graph=True)
     stats = {"wraps": 0, "forced": 0, "padded": 0, "shared": 0}
@@ -411,27 +414,20 @@ def test_device_path_adds_no_sync_to_a_tracked_eager_batch() -> None:
 # ---- pass-through and composition ---------------------------------------------------------------
 
 
-def test_cursor_restored_when_sglang_raises() -> None:
-    pool = SimpleNamespace(replayssm_write_pos=torch.zeros(3, dtype=torch.int32), enable_linear_replayssm=True)
-    backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool))
-    fb = SimpleNamespace(logical_forward_mode=_mode("DECODE"))
-    write_pos = pool.replayssm_write_pos
-
-    def original(_backend: Any, _fb: Any) -> Any:
-        assert pool.replayssm_write_pos is None
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError, match="boom"):
-        device_cursor.device_forward_metadata(original, backend, fb)
-    assert pool.replayssm_write_pos is write_pos
+def _ring_namespace(write_pos: torch.Tensor | None, enabled: bool = True, kda: bool = False) -> SimpleNamespace:
+    """A stand-in decode-ring pool: flags, cursor and (empty) ring tensors, nothing else."""
+    ring = torch.zeros(1, 3, 1, 2, *((1,) if kda else ()))
+    cache = SimpleNamespace(replayssm_d=ring, replayssm_k=ring, replayssm_g=ring)
+    return SimpleNamespace(replayssm_write_pos=write_pos, enable_linear_replayssm=enabled, mamba_cache=cache,
+                           replayssm_is_kda=kda)
 
 
 @pytest.mark.parametrize(
     "pool",
     [
         None,
-        SimpleNamespace(replayssm_write_pos=torch.zeros(3, dtype=torch.int32), enable_linear_replayssm=False),
-        SimpleNamespace(replayssm_write_pos=None, enable_linear_replayssm=True),
+        _ring_namespace(torch.zeros(3, dtype=torch.int32), enabled=False),
+        _ring_namespace(None),
     ],
     ids=["no-mamba-pool", "spec-ring", "no-cursor"],
 )
@@ -446,46 +442,51 @@ def test_passes_through_without_the_decode_ring(pool: Any) -> None:
         assert getattr(pool, "replayssm_write_pos", None) is cursor  # not hidden
         return "sglang"
 
-    assert device_cursor.device_forward_metadata(original, backend, fb) == "sglang"
-    assert device_cursor.device_out_graph_metadata(original, backend, fb, in_capture=True) == "sglang"
+    assert decode_metadata.device_forward_metadata(original, backend, fb) == "sglang"
+    assert decode_metadata.device_out_graph_metadata(original, backend, fb, in_capture=True) == "sglang"
     assert seen == [((backend, fb), {}), ((backend, fb), {"in_capture": True})]
 
 
-def test_extend_passes_through_with_the_cursor_visible() -> None:
-    pool = SimpleNamespace(replayssm_write_pos=torch.zeros(3, dtype=torch.int32), enable_linear_replayssm=True)
-    backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool))
-    fb = SimpleNamespace(logical_forward_mode=_mode("EXTEND"))
+def test_one_hook_per_metadata_entry_point() -> None:
+    backend = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
+    for entry, fn in (("_forward_metadata", hooks.decode_metadata_eager),
+                      ("init_forward_metadata_out_graph", hooks.decode_metadata_graph),
+                      ("_replay_metadata", None)):
+        chain = hook_table.wrapped_hooks(hook_table.live_attr(f"{backend}.{entry}"))
+        assert chain == ([] if fn is None else [fn]), entry
+
+
+@pytest.mark.parametrize("device_fix", [True, False], ids=["device-cursor", "sglang-cursor"])
+@pytest.mark.parametrize("kda_fix", [True, False], ids=["kda-flush", "no-kda-flush"])
+@pytest.mark.parametrize("mode", ["DECODE", "EXTEND"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_kda_flag_and_cursor_hidden_only_inside_sglang(graph: bool, mode: str, kda_fix: bool, device_fix: bool) -> None:
+    """The KDA flag is lowered around SGLang's metadata call (outer) with the cursor hidden inside
+    it only while ``device_cursor`` is on; both are restored afterwards, also when SGLang raises."""
+    pool = _ring_namespace(torch.zeros(3, dtype=torch.int32), kda=True)
+    cursor = pool.replayssm_write_pos
+    backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=pool), replayssm_write_pos_list=[])
+    fb = SimpleNamespace(logical_forward_mode=_mode(mode), forward_mode=_mode(mode))
+    seen = []
 
     def original(_backend: Any, _fb: Any) -> str:
-        assert pool.replayssm_write_pos is not None
-        return "sglang"
+        seen.append((pool.replayssm_is_kda, pool.replayssm_write_pos is None))
+        raise RuntimeError("boom")
 
-    assert device_cursor.device_forward_metadata(original, backend, fb) == "sglang"
-
-
-def test_hooks_compose_with_the_kda_force_flush_hooks() -> None:
-    """Both fixes wrap ``_forward_metadata``; each is in the live chain exactly once."""
-    live = hooks._live_attr(f"{hooks._BACKEND}._forward_metadata")
-    chain = []
-    fn = live
-    while fn is not None:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                chain.append(cell.cell_contents)
-            except ValueError:
-                continue
-        fn = getattr(fn, "__wrapped__", None)
-    assert chain.count(hooks.device_cursor_eager) == 1
-    assert chain.count(hooks.kda_flush_forward_metadata) == 1
-    assert hooks._wraps_hook(hooks._live_attr(f"{hooks._BACKEND}.init_forward_metadata_out_graph"), hooks.device_cursor_graph)
+    hook = hooks.decode_metadata_graph if graph else hooks.decode_metadata_eager
+    with config.override(kda_force_flush=kda_fix, device_cursor=device_fix), pytest.raises(RuntimeError, match="boom"):
+        hook(original, backend, fb)
+    # the eager path passes an extend batch through with the cursor visible; the graph path hides
+    # the cursor for any mode (it refreshes the snapshot on a non-decode replay)
+    assert seen == [(not kda_fix, device_fix and (graph or mode == "DECODE"))]
+    assert pool.replayssm_is_kda is True and pool.replayssm_write_pos is cursor
 
 
-def test_force_flush_rule_follows_the_kda_fix_whichever_hook_is_outer() -> None:
-    gdn = SimpleNamespace(replayssm_is_kda=False)
-    kda = SimpleNamespace(replayssm_is_kda=True)
-    lowered = SimpleNamespace(replayssm_is_kda=False)  # inside flush.with_kda_force_flush
-    with config.override(kda_force_flush=True):
-        assert device_cursor.force_flush_on(gdn) and device_cursor.force_flush_on(kda)
-        assert device_cursor.force_flush_on(lowered)
-    with config.override(kda_force_flush=False):
-        assert device_cursor.force_flush_on(gdn) and not device_cursor.force_flush_on(kda)
+def test_force_flush_rule_reads_the_flag_the_kda_fix_lowers() -> None:
+    gdn, kda = _ring_namespace(torch.zeros(3, dtype=torch.int32)), _ring_namespace(torch.zeros(3, dtype=torch.int32), kda=True)
+    views = [ring_pool(p) for p in (gdn, kda)]
+    assert views[0] is not None and views[1] is not None and views[1].is_kda and not views[0].is_kda
+    assert decode_metadata.force_flush_on(views[0]) and not decode_metadata.force_flush_on(views[1])
+    with decode_metadata.kda_flag_lowered(views[1]):
+        assert decode_metadata.force_flush_on(views[1])
+    assert kda.replayssm_is_kda is True

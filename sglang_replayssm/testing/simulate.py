@@ -13,355 +13,39 @@ track snapshot (``_track_mamba_state_decode``, SGLang's Triton copy kernel, inte
 post-decode track bookkeeping (``BatchResultProcessor._mamba_prefix_cache_update``), checkpoints
 (``checkpoint_kv_cache``), finish (``release_kv_cache``) and eviction.
 
-Only the model is replaced: a toy hybrid layer stack whose per-token inputs (packed q|k|v, gate
-inputs ``a``/``b``) are table look-ups by token id, so the state of any token path is a well-defined
-fp64 recurrence (:meth:`ToyModel.oracle`). Extend ("prefill") is that recurrence on the slot's
-``temporal`` (like SGLang's extend kernels it reads the checkpoint and ignores the ring); decode is
+Only the model is replaced (:class:`simulate_model.ToyModel`, whose token paths have an fp64
+oracle state). Extend ("prefill") is that recurrence on the slot's ``temporal`` (like SGLang's
+extend kernels it reads the checkpoint and ignores the ring); decode is
 :func:`sglang_replayssm.kernels.ring_decode_ref.ring_decode_torch` (a drop-in for SGLang's ReplaySSM
-decode kernel) on the pool tensors. The conv state of a path is its last ``conv_kernel - 1`` packed
-inputs, so a conv window identifies the depth it belongs to.
+decode kernel) on the pool tensors.
 
-:meth:`Sim.check` states the invariants the adapter must keep: every radix node's ``(conv,
-temporal)`` is its token path's state and its ring is empty; every running request's checkpoint +
-ring reproduces its state.
+:meth:`Sim.check` (:mod:`simulate_checks`) states the invariants the adapter must keep: every
+radix node's ``(conv, temporal)`` is its token path's state and its ring is empty; every running
+request's checkpoint + ring reproduces its state.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from array import array
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 import torch
 
-__all__ = ["SimConfig", "SimReq", "Sim", "ToyModel", "rel_err"]
+from sglang_replayssm.testing.simulate_checks import SimInvariants
+from sglang_replayssm.testing.simulate_fixture import (
+    backend_cls,
+    build_fixture,
+    result_processor_cls,
+    torch_track_copy,
+)
+from sglang_replayssm.testing.simulate_model import SimConfig, SimReq, ToyModel, rel_err, track_grid_of
 
-_F64 = torch.float64
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Shapes and policies of one simulated server.
-
-    ``kind``: ``"gdn"`` (H=1 key head, HV=2 value heads, scalar gate) or ``"kda"`` (H=HV=2,
-    per-channel gate); K=V=``head_dim``. ``strategy``: the mamba radix cache strategy.
-    ``track_interval``: ``--mamba-track-interval``; ``chunk``: the mamba cache chunk size (page
-    size is 1, so the checkpoint grid is ``chunk`` and the decode track grid is
-    ``lcm(chunk, track_interval)``). ``ring_len``: ``--linear-replayssm-cache-len``.
-    """
-
-    kind: str = "gdn"
-    strategy: str = "no_buffer"
-    track_interval: int = 4
-    ring_len: int = 4
-    chunk: int = 1
-    head_dim: int = 32
-    mamba_layers: int = 2
-    mamba_slots: int = 24
-    max_reqs: int = 8
-    kv_size: int = 2048
-    max_context_len: int = 256
-    vocab: int = 10
-    conv_kernel: int = 4
-    seed: int = 0
-    #: Overlap scheduling as the pools see it (sizes the ping-pong buffer: 2 with overlap, else
-    #: 1); None = on for the extra_buffer strategies, off for no_buffer (SGLang's defaults).
-    overlap: bool | None = None
-    #: Run SGLang's Triton track-copy kernel (interpreted on CPU, ~0.1 s a launch) instead of
-    #: an equivalent torch copy.
-    triton_track_copy: bool = False
-
-    @property
-    def extra_buffer(self) -> bool:
-        return self.strategy in ("extra_buffer", "extra_buffer_lazy")
-
-    @property
-    def lazy(self) -> bool:
-        return self.strategy == "extra_buffer_lazy"
-
-    @property
-    def is_kda(self) -> bool:
-        return self.kind == "kda"
+__all__ = ["Sim", "SimConfig", "SimReq", "ToyModel", "build_fixture", "rel_err", "track_grid_of"]
 
 
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||x - ref|| / max(||ref||, tiny)`` in float64."""
-    x64, r64 = x.to(_F64), ref.to(_F64)
-    return float((x64 - r64).norm() / r64.norm().clamp_min(1e-30))
-
-
-class ToyModel:
-    """Per-layer token tables for a GDN or KDA layer stack, and the fp64 oracle of a token path."""
-
-    def __init__(self, cfg: SimConfig):
-        from sglang_replayssm.kernels.naive import (
-            compute_beta_fp64,
-            compute_gate_fp64,
-            l2norm_fp64,
-            unpack_mixed_qkv,
-        )
-
-        self.cfg = cfg
-        self.K = self.V = cfg.head_dim
-        self.H, self.HV = (2, 2) if cfg.is_kda else (1, 2)
-        self.qkv_dim = 2 * self.H * self.K + self.HV * self.V
-        self.win = cfg.conv_kernel - 1
-        gen = torch.Generator().manual_seed(1000 + cfg.seed)
-        n, vocab, HV, K = cfg.mamba_layers, cfg.vocab, self.HV, self.K
-        self.qkv = torch.randn(n, vocab, self.qkv_dim, generator=gen)
-        a_shape = (n, vocab, HV, K) if cfg.is_kda else (n, vocab, HV)
-        self.a = 0.5 * torch.randn(*a_shape, generator=gen)
-        self.b = torch.randn(n, vocab, HV, generator=gen)
-        self.A_log = torch.log(0.2 + 0.6 * torch.rand(n, HV, generator=gen))
-        self.dt_bias = 0.1 * torch.randn(*((n, HV, K) if cfg.is_kda else (n, HV)), generator=gen)
-        # fp64 per-token recurrence inputs, [layer][token] -> (k [HV, K] normalised, v [HV, V], g, beta)
-        rep = HV // self.H
-        self._k, self._v, self._g, self._beta = [], [], [], []
-        for li in range(n):
-            _, k, v = unpack_mixed_qkv(self.qkv[li], self.H, self.K, HV, self.V)
-            self._k.append(l2norm_fp64(k).repeat_interleave(rep, dim=-2))  # [vocab, HV, K]
-            self._v.append(v.to(_F64))
-            self._g.append(compute_gate_fp64(self.a[li], self.A_log[li], self.dt_bias[li], is_kda=cfg.is_kda))
-            self._beta.append(compute_beta_fp64(self.b[li]))
-        self._memo: OrderedDict[tuple[int, ...], list[torch.Tensor]] = OrderedDict()
-        self._memo_cap = 4096
-        self._zero = [torch.zeros(HV, self.V, K, dtype=_F64) for _ in range(n)]
-
-    # -- kernel inputs --------------------------------------------------------------------------
-
-    def decode_inputs(
-        self, layer: int, tokens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(mixed_qkv [B, qkv_dim], a, b [B, HV])`` for one decode step of ``tokens`` ``[B]``."""
-        return (
-            self.qkv[layer, tokens].contiguous(),
-            self.a[layer, tokens].contiguous(),
-            self.b[layer, tokens].contiguous(),
-        )
-
-    # -- oracle -----------------------------------------------------------------------------------
-
-    def _step(self, states: list[torch.Tensor], tok: int) -> list[torch.Tensor]:
-        out = []
-        for li, s in enumerate(states):
-            g = self._g[li][tok]
-            decay = torch.exp(g)[..., None, :] if self.cfg.is_kda else torch.exp(g)[..., None, None]
-            s_dec = s * decay
-            k, v = self._k[li][tok], self._v[li][tok]
-            d = self._beta[li][tok][:, None] * (v - torch.einsum("hvk,hk->hv", s_dec, k))
-            out.append(s_dec + d[:, :, None] * k[:, None, :])
-        return out
-
-    def oracle(self, path: Sequence[int]) -> list[torch.Tensor]:
-        """fp64 state ``[HV, V, K]`` per layer after consuming ``path`` from the zero state."""
-        key = tuple(int(t) for t in path)
-        n = len(key)
-        while n > 0 and key[:n] not in self._memo:
-            n -= 1
-        states = self._memo[key[:n]] if n > 0 else self._zero
-        if n > 0:
-            self._memo.move_to_end(key[:n])
-        for i in range(n, len(key)):
-            states = self._step(states, key[i])
-            self._memo[key[: i + 1]] = states
-        while len(self._memo) > self._memo_cap:
-            self._memo.popitem(last=False)
-        return states
-
-    def conv_window(self, path: Sequence[int]) -> list[torch.Tensor]:
-        """The conv state of ``path`` per layer, in the pool's layout (GDN ``[dim, w]``, KDA ``[w, dim]``)."""
-        tail = [int(t) for t in path[-self.win :]] if self.win > 0 else []
-        out = []
-        for li in range(self.cfg.mamba_layers):
-            rows = torch.zeros(self.win, self.qkv_dim)
-            if tail:
-                rows[self.win - len(tail) :] = self.qkv[li, tail]
-            out.append(rows if self.cfg.is_kda else rows.t().contiguous())
-        return out
-
-    def extend_conv(self, window: torch.Tensor, layer: int, tokens: Sequence[int]) -> torch.Tensor:
-        """The conv window after appending ``tokens`` to a path whose window is ``window``."""
-        rows = window if self.cfg.is_kda else window.t()
-        rows = torch.cat([rows.to(torch.float32), self.qkv[layer, list(tokens)]])[-self.win :]
-        return rows.contiguous() if self.cfg.is_kda else rows.t().contiguous()
-
-
-@dataclass
-class SimReq:
-    """A request driven by the simulation: SGLang's ``Req`` plus the tokens it will generate."""
-
-    req: Any
-    script: list[int]
-    #: ``req.prefix_len`` right after the admission match (SGLang advances it after prefill).
-    matched: int = 0
-
-    @property
-    def consumed(self) -> list[int]:
-        """Tokens whose state the request's working slot holds (``kv_committed_len`` of them)."""
-        fill = list(self.req.origin_input_ids) + list(self.req.output_ids)
-        return fill[: self.req.kv.kv_committed_len]
-
-
-def _torch_track_all_layers(
-    conv_states: torch.Tensor,
-    ssm_states: torch.Tensor,
-    cache_indices: torch.Tensor,
-    mamba_track_mask: torch.Tensor,
-    mamba_track_indices: torch.Tensor,
-    batch_size: int,
-    check_freed_slots: bool = False,
-) -> None:
-    """Torch stand-in for SGLang's ``track_mamba_states_all_layers`` / ``_if_needed`` (slot dim 1
-    for all-layer pools, 0 for one layer's tensors, told apart by ``ssm_states.dim()``)."""
-    rows = torch.nonzero(mamba_track_mask[:batch_size]).flatten()
-    src = cache_indices[rows].long()
-    dst = mamba_track_indices[rows].long()
-    if check_freed_slots:
-        ok = (src >= 0) & (dst >= 0)
-        src, dst = src[ok], dst[ok]
-    if ssm_states.dim() == 5:
-        conv_states[:, dst] = conv_states[:, src]
-        ssm_states[:, dst] = ssm_states[:, src]
-    else:
-        conv_states[dst] = conv_states[src]
-        ssm_states[dst] = ssm_states[src]
-
-
-def _cache_params(cfg: SimConfig, model: ToyModel, layer_ids: list[int]) -> Any:
-    from sglang.srt.configs.mamba_utils import (
-        KimiLinearCacheParams,
-        KimiLinearStateShape,
-        Mamba2CacheParams,
-        Mamba2StateDType,
-        Mamba2StateShape,
-    )
-
-    dtype = Mamba2StateDType(conv=torch.float32, temporal=torch.float32)
-    if cfg.is_kda:
-        shape = KimiLinearStateShape.create(
-            tp_world_size=1,
-            num_heads=model.HV,
-            head_dim=model.V,
-            num_k_heads=model.H,
-            head_k_dim=model.K,
-            conv_kernel_size=cfg.conv_kernel,
-        )
-        return KimiLinearCacheParams(shape=shape, layers=layer_ids, dtype=dtype)
-    shape = Mamba2StateShape.create(
-        tp_world_size=1,
-        intermediate_size=model.HV * model.V,
-        n_groups=model.H,
-        num_heads=model.HV,
-        head_dim=model.V,
-        state_size=model.K,
-        conv_kernel=cfg.conv_kernel,
-    )
-    return Mamba2CacheParams(shape=shape, layers=layer_ids, dtype=dtype)
-
-
-def build_fixture(cfg: SimConfig, model: ToyModel) -> tuple[Any, Any, Any]:
-    """SGLang's ``build_fixture`` on CPU with a GDN/KDA decode-ring pool: ``(cache, allocator, pool)``.
-
-    The kit builds a Mamba2 pool without ReplaySSM; its constructors are wrapped so the same build
-    gets this config's cache params, ``enable_linear_replayssm`` and the strategy's server args.
-    """
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-    from sglang.srt.server_args import ServerArgs
-    from sglang.test.kits.unified_radix_cache import fixtures
-    from sglang.test.kits.unified_radix_cache.config import CacheConfig
-
-    layer_ids = list(range(cfg.mamba_layers))
-    params = _cache_params(cfg, model, layer_ids)
-    overlap = cfg.extra_buffer if cfg.overlap is None else cfg.overlap
-
-    def server_args(**kw: Any) -> Any:
-        return ServerArgs(
-            **kw,
-            mamba_radix_cache_strategy=cfg.strategy,
-            mamba_track_interval=cfg.track_interval,
-            enable_linear_replayssm=True,
-            linear_replayssm_cache_len=cfg.ring_len,
-            disable_overlap_schedule=not overlap,
-        )
-
-    pool_cls = functools.partial(
-        HybridReqToTokenPool,
-        enable_linear_replayssm=True,
-        linear_replayssm_cache_len=cfg.ring_len,
-        enable_mamba_extra_buffer_lazy=cfg.lazy,
-        enable_overlap_schedule=overlap,
-    )
-    kit_cfg = CacheConfig(
-        page_size=1,
-        components=(ComponentType.FULL, ComponentType.MAMBA),
-        num_layers=cfg.mamba_layers + 1,
-        full_attention_layer_ids=(cfg.mamba_layers,),
-        enable_mamba_extra_buffer=cfg.extra_buffer,
-        mamba_cache_size=cfg.mamba_slots,
-        kv_size=cfg.kv_size,
-        max_num_reqs=cfg.max_reqs,
-        max_context_len=cfg.max_context_len,
-        head_num=1,
-        head_dim=8,
-        dtype=torch.float32,
-    )
-    with (
-        mock.patch.object(fixtures, "get_device", lambda: "cpu"),
-        mock.patch.object(fixtures, "ServerArgs", server_args),
-        mock.patch.object(fixtures, "Mamba2CacheParams", lambda shape, layers: params),
-        mock.patch.object(fixtures, "HybridReqToTokenPool", pool_cls),
-    ):
-        return fixtures.build_fixture(kit_cfg, mamba_cache_chunk_size=cfg.chunk)
-
-
-def _backend_cls() -> type:
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-
-    class _Backend(MambaAttnBackendBase):
-        """SGLang's mamba backend base with only what decode metadata and the track snapshot read
-        (its ``__init__`` needs a ModelRunner)."""
-
-        def __init__(self, req_to_token_pool: Any):  # noqa: D401 - deliberately no super().__init__
-            self.device = "cpu"
-            self.req_to_token_pool = req_to_token_pool
-            self.enable_unified_memory = False
-            self.forward_metadata = None
-            self.topk = 0
-            self.pad_slot_id = -1
-            self._fused_state_indices_ok = False
-            self.replayssm_write_pos_list = None
-            self.replayssm_force_flush_list = None
-
-    return _Backend
-
-
-def _result_processor_cls() -> type:
-    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
-
-    methods = {
-        name: SchedulerBatchResultProcessor.__dict__[name]
-        for name in (
-            "_mamba_prefix_cache_update",
-            "_mamba_check_track_boundary",
-            "_mamba_assert_committed_len_lookahead",
-            "mamba_lazy_post_decode_at_boundary",
-        )
-    }
-
-    def __init__(self: Any, tree_cache: Any) -> None:
-        self.tree_cache = tree_cache
-
-    return type("_ResultProcessor", (), {"__init__": __init__, **methods})
-
-
-class Sim:
+class Sim(SimInvariants):
     """One simulated server: SGLang's cache objects driven through request lifecycles."""
 
     def __init__(self, cfg: SimConfig):
@@ -371,43 +55,11 @@ class Sim:
         self.model = ToyModel(cfg)
         self.cache, self.allocator, self.req_pool = build_fixture(cfg, self.model)
         self.mamba_pool = self.req_pool.mamba_pool
-        self.backend = _backend_cls()(self.req_pool)
-        self.results = _result_processor_cls()(self.cache)
+        self.backend = backend_cls()(self.req_pool)
+        self.results = result_processor_cls()(self.cache)
         self.track_grid = mamba_track_grid(self.cache.page_size)
         self.running: list[SimReq] = []
         self._rid = 0
-
-    # -- pool views ---------------------------------------------------------------------------------
-
-    @property
-    def temporal(self) -> torch.Tensor:
-        return self.mamba_pool.mamba_cache.temporal
-
-    @property
-    def conv(self) -> torch.Tensor:
-        return self.mamba_pool.mamba_cache.conv[0]
-
-    @property
-    def write_pos(self) -> torch.Tensor:
-        return self.mamba_pool.replayssm_write_pos
-
-    def slot_state(self, slot: int) -> list[torch.Tensor]:
-        """Checkpoint of ``slot`` folded with its live ring records (fp64), per layer."""
-        from sglang_replayssm.kernels.naive import fold_records_fp64
-
-        cache = self.mamba_pool.mamba_cache
-        count = int(self.write_pos[slot])
-        return [
-            fold_records_fp64(
-                cache.temporal[li, slot],
-                cache.replayssm_d[li, slot],
-                cache.replayssm_k[li, slot],
-                cache.replayssm_g[li, slot],
-                count,
-                self.cfg.is_kda,
-            )
-            for li in range(self.cfg.mamba_layers)
-        ]
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -532,7 +184,7 @@ class Sim:
 
     def _run_extend(self, slot: int, tokens: list[int], start: int, track: tuple[Any, int] | None) -> None:
         m = self.model
-        states = [self.temporal[li, slot].to(_F64) for li in range(self.cfg.mamba_layers)]
+        states = [self.temporal[li, slot].to(torch.float64) for li in range(self.cfg.mamba_layers)]
         windows = [self.conv[li, slot].clone() for li in range(self.cfg.mamba_layers)]
         for pos in range(start, len(tokens)):
             states = m._step(states, tokens[pos])
@@ -637,7 +289,7 @@ class Sim:
             )
             for row, slot in enumerate(md.mamba_cache_indices.tolist()):
                 self.conv[li, slot] = m.extend_conv(self.conv[li, slot], li, [int(fed[row])])
-            with self._track_copy():
+            with torch_track_copy(not self.cfg.triton_track_copy):
                 backend._track_mamba_state_decode(
                     fb, self.conv[li], cache.temporal[li], md.mamba_cache_indices, li
                 )
@@ -649,24 +301,6 @@ class Sim:
             req.output_ids.append(sreq.script[len(req.output_ids)])
             if len(req.output_ids) >= len(sreq.script):
                 self._finish(sreq)
-
-    def _track_copy(self) -> Any:
-        """Context in which SGLang's decode track copies rows with torch instead of its Triton
-        kernel (unless ``triton_track_copy``); same semantics: for each row with ``mask``,
-        ``conv[:, dst] = conv[:, src]`` and ``temporal[:, dst] = temporal[:, src]``."""
-        from contextlib import ExitStack
-
-        from sglang.srt.layers.attention import hybrid_linear_attn_backend as hlab
-
-        stack = ExitStack()
-        if not self.cfg.triton_track_copy:
-            stack.enter_context(
-                mock.patch.object(hlab, "track_mamba_states_all_layers", _torch_track_all_layers)
-            )
-            stack.enter_context(
-                mock.patch.object(hlab, "track_mamba_states_if_needed", _torch_track_all_layers)
-            )
-        return stack
 
     def _track_bookkeeping(self, req: Any, batch: Any, i: int) -> None:
         """The mamba part of ``BatchResultProcessor._handle_finish_state_updated_req`` with no
@@ -830,75 +464,3 @@ class Sim:
         return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
 
     # -- invariants ---------------------------------------------------------------------------------
-
-    def cached_nodes(self) -> list[tuple[list[int], int]]:
-        """``(token path, mamba slot)`` of every radix node holding a device mamba state."""
-        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-
-        core = self.cache.tree_core
-        root = self.cache.root_node_handle()
-        out = []
-        for node in core.get_all_node_ids():
-            value = core.get_component_device_value(node, ComponentType.MAMBA)
-            if value is None or node == root:
-                continue
-            path: list[int] = []
-            cur = node
-            while cur is not None and cur != root:
-                path = list(core.get_node_token_ids(cur)) + path
-                cur = core.get_parent_node_id(cur)
-            out.append((path, int(value.reshape(-1)[0])))
-        return out
-
-    def node_problems(self, tol: float = 1e-5) -> list[str]:
-        """Radix nodes whose ring is not empty, or whose conv / temporal is not their path's."""
-        problems = []
-        for path, slot in self.cached_nodes():
-            wp = int(self.write_pos[slot])
-            if wp != 0:
-                problems.append(f"node depth {len(path)} slot {slot}: write_pos {wp} != 0")
-            want = self.model.oracle(path)
-            windows = self.model.conv_window(path)
-            for li in range(self.cfg.mamba_layers):
-                err = rel_err(self.temporal[li, slot], want[li])
-                if not err <= tol:
-                    problems.append(
-                        f"node depth {len(path)} slot {slot} layer {li}: temporal rel err {err:.3g}"
-                    )
-                if not torch.equal(self.conv[li, slot], windows[li]):
-                    problems.append(
-                        f"node depth {len(path)} slot {slot} layer {li}: conv window of another depth"
-                    )
-        return problems
-
-    def live_problems(self, tol: float = 1e-5) -> list[str]:
-        """Running requests whose checkpoint + ring (and conv) is not their consumed path's state."""
-        problems = []
-        for sreq in self.running:
-            slot = int(sreq.req.kv.mamba_pool_idx)
-            path = sreq.consumed
-            want = self.model.oracle(path)
-            got = self.slot_state(slot)
-            windows = self.model.conv_window(path)
-            for li in range(self.cfg.mamba_layers):
-                err = rel_err(got[li], want[li])
-                if not err <= tol:
-                    problems.append(
-                        f"{sreq.req.rid} depth {len(path)} slot {slot} layer {li}: state rel err {err:.3g}"
-                    )
-                if not torch.equal(self.conv[li, slot], windows[li]):
-                    problems.append(f"{sreq.req.rid} depth {len(path)} slot {slot} layer {li}: conv mismatch")
-        return problems
-
-    def check(self, tol: float = 1e-5) -> None:
-        """Raise AssertionError listing every violated invariant."""
-        problems = self.node_problems(tol) + self.live_problems(tol)
-        if problems:
-            raise AssertionError(
-                "; ".join(problems[:8]) + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")
-            )
-
-
-def track_grid_of(cfg: SimConfig) -> int:
-    """The decode track grid of ``cfg`` (page 1): ``lcm(chunk, track_interval)``."""
-    return math.lcm(cfg.chunk, cfg.track_interval)
