@@ -26,7 +26,7 @@ def flag_value(cmd: list[str], flag: str) -> str | None:
 
 def test_server_process_becomes_healthy_and_is_stopped(tmp_path: Path) -> None:
     port = pick_port()
-    cmd = [sys.executable, "-m", "sglang_replayssm.bench.fake_server", "--port", str(port)]
+    cmd = [sys.executable, "-m", "sglang_replayssm.testing.fake_server", "--port", str(port)]
     srv = ServerProcess(cmd, dict(os.environ), tmp_path / "s.log", f"http://127.0.0.1:{port}", 60,
                         poll_s=0.2)
     with srv:
