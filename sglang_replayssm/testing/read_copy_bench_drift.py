@@ -17,12 +17,18 @@ Shapes: ``B`` rows in slots ``1..B`` (slot 0 unused), ``H`` key heads, ``HV`` va
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from sglang_replayssm.kernels.constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
-from sglang_replayssm.kernels.naive import compute_beta_fp64, compute_gate_fp64, recurrent_step_fp64, unpack_mixed_qkv
+from sglang_replayssm.kernels.naive import (
+    compute_beta_fp64,
+    compute_gate_fp64,
+    recurrent_step_fp64,
+    unpack_mixed_qkv,
+)
 from sglang_replayssm.kernels.read_copy_format import CopyFormat, alloc_read_copy, dequantize, quantize
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 
@@ -145,8 +151,11 @@ def run_shared(inp: DriftInputs, fmt: CopyFormat) -> torch.Tensor:
     return outs
 
 
-def run_copy(inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = True) -> DriftRun:
-    """The read-copy decode over all steps, rows at staggered cursors (module docstring)."""
+def run_copy(
+    inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = True, decode: Callable = read_copy_decode_torch
+) -> DriftRun:
+    """The read-copy decode over all steps, rows at staggered cursors (module docstring); ``decode``:
+    the torch reference or a fused kernel with its signature (run on ``inp``'s device)."""
     B, H, HV, K, V, kda = inp.B, inp.H, inp.HV, inp.K, inp.V, inp.is_kda
     n = B + 1
     state = torch.zeros(n, HV, V, K)
@@ -170,7 +179,7 @@ def run_copy(inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = Tru
     rows = torch.arange(B)
     for t in range(inp.T):
         ff = ((rows % L) == t).to(torch.int32) if t < L else torch.zeros(B, dtype=torch.int32)
-        read_copy_decode_torch(
+        decode(
             inp.qkv[t], inp.a[t], inp.b[t], inp.A_log, inp.dt_bias, K**-0.5, state, copy, scales,
             d_c, k_c, g_c, v_c, b_c, out, slots, wp, ff, use_qk_l2norm_in_kernel=True, is_kda=kda,
         )  # fmt: skip
