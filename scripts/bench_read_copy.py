@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -78,6 +79,11 @@ def _plot(res: dict, path: str) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["gpu"]:  # its own options: sglang_replayssm.testing.read_copy_bench.main
+        from sglang_replayssm.testing.read_copy_bench import main as gpu_main
+
+        gpu_main(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("drift")
@@ -90,15 +96,8 @@ def main() -> None:
     d.add_argument("--bins", type=int, default=128)
     d.add_argument("--models", nargs="+", default=["gdn", "kda"])
     d.add_argument("--out", default="notes/read-copy-drift")
-    g = sub.add_parser("gpu")
-    g.add_argument("rest", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    if args.cmd == "drift":
-        drift(args)
-    else:
-        from sglang_replayssm.testing.read_copy_bench import main as gpu_main
-
-        gpu_main(args.rest)
+    sub.add_parser("gpu", help="see sglang_replayssm.testing.read_copy_bench (--help after gpu)")
+    drift(ap.parse_args())
 
 
 if __name__ == "__main__":
