@@ -9,7 +9,7 @@ One program owns one (decode row, value head) and ``BV`` of its ``V`` state rows
   fold of SGLang's kernel, never forming the state); the record ``(d~, k, g, v, beta)`` is appended.
 * flush: the fp32 checkpoint tile is read, the ``m`` records' raw inputs are replayed one step at a
   time in fp32 FMAs (decay, ``d_j = beta_j (v_j - S k_j)``, rank-1 update), then this token; the
-  checkpoint tile and its copy are written. A KDA fp8 copy has per-K-column scales, an amax over
+  checkpoint tile and its copy are written (448.0 in the kernel is e4m3 max, :data:`.read_copy_format.FP8_MAX`). A KDA fp8 copy has per-K-column scales, an amax over
   all ``V`` rows: its launch uses ``BV = V``.
 
 Padded rows (slot < 0) get a zero output and nothing else. Layout: every tensor contiguous
@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .read_copy_format import FP8_MAX
 from .read_copy_ref import _check_extra
 from .ring_decode_args import check_ring_decode_args
 
@@ -109,15 +108,15 @@ def read_copy_decode_kernel(
         if FP8:
             if IS_KDA:  # per K column over all V rows (BV == V)
                 amax = tl.max(tl.abs(S), axis=0)
-                sc = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+                sc = tl.where(amax > 0, amax / 448.0, 1.0)
                 tl.store(scales + (slot * HV + hv) * K + o_k, sc)
                 cq = S / sc[None, :]
             else:
                 amax = tl.max(tl.abs(S), axis=1)
-                sc = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+                sc = tl.where(amax > 0, amax / 448.0, 1.0)
                 tl.store(scales + (slot * HV + hv) * V + o_v, sc)
                 cq = S / sc[:, None]
-            tl.store(copy + p_tile, tl.clamp(cq, -FP8_MAX, FP8_MAX).to(copy.dtype.element_ty))
+            tl.store(copy + p_tile, tl.clamp(cq, -448.0, 448.0).to(copy.dtype.element_ty))
         else:
             tl.store(copy + p_tile, _round_bf16(S).to(copy.dtype.element_ty))
     else:

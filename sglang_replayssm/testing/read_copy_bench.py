@@ -34,7 +34,7 @@ __all__ = ["ARMS", "main", "window_bytes"]
 
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
         "copy_bf16", "copy_fp8")  # fmt: skip
-SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 8))
+SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -173,6 +173,13 @@ def bench(model: str, B: int, sgl: Any) -> dict:
             best = min(ok, key=ok.__getitem__)
             times[f"copy_{fmt}"] = ok[best]
             row[f"copy_{fmt}_cfg"] = best
+            # where the time goes: every row at one cursor (0 and 7: non-flush; L-1: all rows flush)
+            bv, nw = (int(x.lstrip("bvw")) for x in best.split("_"))
+            per_m = {}
+            for m in (0, 7, L_RING - 1):
+                wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
+                per_m[str(m)] = time_us(functools.partial(_copy_launch, pb, fmt, bv, nw, wp))[0]
+            row[f"copy_{fmt}_uniform_cursor_us"] = per_m
         try:
             row[f"copy_{fmt}_check"] = _check(StaggeredProblem(model, min(B, 64)), fmt)
         except Exception as e:
