@@ -29,7 +29,7 @@ def _fmt_ok(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_triton_matches_reference(fmt: str, is_kda: bool) -> None:
     _fmt_ok(fmt)
-    inp = make_inputs(3 * L + 2, 5, 1, 2, 16, 16, is_kda, seed=3)
+    inp = make_inputs(2 * L + 3, 4, 1, 2, 16, 16, is_kda, seed=3)
     ref = run_copy(inp, fmt, L)  # type: ignore[arg-type]
 
     def tri(*args: object, **kw: object) -> object:
@@ -45,7 +45,7 @@ def test_triton_matches_reference(fmt: str, is_kda: bool) -> None:
     # can land one copy ulp apart (2**-8 relative for bf16, one element of K*V): a few such flips.
     assert float(err[~flush].median()) <= 1e-5
     assert float(err[~flush].max()) <= (2e-3 if fmt == "bf16" else 3e-2)
-    assert len(got.flushed) == len(ref.flushed) >= 5 * 3
+    assert len(got.flushed) == len(ref.flushed) >= 4 * 2
     for (t, r, c), (t2, r2, c2) in zip(got.flushed, ref.flushed, strict=True):
         assert (t, r) == (t2, r2)
         assert float(rel(c, c2)) <= 1e-6

@@ -36,13 +36,14 @@ from .constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from .read_copy_format import dequantize, refresh_slots
 from .ring_decode_args import check_ring_decode_args
 
-__all__ = ["read_copy_decode_torch"]
+__all__ = ["check_read_copy_args", "read_copy_decode_torch"]
 
 
-def _check_extra(
+def check_read_copy_args(
     read_copy: torch.Tensor, read_copy_scales: torch.Tensor | None, v_cache: torch.Tensor, beta_cache: torch.Tensor,
     initial_state: torch.Tensor, L: int, is_kda: bool,
 ) -> None:  # fmt: skip
+    """The read copy's and the two new records' shapes and dtypes, and an fp32 checkpoint (``ValueError``)."""
     n, HV, V, K = initial_state.shape
     if tuple(read_copy.shape) != (n, HV, V, K):
         raise ValueError(f"read_copy must be {(n, HV, V, K)} (got {tuple(read_copy.shape)})")
@@ -100,7 +101,7 @@ def read_copy_decode_torch(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
         ssm_state_indices, write_pos, force_flush, is_kda,
     )  # fmt: skip
-    _check_extra(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, L, is_kda)
+    check_read_copy_args(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, L, is_kda)
     out.zero_()
     idx_all = ssm_state_indices.to(torch.long)
     rows = torch.nonzero(idx_all >= 0).flatten()

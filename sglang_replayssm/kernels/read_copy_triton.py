@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .read_copy_ref import _check_extra
+from .read_copy_ref import check_read_copy_args
 from .ring_decode_args import check_ring_decode_args
 
 __all__ = ["read_copy_decode_kernel", "read_copy_decode_triton"]
@@ -180,7 +180,7 @@ def read_copy_decode_triton(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
         ssm_state_indices, write_pos, force_flush, is_kda,
     )  # fmt: skip
-    _check_extra(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, L, is_kda)
+    check_read_copy_args(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, L, is_kda)
     tensors = (mixed_qkv, a, b, dt_bias, initial_state, read_copy, d_cache, k_cache, g_cache, v_cache, beta_cache, out)
     if not all(t.is_contiguous() for t in tensors) or (K & (K - 1)) or (V & (V - 1)):
         raise ValueError("read_copy_decode_triton needs contiguous tensors and power-of-two K, V")
