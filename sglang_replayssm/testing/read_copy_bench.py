@@ -1,0 +1,221 @@
+"""GPU timing of the read-copy decode in the serving regime, beside SGLang's kernels and our fp32 ring.
+
+Serving regime: row ``r`` at cursor ``(r + t) mod L`` in step ``t`` (every step has ``B/L`` flush
+rows); each kernel's time is one window of ``L`` steps (CUDA-graph replay, median) divided by ``L``.
+Arms, one table per model and batch size, all in one run:
+
+* ``sglang_packed_fp32`` / ``_bf16``: SGLang's packed decode with an fp32 / bf16 state (GDN Triton;
+  KDA Triton, plus its CUDA row-streaming kernel where it builds, fp32 state);
+* ``sglang_rs_fp32`` / ``_bf16``: SGLang's ReplaySSM kernel, fp32 / bf16 checkpoint and (d, k) ring;
+* ``ours_fp32``: the plugin's default ring decode (:func:`..kernels.ring_decode.ring_decode`);
+* ``copy_bf16`` / ``copy_fp8``: :func:`..kernels.read_copy_triton.read_copy_decode_triton`, best of a
+  small launch sweep (ring: ``d~`` bf16, ``k`` fp32, ``g`` fp32, ``v`` bf16, ``beta`` fp32).
+
+Each arm has its bytes floor (:func:`window_bytes` over the measured copy bandwidth). Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sglang_replayssm.kernels.read_copy_format import quantize
+from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
+from sglang_replayssm.kernels.read_copy_triton import read_copy_decode_triton
+from sglang_replayssm.testing.kernel_bench import L_RING, MODELS, Problem, floors, log, time_us
+
+__all__ = ["ARMS", "main", "window_bytes"]
+
+ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
+        "copy_bf16", "copy_fp8")  # fmt: skip
+SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
+
+
+def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
+    """HBM bytes one (row, value head) moves per step, averaged over a staggered window.
+
+    Ring arms: non-flush steps (cursor ``m = 0..L-2``) read the state (or copy) and ``m`` records and
+    write one; the flush step reads the fp32 checkpoint and ``L-1`` records and writes the checkpoint
+    (and the copy). Key records are shared by the ``HV/H`` value heads of a key head (counted once)."""
+    E, G = V * K, HV // H
+    g_b = 4 * (K if is_kda else 1)
+    if arm.startswith("sglang_packed"):
+        return 2 * E * (4 if arm.endswith("fp32") else 2)
+    nf_steps = L - 1
+    avg_live = (L - 2) / 2  # mean cursor of the non-flush steps
+    if arm in ("sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32"):
+        sb = 2 if arm == "sglang_rs_bf16" else 4
+        rec = V * sb + K * sb / G + g_b
+        nf = E * sb + avg_live * rec + rec
+        fl = 2 * E * sb + (L - 1) * rec
+        return (nf_steps * nf + fl) / L
+    cb = 2 if arm == "copy_bf16" else 1
+    sc = 0 if arm == "copy_bf16" else 4 * (K if is_kda else V)
+    rec_fold = V * 2 + K * 4 / G + g_b  # d~ bf16, k fp32, g
+    rec_raw = K * 4 / G + g_b + V * 2 + 4  # k, g, v bf16, beta
+    rec_write = V * 2 + K * 4 / G + g_b + V * 2 + 4
+    nf = E * cb + sc + avg_live * rec_fold + rec_write
+    fl = 4 * E + (L - 1) * rec_raw + 4 * E + E * cb + sc
+    return (nf_steps * nf + fl) / L
+
+
+class StaggeredProblem(Problem):
+    """:class:`Problem` plus staggered cursors, bf16 copies of pool and ring, and the read-copy buffers."""
+
+    def __init__(self, model: str, B: int) -> None:
+        super().__init__(model, B)
+        dev = self.state.device
+        self.stag = [torch.tensor([(r + t) % L_RING for r in range(B)], dtype=torch.int32, device=dev)
+                     for t in range(L_RING)]  # fmt: skip
+        self.state_bf = self.state.to(torch.bfloat16)
+        self.d_bf, self.k_bf = self.d.to(torch.bfloat16), self.k.to(torch.bfloat16)
+        N = B + 1
+        self.v_ring = torch.randn(N, self.HV, L_RING, self.V, device=dev).to(torch.bfloat16)
+        self.beta_ring = torch.rand(N, self.HV, L_RING, device=dev)
+        self.copies = {fmt: quantize(self.state, fmt, self.is_kda) for fmt in ("bf16", "fp8")}
+
+    def stag_window(self, step: Callable[..., object]) -> Callable[[], None]:
+        def run() -> None:
+            for t in range(L_RING):
+                step(self.stag[t])
+
+        return run
+
+    def copy_step(self, fn: Callable, fmt: str, wp: torch.Tensor, **kw: object) -> object:
+        copy, scales = self.copies[fmt]
+        return fn(
+            self.qkv, self.a, self.b, self.A_log, self.dt_bias, self.scale, self.state, copy, scales,
+            self.d_bf, self.k, self.g, self.v_ring, self.beta_ring, self.out, self.slots, wp, None,
+            use_qk_l2norm_in_kernel=True, is_kda=self.is_kda, **kw,
+        )  # fmt: skip
+
+
+def _copy_launch(pb: StaggeredProblem, fmt: str, bv: int, nw: int, wp: torch.Tensor) -> object:
+    return pb.copy_step(read_copy_decode_triton, fmt, wp, block_v=bv, num_warps=nw)
+
+
+def _check(pb: StaggeredProblem, fmt: str) -> dict:
+    """One staggered window of the kernel against the torch reference from identical buffers."""
+    import copy as copymod
+
+    ref, tri = copymod.deepcopy(pb), copymod.deepcopy(pb)
+    worst_out, worst_state = 0.0, 0.0
+    for t in range(L_RING + 2):
+        wp = pb.stag[t % L_RING]
+        ref.copy_step(read_copy_decode_torch, fmt, wp)
+        tri.copy_step(read_copy_decode_triton, fmt, wp)
+        worst_out = max(worst_out, float((tri.out.float() - ref.out.float()).norm() / ref.out.float().norm()))
+    worst_state = float((tri.state - ref.state).norm() / ref.state.norm())
+    return {"out_rel_max": worst_out, "state_rel": worst_state}
+
+
+def bench(model: str, B: int, sgl: Any) -> dict:
+    from sglang_replayssm.kernels.ring_decode import ring_decode
+
+    pb = StaggeredProblem(model, B)
+    p = MODELS[model]
+    row: dict = {"model": model, "B": B}
+    fl = floors(pb.state_bytes())
+    row["copy_TBps"] = fl["copy_TBps"]
+    times: dict[str, float] = {}
+
+    def put(arm: str, fn: Callable[..., object], per: int = L_RING) -> None:
+        try:
+            t, meth = time_us(fn)
+            times[arm] = t / per
+            row[f"{arm}_method"] = meth
+        except Exception as e:
+            row[f"{arm}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+
+    ring_kw: dict = {"use_qk_l2norm_in_kernel": True, "is_kda": pb.is_kda}
+    if sgl is not None:
+        a2 = pb.a.reshape(B, -1)
+        dt2 = pb.dt_bias.reshape(-1)
+        for dt, st in (("fp32", pb.state), ("bf16", pb.state_bf)):
+            if model == "gdn":
+                put(f"sglang_packed_{dt}", lambda st=st: sgl.gdn_packed(
+                    pb.qkv, pb.a, pb.b, pb.A_log, pb.dt_bias, pb.scale, st, pb.out, pb.slots,
+                    use_qk_l2norm_in_kernel=True), per=1)  # fmt: skip
+            else:
+                put(f"sglang_packed_{dt}", lambda st=st: sgl.kda_packed_triton(
+                    pb.qkv, a2, pb.b, pb.A_log, dt2, pb.scale, st, pb.out, pb.slots,
+                    use_qk_l2norm_in_kernel=True), per=1)  # fmt: skip
+                if getattr(sgl, "kda_packed_cuda", None) is not None:
+                    put(f"sglang_packed_cuda_{dt}", lambda st=st: sgl.kda_packed_cuda(
+                        pb.qkv, a2, pb.b, pb.A_log, dt2, pb.scale, st, pb.out, pb.slots, pb.H), per=1)  # fmt: skip
+        for dt, st, d, k in (("fp32", pb.state, pb.d, pb.k), ("bf16", pb.state_bf, pb.d_bf, pb.k_bf)):
+            put(f"sglang_rs_{dt}", pb.stag_window(lambda wp, st=st, d=d, k=k: sgl.replayssm(
+                pb.qkv, pb.a, pb.b, pb.A_log, pb.dt_bias, pb.scale, st, d, k, pb.g, pb.out, pb.slots, wp, None,
+                **ring_kw)))  # fmt: skip
+    put("ours_fp32", pb.stag_window(lambda wp: ring_decode(
+        pb.qkv, pb.a, pb.b, pb.A_log, pb.dt_bias, pb.scale, pb.state, pb.d, pb.k, pb.g, pb.out, pb.slots, wp, None,
+        **ring_kw)))  # fmt: skip
+    for fmt in ("bf16", "fp8"):
+        sweep: dict[str, float | str] = {}
+        for bv, nw in SWEEP:
+            if fmt == "fp8" and pb.is_kda and bv != SWEEP[-1][0]:
+                continue  # BV = V is forced for a KDA fp8 copy: sweep only the warps once
+            try:
+                step = functools.partial(_copy_launch, pb, fmt, bv, nw)
+                t, _ = time_us(pb.stag_window(step))
+                sweep[f"bv{bv}_w{nw}"] = t / L_RING
+            except Exception as e:
+                sweep[f"bv{bv}_w{nw}"] = f"{type(e).__name__}: {str(e)[:200]}"
+        row[f"copy_{fmt}_sweep"] = sweep
+        ok = {k: v for k, v in sweep.items() if isinstance(v, float)}
+        if ok:
+            best = min(ok, key=ok.__getitem__)
+            times[f"copy_{fmt}"] = ok[best]
+            row[f"copy_{fmt}_cfg"] = best
+            # where the time goes: every row at one cursor (0 and 7: non-flush; L-1: all rows flush)
+            bv, nw = (int(x.lstrip("bvw")) for x in best.split("_"))
+            per_m = {}
+            for m in (0, 7, L_RING - 1):
+                wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
+                per_m[str(m)] = time_us(functools.partial(_copy_launch, pb, fmt, bv, nw, wp))[0]
+            row[f"copy_{fmt}_uniform_cursor_us"] = per_m
+        try:
+            row[f"copy_{fmt}_check"] = _check(StaggeredProblem(model, min(B, 64)), fmt)
+        except Exception as e:
+            row[f"copy_{fmt}_check"] = f"{type(e).__name__}: {str(e)[:300]}"
+    row["us"] = times
+    row["floor_us"] = {}
+    for arm in times:
+        base = arm.replace("sglang_packed_cuda", "sglang_packed")
+        if base in ARMS:
+            nb = window_bytes(base, p["H"], p["HV"], p["K"], p["V"], L_RING, bool(p["is_kda"])) * B * p["HV"]
+            row["floor_us"][arm] = nb / (fl["copy_TBps"] * 1e6)
+    fast_lp = [times[a] for a in times if a.endswith("bf16") and a.startswith("sglang")]
+    if fast_lp and "copy_bf16" in times:
+        row["copy_bf16_vs_fastest_sglang_bf16"] = times["copy_bf16"] / min(fast_lp)
+    packed32 = [times[a] for a in times if a.startswith("sglang_packed") and a.endswith("fp32")]
+    if packed32 and "copy_fp8" in times:
+        row["copy_fp8_speedup_vs_fastest_packed_fp32"] = min(packed32) / times["copy_fp8"]
+    log(json.dumps({k: v for k, v in row.items() if not k.endswith("_sweep")}, default=str))
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sglang-root", type=Path, default=None, help="folder holding SGLang's kernel files")
+    ap.add_argument("--batches", type=int, nargs="+", default=[64, 256, 512])
+    ap.add_argument("--models", nargs="+", default=["gdn", "kda"])
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    sgl = None
+    if args.sglang_root is not None:
+        from sglang_replayssm.testing.ring_decode_baselines import load_sglang_kernels
+
+        sgl = load_sglang_kernels(args.sglang_root, args.sglang_root / "kda_build")
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "L": L_RING, "rows": []}
+    for model in args.models:
+        for B in args.batches:
+            res["rows"].append(bench(model, B, sgl))
+            if args.json is not None:
+                args.json.write_text(json.dumps(res, indent=1, default=str))
