@@ -50,15 +50,25 @@ def cpu_server(model_dir: Path, flags: list[str], log_path: Path, *, plugins: st
         yield url
 
 
-def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = 300.0) -> dict:
-    """Greedy /generate for one prompt; returns {'output_ids': [...], 'cached_tokens': int}."""
-    body = json.dumps({"input_ids": input_ids,
-                       "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
-                                           "ignore_eos": True}}).encode()
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+def generate(url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = 300.0,
+             top_logprobs: int = 0) -> dict:
+    """Greedy /generate for one prompt; returns {'output_ids': [...], 'cached_tokens': int} and, with
+    ``top_logprobs=k``, 'logprobs' (the chosen token's logprob per step) and 'top' (per step a dict
+    token id -> logprob of the k most likely tokens)."""
+    payload: dict = {"input_ids": input_ids,
+                     "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
+    if top_logprobs:
+        payload.update(return_logprob=True, top_logprobs_num=top_logprobs, logprob_start_len=len(input_ids))
+    req = urllib.request.Request(url + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         out = json.loads(resp.read())
-    return {"output_ids": out["output_ids"], "cached_tokens": out["meta_info"]["cached_tokens"]}
+    result = {"output_ids": out["output_ids"], "cached_tokens": out["meta_info"]["cached_tokens"]}
+    if top_logprobs:
+        meta = out["meta_info"]
+        result["logprobs"] = [float(e[0]) for e in meta["output_token_logprobs"]]
+        result["top"] = [{int(e[1]): float(e[0]) for e in step} for step in meta["output_top_logprobs"]]
+    return result
 
 
 def generate_batch(url: str, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
