@@ -64,5 +64,5 @@ def register() -> list[str]:
     # `.pin_memory()` on host tensors before an async H2D copy; with no CUDA driver that raises.
     import torch
 
-    torch.Tensor.pin_memory = _pin_memory_noop
+    torch.Tensor.pin_memory = _pin_memory_noop  # type: ignore[method-assign]  # a class attribute, not hookable
     return names + ["pin_memory-noop"]

@@ -139,7 +139,7 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
     out = mixed_qkv.new_empty(n, 1, num_v_heads, head_v_dim)
     ring = [kwargs.get(name) for name in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")]
     if all(t is not None for t in ring):
-        d, kc, gc, wp = ring
+        d, kc, gc, wp = (t for t in ring if t is not None)
         k_dim = ssm_states.shape[-1]
         ring_decode_torch(
             mixed_qkv, a.reshape(n, num_v_heads, k_dim).contiguous(), b.reshape(n, num_v_heads).contiguous(),

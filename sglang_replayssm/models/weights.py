@@ -22,7 +22,7 @@ def hf_model_class(family: str) -> type:
     raise ValueError(f"unknown model family {family!r}")
 
 
-def hf_config_class(family: str) -> type:
+def hf_config_class(family: str) -> Any:
     if family == "gdn":
         from transformers import Qwen3_5TextConfig
 
