@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_replayssm import hook_table
 from sglang_replayssm.radix import config, hooks
 from sglang_replayssm.radix.admission import ReplaySSMArgsError
 
@@ -36,7 +37,7 @@ def _handle(**overrides):
 def test_the_pipeline_sees_the_hooked_function():
     from sglang.srt.arg_groups.attention_hook import handle_linear_attn_backend
 
-    assert hooks._wraps_hook(handle_linear_attn_backend, hooks.admit_linear_attn)
+    assert hooks.admit_linear_attn in hook_table.wrapped_hooks(handle_linear_attn_backend)
 
 
 @pytest.mark.parametrize("strategy", ["extra_buffer", "extra_buffer_lazy"])

@@ -25,6 +25,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sglang_replayssm import hook_table
 from sglang_replayssm.radix import config, device_cursor, hooks
 
 MAX_BS = 12
@@ -465,19 +466,12 @@ def test_extend_passes_through_with_the_cursor_visible() -> None:
 
 def test_hooks_compose_with_the_kda_force_flush_hooks() -> None:
     """Both fixes wrap ``_forward_metadata``; each is in the live chain exactly once."""
-    live = hooks._live_attr(f"{hooks._BACKEND}._forward_metadata")
-    chain = []
-    fn = live
-    while fn is not None:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                chain.append(cell.cell_contents)
-            except ValueError:
-                continue
-        fn = getattr(fn, "__wrapped__", None)
+    backend = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
+    chain = hook_table.wrapped_hooks(hook_table.live_attr(f"{backend}._forward_metadata"))
     assert chain.count(hooks.device_cursor_eager) == 1
     assert chain.count(hooks.kda_flush_forward_metadata) == 1
-    assert hooks._wraps_hook(hooks._live_attr(f"{hooks._BACKEND}.init_forward_metadata_out_graph"), hooks.device_cursor_graph)
+    graph_chain = hook_table.wrapped_hooks(hook_table.live_attr(f"{backend}.init_forward_metadata_out_graph"))
+    assert hooks.device_cursor_graph in graph_chain
 
 
 def test_force_flush_rule_follows_the_kda_fix_whichever_hook_is_outer() -> None:

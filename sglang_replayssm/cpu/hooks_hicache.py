@@ -1,4 +1,4 @@
-"""CPU runtime hooks for HiCache host pools and host<->device transfers on CPU; each hook names the SGLang file it targets.
+"""CPU runtime hooks for HiCache host pools and host<->device transfers on CPU; the table names each hooked target with its SGLang file:line.
 
 On the CPU engine SGLang 0.5.23 builds HiCache host pools fine but never binds their transfer ops:
 the pool modules import them under `if _is_cuda or _is_hip` (XPU: `elif _is_xpu`), so a backup or a
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from sglang.srt.plugins.hook_registry import HookType
 
+from sglang_replayssm import hook_table
 from sglang_replayssm.cpu import hicache_ops
-from sglang_replayssm.cpu.hooks import register_table
+from sglang_replayssm.hook_table import Hook
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -144,16 +144,23 @@ def patch_cpu_stream() -> None:
         torch.cpu.Stream.query = _stream_query  # type: ignore[attr-defined]
 
 
+_HOST_POOLS = "sglang.srt.mem_cache.pool_host"
+
+#: Refuse a layout/io-backend pair the CPU runtime cannot move at host-pool construction, with the
+#: flags named, instead of at the first transfer.
+HOOKS: tuple[Hook, ...] = (
+    Hook(f"{_HOST_POOLS}.mha.MHATokenToKVPoolHost.__init__", "AROUND", _check_flags_around,
+         "sglang/srt/mem_cache/pool_host/mha.py:136", "hicache-layout-check"),
+    Hook(f"{_HOST_POOLS}.mla.MLATokenToKVPoolHost.__init__", "AROUND", _check_flags_around,
+         "sglang/srt/mem_cache/pool_host/mla.py:99", "hicache-layout-check"),
+    Hook(f"{_HOST_POOLS}.mamba.MambaPoolHost.__init__", "AROUND", _check_flags_around,
+         "sglang/srt/mem_cache/pool_host/mamba.py:83", "hicache-layout-check"),
+)
+
+
 def register() -> list[str]:
     """Register this part's hooks; returns their short names for the load log line."""
-    hooks = [
-        # sglang/srt/mem_cache/pool_host/mha.py, mla.py, mamba.py: refuse a layout/io-backend pair the CPU
-        # runtime cannot move at construction, with the flags named, instead of at the first transfer.
-        (f"sglang.srt.mem_cache.pool_host.{cls}.__init__", _check_flags_around, HookType.AROUND,
-         "hicache-layout-check")
-        for cls in ("mha.MHATokenToKVPoolHost", "mla.MLATokenToKVPoolHost", "mamba.MambaPoolHost")
-    ]
-    register_table(hooks)
+    hook_table.register(HOOKS)
     # sglang/srt/mem_cache/pool_host/{mha,mla,mamba,dsa,unified}.py, sglang/srt/mem_cache/memory_pool_host.py:
     # the transfer ops are module globals bound only on CUDA/ROCm/XPU; set from here (see inject_ops).
     injected = inject_ops()

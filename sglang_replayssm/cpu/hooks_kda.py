@@ -1,4 +1,4 @@
-"""CPU runtime hooks for Kimi-Linear (KDA + MLA + MoE) on CPU tensors; each hook names the SGLang file it targets.
+"""CPU runtime hooks for Kimi-Linear (KDA + MLA + MoE) on CPU tensors; the table names each target with its SGLang file:line.
 
 SGLang 0.5.23's CPU engine has no KDA path (kda_triton.py imports its Triton kernels only off CPU,
 kda_backend.py always launches the Triton prefill conv) and Kimi's `o_norm` goes to a Triton
@@ -8,40 +8,48 @@ kernel without AMX. The hooks below route those calls, on CPU tensors only, to t
 
 from __future__ import annotations
 
-from sglang.srt.plugins.hook_registry import HookType
-
+from sglang_replayssm import hook_table
 from sglang_replayssm.cpu import kda
-from sglang_replayssm.cpu.hooks import register_table
+from sglang_replayssm.hook_table import Hook, Patch
 
 _KERNEL = "sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel"
 
 
-def register() -> list[str]:
-    """Register this part's hooks; returns their short names for the load log line."""
-    hooks = [
-        # sglang/srt/layers/attention/linear/kernels/kda_triton.py: chunk_kda (prefill) is Triton-only
-        # and not even imported on CPU.
-        (f"{_KERNEL}.extend", kda.extend, HookType.AROUND, "kda-chunk-prefill"),
-        # sglang/srt/layers/attention/linear/kernels/kda_triton.py: packed decode; with the pool's
-        # ReplaySSM rings the ring decode (fused_recurrent_linear_replayssm_decode, is_kda=True).
-        (f"{_KERNEL}.packed_decode", kda.packed_decode, HookType.AROUND, "kda-ring-decode"),
-        # sglang/srt/layers/attention/linear/kernels/kda_triton.py: unpacked recurrent decode.
-        (f"{_KERNEL}.decode", kda.decode, HookType.AROUND, "kda-decode"),
-        # sglang/srt/layers/attention/linear/kernels/kda_triton.py: speculative verify (CPU: clear error).
-        (f"{_KERNEL}.target_verify", kda.target_verify, HookType.AROUND, "kda-verify-unsupported"),
-        # sglang/srt/layers/attention/linear/kda_backend.py: prefill conv always uses Triton causal_conv1d_fn.
-        ("sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend._convolve_prefill",
-         kda.convolve_prefill, HookType.AROUND, "kda-prefill-conv"),
-        # sglang/kernels/ops/attention/fla/fused_norm_gate.py: Kimi's o_norm (sigmoid gate) is Triton,
-        # or an AMX op that only supports silu.
-        ("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward",
-         kda.fused_rmsnorm_gated_forward, HookType.AROUND, "fused-rmsnorm-gated"),
-    ]
-    names = register_table(hooks)
-    # sglang/srt/layers/attention/linear/kernels/kda_triton.py: `supports_packed_decode = not is_cpu()
-    # and ...` is a class attribute (HookRegistry cannot hook it); the packed path is where SGLang
-    # passes the ReplaySSM ring, so it is turned on and served by the packed_decode hook above.
-    from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+#: The KDA part's HookRegistry hooks.
+HOOKS: tuple[Hook, ...] = (
+    # chunk_kda (prefill) is Triton-only and not even imported on CPU.
+    Hook(f"{_KERNEL}.extend", "AROUND", kda.extend,
+         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:223", "kda-chunk-prefill"),
+    # Packed decode; with the pool's ReplaySSM rings the ring decode
+    # (fused_recurrent_linear_replayssm_decode, is_kda=True).
+    Hook(f"{_KERNEL}.packed_decode", "AROUND", kda.packed_decode,
+         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:37", "kda-ring-decode"),
+    # Unpacked recurrent decode.
+    Hook(f"{_KERNEL}.decode", "AROUND", kda.decode,
+         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:129", "kda-decode"),
+    # Speculative verify (CPU: clear error).
+    Hook(f"{_KERNEL}.target_verify", "AROUND", kda.target_verify,
+         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:163", "kda-verify-unsupported"),
+    # The prefill conv always uses Triton causal_conv1d_fn.
+    Hook("sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend._convolve_prefill", "AROUND",
+         kda.convolve_prefill, "sglang/srt/layers/attention/linear/kda_backend.py:1021", "kda-prefill-conv"),
+    # Kimi's o_norm (sigmoid gate) is Triton, or an AMX op that only supports silu.
+    Hook("sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward", "AROUND",
+         kda.fused_rmsnorm_gated_forward, "sglang/kernels/ops/attention/fla/fused_norm_gate.py:435",
+         "fused-rmsnorm-gated"),
+)
 
-    TritonKDAKernel.supports_packed_decode = True
-    return names + ["kda-packed-decode-on"]
+#: What HookRegistry cannot express, set directly.
+PATCHES: tuple[Patch, ...] = (
+    # `supports_packed_decode = not is_cpu() and ...` is a class attribute (HookRegistry cannot hook
+    # it); the packed path is where SGLang passes the ReplaySSM ring, so it is turned on and served
+    # by the packed_decode hook above.
+    Patch(f"{_KERNEL}.supports_packed_decode", True,
+          "sglang/srt/layers/attention/linear/kernels/kda_triton.py:33", "kda-packed-decode-on"),
+)
+
+
+def register() -> list[str]:
+    """Register this part's hooks and set its patches; returns their short names for the load log line."""
+    hook_table.register(HOOKS)
+    return [h.name for h in HOOKS] + hook_table.apply_patches(PATCHES)

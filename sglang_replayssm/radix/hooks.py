@@ -1,69 +1,22 @@
-"""Every hook the radix adapter installs into SGLang 0.5.23, in one place, each naming its target.
+"""Every hook the radix adapter installs into SGLang 0.5.23, and the table naming their targets.
 
 The hooks are thin: each checks its fix switch (:mod:`config`) and either calls SGLang's original
-unchanged (fix off = SGLang's behaviour) or the adapter logic in a sibling module:
-
-==============================  ======  =====================================================
-hook function                   type    target (file:line in SGLang 0.5.23)
-==============================  ======  =====================================================
-``admit_linear_attn``           AROUND  ``attention_hook.handle_linear_attn_backend``
-                                        (sglang/srt/arg_groups/attention_hook.py:281)
-``kda_flush_forward_metadata``  AROUND  ``MambaAttnBackendBase._forward_metadata``
-                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166)
-``kda_flush_replay_metadata``   AROUND  ``MambaAttnBackendBase._replay_metadata``
-                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747)
-``device_cursor_eager``         AROUND  ``MambaAttnBackendBase._forward_metadata``
-                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166)
-``device_cursor_graph``         AROUND  ``MambaAttnBackendBase.init_forward_metadata_out_graph``
-                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368)
-``exact_track_decode``          AROUND  ``MambaAttnBackendBase._track_mamba_state_decode``
-                                        (sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975)
-``exact_copy_from``             AROUND  ``MambaPool.copy_from``
-                                        (sglang/srt/mem_cache/memory_pool.py:1163)
-``link_slot_allocator``         AFTER   ``HybridReqToTokenPool._init_mamba_pool``
-                                        (sglang/srt/mem_cache/memory_pool.py:1426)
-``empty_ring_on_alloc``         AFTER   ``MambaSlotAllocator.alloc``
-                                        (sglang/srt/mem_cache/allocator/mamba.py:65)
-``empty_ring_on_int8_load``     AFTER   ``MambaCheckpointPool.load_to_active``
-                                        (sglang/srt/mem_cache/mamba_checkpoint_pool.py:254)
-``exact_finish_donation``       AROUND  ``MambaComponent.prepare_for_caching_req``
-                                        (sglang/srt/mem_cache/unified_cache/components/mamba.py:604)
-``record_lost_hit``             AFTER   ``MambaComponent.finalize_match_result_in_cache``
-                                        (sglang/srt/mem_cache/unified_cache/components/mamba.py:196)
-``collect_lost_hit``            AFTER   ``PrefillStats.from_adder`` (classmethod)
-                                        (sglang/srt/managers/scheduler_components/metrics_reporter.py:136)
-``report_lost_hit``             AROUND  ``SchedulerMetricsReporter.report_prefill_stats``
-                                        (sglang/srt/managers/scheduler_components/metrics_reporter.py:719)
-``charge_ring_budget``          AROUND  ``KVCacheConfigurator._handle_max_mamba_cache``
-                                        (sglang/srt/mem_cache/kv_cache_configurator.py:3229)
-``gdn_ring_kernel``             AROUND  ``TritonGDNKernel.packed_decode``
-                                        (sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46)
-``kda_ring_kernel``             AROUND  ``TritonKDAKernel.packed_decode``
-                                        (sglang/srt/layers/attention/linear/kernels/kda_triton.py:37)
-``fold_rows_before_extend``     AROUND  ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear``
-                                        (sglang/srt/model_executor/model_runner.py:1915)
-``exact_cpu_copy``              AROUND  ``MambaPool.get_cpu_copy``
-                                        (sglang/srt/mem_cache/memory_pool.py:1208)
-``empty_ring_on_cpu_load``      AFTER   ``MambaPool.load_cpu_copy``
-                                        (sglang/srt/mem_cache/memory_pool.py:1223)
-==============================  ======  =====================================================
+unchanged (fix off = SGLang's behaviour) or the adapter logic in a sibling module. :data:`HOOKS`
+names each target once, with its SGLang file:line (checked by ``tests/test_hook_table.py``).
 
 All hooks are method/function hooks through ``sglang.srt.plugins.hook_registry.HookRegistry``;
 none mutates SGLang's dicts or class attributes (``MambaComponent`` is hooked on the class that
-``COMPONENT_REGISTRY`` already holds). :func:`register` is idempotent and cheap: it registers each
-hook of an enabled fix once per process, skipping hooks already pending in the registry or
-already applied (also across ``HookRegistry.reset()``, which forgets registrations but does not
-undo patches).
+``COMPONENT_REGISTRY`` already holds). :func:`register` is idempotent and cheap
+(:func:`sglang_replayssm.hook_table.register`).
 """
 
 from __future__ import annotations
 
-import pkgutil
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from sglang_replayssm import hook_table
+from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
@@ -73,7 +26,7 @@ __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
 
 def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
-    """AROUND sglang/srt/arg_groups/attention_hook.py:281 ``handle_linear_attn_backend``."""
+    """AROUND ``handle_linear_attn_backend``."""
     if not config.enabled("admission"):
         return original(server_args)
     from sglang_replayssm.radix.admission import admit_linear_attn_args
@@ -85,7 +38,7 @@ def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
 
 
 def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46 ``packed_decode``."""
+    """AROUND ``packed_decode``."""
     if not config.enabled("ring_kernels"):
         return original(kernel, *args, **kwargs)
     from sglang_replayssm.radix.kernel_binding import ring_packed_decode
@@ -94,7 +47,7 @@ def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwa
 
 
 def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/layers/attention/linear/kernels/kda_triton.py:37 ``packed_decode``."""
+    """AROUND ``packed_decode``."""
     if not config.enabled("ring_kernels"):
         return original(kernel, *args, **kwargs)
     from sglang_replayssm.radix.kernel_binding import ring_packed_decode
@@ -106,7 +59,7 @@ def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwa
 
 
 def kda_flush_forward_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166 ``_forward_metadata``."""
+    """AROUND ``_forward_metadata``."""
     if not config.enabled("kda_force_flush"):
         return original(backend, *args, **kwargs)
     from sglang_replayssm.radix.flush import with_kda_force_flush
@@ -115,7 +68,7 @@ def kda_flush_forward_metadata(original: Callable[..., Any], backend: Any, *args
 
 
 def kda_flush_replay_metadata(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747 ``_replay_metadata``."""
+    """AROUND ``_replay_metadata``."""
     if not config.enabled("kda_force_flush"):
         return original(backend, *args, **kwargs)
     from sglang_replayssm.radix.flush import with_kda_force_flush
@@ -124,7 +77,7 @@ def kda_flush_replay_metadata(original: Callable[..., Any], backend: Any, *args:
 
 
 def device_cursor_eager(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166 ``_forward_metadata``."""
+    """AROUND ``_forward_metadata``."""
     if not config.enabled("device_cursor"):
         return original(backend, *args, **kwargs)
     from sglang_replayssm.radix.device_cursor import device_forward_metadata
@@ -133,7 +86,7 @@ def device_cursor_eager(original: Callable[..., Any], backend: Any, *args: Any, 
 
 
 def device_cursor_graph(original: Callable[..., Any], backend: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368 ``init_forward_metadata_out_graph``
+    """AROUND ``init_forward_metadata_out_graph``
     (it calls ``_replay_metadata``, :747, and alone holds the device ``seq_lens``)."""
     if not config.enabled("device_cursor"):
         return original(backend, *args, **kwargs)
@@ -151,7 +104,7 @@ def exact_track_decode(
     cache_indices: Any,
     layer_id: int | None = None,
 ) -> Any:
-    """AROUND sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975 ``_track_mamba_state_decode``."""
+    """AROUND ``_track_mamba_state_decode``."""
     if not config.enabled("materialize_track"):
         return original(backend, forward_batch, conv_states, ssm_states, cache_indices, layer_id)
     from sglang_replayssm.radix.snapshot import track_decode_exact
@@ -165,7 +118,7 @@ def exact_track_decode(
 
 
 def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: Any, dst_indices: Any) -> Any:
-    """AROUND sglang/srt/mem_cache/memory_pool.py:1163 ``MambaPool.copy_from``."""
+    """AROUND ``MambaPool.copy_from``."""
     if not (config.enabled("materialize_copy") and config.enabled("cursor_reset")):
         return original(mamba_pool, src_indices, dst_indices)
     from sglang_replayssm.radix.snapshot import copy_from_exact
@@ -174,14 +127,14 @@ def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: 
 
 
 def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER sglang/srt/mem_cache/memory_pool.py:1426 ``HybridReqToTokenPool._init_mamba_pool``."""
+    """AFTER ``HybridReqToTokenPool._init_mamba_pool``."""
     from sglang_replayssm.radix.cursor import link_allocator
 
     link_allocator(req_to_token_pool)
 
 
 def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER sglang/srt/mem_cache/allocator/mamba.py:65 ``MambaSlotAllocator.alloc``."""
+    """AFTER ``MambaSlotAllocator.alloc``."""
     if result is None or not config.enabled("cursor_reset"):
         return
     from sglang_replayssm.radix.cursor import linked_write_pos, reset_cursors
@@ -192,7 +145,7 @@ def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) 
 def empty_ring_on_int8_load(
     result: Any, ckpt_pool: Any, active_mamba_pool: Any, ckpt_slots: Any, active_slots: Any
 ) -> None:
-    """AFTER sglang/srt/mem_cache/mamba_checkpoint_pool.py:254 ``MambaCheckpointPool.load_to_active``."""
+    """AFTER ``MambaCheckpointPool.load_to_active``."""
     if not config.enabled("cursor_reset") or not getattr(active_mamba_pool, "enable_linear_replayssm", False):
         return
     from sglang_replayssm.radix.cursor import reset_cursors
@@ -204,7 +157,7 @@ def empty_ring_on_int8_load(
 
 
 def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
-    """AROUND sglang/srt/model_executor/model_runner.py:1915 ``_maybe_execute_deferred_mamba_cow_and_clear``."""
+    """AROUND ``_maybe_execute_deferred_mamba_cow_and_clear``."""
     if not config.enabled("extend_fold"):
         return original(runner, forward_batch)
     from sglang_replayssm.radix.movers import fold_before_extend
@@ -213,7 +166,7 @@ def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_b
 
 
 def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) -> Any:
-    """AROUND sglang/srt/mem_cache/memory_pool.py:1208 ``MambaPool.get_cpu_copy``."""
+    """AROUND ``MambaPool.get_cpu_copy``."""
     if not config.enabled("retract_backup"):
         return original(mamba_pool, indices)
     from sglang_replayssm.radix.movers import cpu_copy_exact
@@ -222,7 +175,7 @@ def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) 
 
 
 def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
-    """AFTER sglang/srt/mem_cache/memory_pool.py:1223 ``MambaPool.load_cpu_copy``."""
+    """AFTER ``MambaPool.load_cpu_copy``."""
     if not config.enabled("retract_backup"):
         return
     from sglang_replayssm.radix.movers import empty_ring_after_cpu_load
@@ -241,7 +194,7 @@ def exact_finish_donation(
     token_ids_len: int,
     is_finished: bool,
 ) -> Any:
-    """AROUND sglang/srt/mem_cache/unified_cache/components/mamba.py:604 ``prepare_for_caching_req``."""
+    """AROUND ``prepare_for_caching_req``."""
     if config.enabled("finish_donation"):
         from sglang_replayssm.radix.donation import materialize_before_finish_donation
 
@@ -250,7 +203,7 @@ def exact_finish_donation(
 
 
 def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any) -> None:
-    """AFTER sglang/srt/mem_cache/unified_cache/components/mamba.py:196 ``finalize_match_result_in_cache``."""
+    """AFTER ``finalize_match_result_in_cache``."""
     if not config.enabled("lost_hit_metric"):
         return
     from sglang_replayssm.radix.metrics import record_match
@@ -262,7 +215,7 @@ def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any)
 
 
 def collect_lost_hit(stats: Any, cls: Any, adder: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER sglang/srt/managers/scheduler_components/metrics_reporter.py:136 ``PrefillStats.from_adder``."""
+    """AFTER ``PrefillStats.from_adder``."""
     if not config.enabled("lost_hit_metric"):
         return
     from sglang_replayssm.radix.metrics import collect_for_prefill
@@ -271,7 +224,7 @@ def collect_lost_hit(stats: Any, cls: Any, adder: Any, *args: Any, **kwargs: Any
 
 
 def report_lost_hit(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND sglang/srt/managers/scheduler_components/metrics_reporter.py:719 ``report_prefill_stats``."""
+    """AROUND ``report_prefill_stats``."""
     if not config.enabled("lost_hit_metric"):
         return original(reporter, *args, **kwargs)
     from sglang_replayssm.radix.metrics import report_prefill
@@ -280,7 +233,7 @@ def report_lost_hit(original: Callable[..., Any], reporter: Any, *args: Any, **k
 
 
 def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_rest_memory: float) -> Any:
-    """AROUND sglang/srt/mem_cache/kv_cache_configurator.py:3229 ``_handle_max_mamba_cache``."""
+    """AROUND ``_handle_max_mamba_cache``."""
     if not config.enabled("ring_budget"):
         return original(configurator, total_rest_memory)
     from sglang_replayssm.radix.budget import charge_decode_ring
@@ -290,243 +243,70 @@ def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_re
 
 # ---- the table and registration --------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Hook:
-    """One hook: the SGLang target (dotted path), how it wraps, the adapter function, its fix."""
-
-    target: str
-    kind: str  # a HookType member name: BEFORE / AFTER / AROUND / REPLACE
-    fn: Callable[..., Any]
-    fix: str
-    sglang_file: str
-
-
 _BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
 _MAMBA_COMPONENT = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent"
 _REPORTER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
+#: Every hook of the radix adapter: (target, kind, function, SGLang def line, name, fix switch).
 HOOKS: tuple[Hook, ...] = (
-    Hook(
-        "sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend",
-        "AROUND",
-        admit_linear_attn,
-        "admission",
-        "sglang/srt/arg_groups/attention_hook.py:281",
-    ),
-    Hook(
-        f"{_BACKEND}._forward_metadata",
-        "AROUND",
-        kda_flush_forward_metadata,
-        "kda_force_flush",
-        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166",
-    ),
-    Hook(
-        f"{_BACKEND}._replay_metadata",
-        "AROUND",
-        kda_flush_replay_metadata,
-        "kda_force_flush",
-        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747",
-    ),
-    Hook(
-        f"{_BACKEND}._forward_metadata",
-        "AROUND",
-        device_cursor_eager,
-        "device_cursor",
-        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166",
-    ),
-    Hook(
-        f"{_BACKEND}.init_forward_metadata_out_graph",
-        "AROUND",
-        device_cursor_graph,
-        "device_cursor",
-        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368",
-    ),
-    Hook(
-        f"{_BACKEND}._track_mamba_state_decode",
-        "AROUND",
-        exact_track_decode,
-        "materialize_track",
-        "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.memory_pool.MambaPool.copy_from",
-        "AROUND",
-        exact_copy_from,
-        "materialize_copy",
-        "sglang/srt/mem_cache/memory_pool.py:1163",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool",
-        "AFTER",
-        link_slot_allocator,
-        "cursor_reset",
-        "sglang/srt/mem_cache/memory_pool.py:1426",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc",
-        "AFTER",
-        empty_ring_on_alloc,
-        "cursor_reset",
-        "sglang/srt/mem_cache/allocator/mamba.py:65",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.mamba_checkpoint_pool.MambaCheckpointPool.load_to_active",
-        "AFTER",
-        empty_ring_on_int8_load,
-        "cursor_reset",
-        "sglang/srt/mem_cache/mamba_checkpoint_pool.py:254",
-    ),
-    Hook(
-        f"{_MAMBA_COMPONENT}.prepare_for_caching_req",
-        "AROUND",
-        exact_finish_donation,
-        "finish_donation",
-        "sglang/srt/mem_cache/unified_cache/components/mamba.py:604",
-    ),
-    Hook(
-        f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache",
-        "AFTER",
-        record_lost_hit,
-        "lost_hit_metric",
-        "sglang/srt/mem_cache/unified_cache/components/mamba.py:196",
-    ),
-    Hook(
-        f"{_REPORTER}.PrefillStats.from_adder",
-        "AFTER",
-        collect_lost_hit,
-        "lost_hit_metric",
-        "sglang/srt/managers/scheduler_components/metrics_reporter.py:136",
-    ),
-    Hook(
-        f"{_REPORTER}.SchedulerMetricsReporter.report_prefill_stats",
-        "AROUND",
-        report_lost_hit,
-        "lost_hit_metric",
-        "sglang/srt/managers/scheduler_components/metrics_reporter.py:719",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache",
-        "AROUND",
-        charge_ring_budget,
-        "ring_budget",
-        "sglang/srt/mem_cache/kv_cache_configurator.py:3229",
-    ),
-    Hook(
-        "sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode",
-        "AROUND",
-        gdn_ring_kernel,
-        "ring_kernels",
-        "sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46",
-    ),
-    Hook(
-        "sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel.packed_decode",
-        "AROUND",
-        kda_ring_kernel,
-        "ring_kernels",
-        "sglang/srt/layers/attention/linear/kernels/kda_triton.py:37",
-    ),
-    Hook(
-        "sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear",
-        "AROUND",
-        fold_rows_before_extend,
-        "extend_fold",
-        "sglang/srt/model_executor/model_runner.py:1915",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.memory_pool.MambaPool.get_cpu_copy",
-        "AROUND",
-        exact_cpu_copy,
-        "retract_backup",
-        "sglang/srt/mem_cache/memory_pool.py:1208",
-    ),
-    Hook(
-        "sglang.srt.mem_cache.memory_pool.MambaPool.load_cpu_copy",
-        "AFTER",
-        empty_ring_on_cpu_load,
-        "retract_backup",
-        "sglang/srt/mem_cache/memory_pool.py:1223",
-    ),
+    Hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND", admit_linear_attn,
+         "sglang/srt/arg_groups/attention_hook.py:281", "admit_linear_attn", "admission"),
+    Hook(f"{_BACKEND}._forward_metadata", "AROUND", kda_flush_forward_metadata,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166", "kda_flush_forward_metadata", "kda_force_flush"),
+    Hook(f"{_BACKEND}._replay_metadata", "AROUND", kda_flush_replay_metadata,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:747", "kda_flush_replay_metadata", "kda_force_flush"),
+    Hook(f"{_BACKEND}._forward_metadata", "AROUND", device_cursor_eager,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:166", "device_cursor_eager", "device_cursor"),
+    Hook(f"{_BACKEND}.init_forward_metadata_out_graph", "AROUND", device_cursor_graph,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:368", "device_cursor_graph", "device_cursor"),
+    Hook(f"{_BACKEND}._track_mamba_state_decode", "AROUND", exact_track_decode,
+         "sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975", "exact_track_decode", "materialize_track"),
+    Hook("sglang.srt.mem_cache.memory_pool.MambaPool.copy_from", "AROUND", exact_copy_from,
+         "sglang/srt/mem_cache/memory_pool.py:1163", "exact_copy_from", "materialize_copy"),
+    Hook("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", "AFTER", link_slot_allocator,
+         "sglang/srt/mem_cache/memory_pool.py:1426", "link_slot_allocator", "cursor_reset"),
+    Hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc", "AFTER", empty_ring_on_alloc,
+         "sglang/srt/mem_cache/allocator/mamba.py:65", "empty_ring_on_alloc", "cursor_reset"),
+    Hook("sglang.srt.mem_cache.mamba_checkpoint_pool.MambaCheckpointPool.load_to_active", "AFTER", empty_ring_on_int8_load,
+         "sglang/srt/mem_cache/mamba_checkpoint_pool.py:254", "empty_ring_on_int8_load", "cursor_reset"),
+    Hook(f"{_MAMBA_COMPONENT}.prepare_for_caching_req", "AROUND", exact_finish_donation,
+         "sglang/srt/mem_cache/unified_cache/components/mamba.py:604", "exact_finish_donation", "finish_donation"),
+    Hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AFTER", record_lost_hit,
+         "sglang/srt/mem_cache/unified_cache/components/mamba.py:196", "record_lost_hit", "lost_hit_metric"),
+    Hook(f"{_REPORTER}.PrefillStats.from_adder", "AFTER", collect_lost_hit,
+         "sglang/srt/managers/scheduler_components/metrics_reporter.py:136", "collect_lost_hit", "lost_hit_metric"),
+    Hook(f"{_REPORTER}.SchedulerMetricsReporter.report_prefill_stats", "AROUND", report_lost_hit,
+         "sglang/srt/managers/scheduler_components/metrics_reporter.py:719", "report_lost_hit", "lost_hit_metric"),
+    Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache", "AROUND", charge_ring_budget,
+         "sglang/srt/mem_cache/kv_cache_configurator.py:3229", "charge_ring_budget", "ring_budget"),
+    Hook("sglang.srt.layers.attention.linear.kernels.gdn_triton.TritonGDNKernel.packed_decode", "AROUND", gdn_ring_kernel,
+         "sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46", "gdn_ring_kernel", "ring_kernels"),
+    Hook("sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel.packed_decode", "AROUND", kda_ring_kernel,
+         "sglang/srt/layers/attention/linear/kernels/kda_triton.py:37", "kda_ring_kernel", "ring_kernels"),
+    Hook("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear", "AROUND", fold_rows_before_extend,
+         "sglang/srt/model_executor/model_runner.py:1915", "fold_rows_before_extend", "extend_fold"),
+    Hook("sglang.srt.mem_cache.memory_pool.MambaPool.get_cpu_copy", "AROUND", exact_cpu_copy,
+         "sglang/srt/mem_cache/memory_pool.py:1208", "exact_cpu_copy", "retract_backup"),
+    Hook("sglang.srt.mem_cache.memory_pool.MambaPool.load_cpu_copy", "AFTER", empty_ring_on_cpu_load,
+         "sglang/srt/mem_cache/memory_pool.py:1223", "empty_ring_on_cpu_load", "retract_backup"),
 )
 
 
-def _live_attr(target: str, *, import_modules: bool = True) -> Any:
-    """The object currently at ``target`` (classmethod/staticmethod unwrapped).
-
-    With ``import_modules=False`` nothing is imported: a target whose module is not imported yet
-    cannot have been patched, and None is returned (keeps :func:`register` cheap in processes
-    that never import the runtime, e.g. the detokenizer).
-    """
-    owner_path, name = target.rsplit(".", 1)
-    if import_modules:
-        owner = pkgutil.resolve_name(owner_path)
-    else:
-        parts = owner_path.split(".")
-        for i in range(len(parts), 0, -1):
-            module = sys.modules.get(".".join(parts[:i]))
-            if module is not None:
-                break
-        else:
-            return None
-        owner = module
-        for attr in parts[i:]:
-            owner = getattr(owner, attr, None)
-            if owner is None:
-                return None
-    raw = owner.__dict__.get(name) if isinstance(owner, type) else None
-    if isinstance(raw, (classmethod, staticmethod)):
-        return raw.__func__
-    return getattr(owner, name, None)
-
-
-def _wraps_hook(live: Any, hook_fn: Callable[..., Any]) -> bool:
-    """Whether ``hook_fn`` is in the wrapper chain HookRegistry built at ``live``."""
-    fn, depth = live, 0
-    while fn is not None and depth < 64:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if cell.cell_contents is hook_fn:
-                    return True
-            except ValueError:  # empty cell
-                continue
-        fn, depth = getattr(fn, "__wrapped__", None), depth + 1
-    return False
-
-
 def applied_hooks(*, import_modules: bool = True) -> list[Hook]:
-    """The hooks of :data:`HOOKS` that are currently patched into SGLang in this process
-    (``import_modules=False``: looking only at modules already imported)."""
-    out = []
-    for hook in HOOKS:
-        try:
-            live = _live_attr(hook.target, import_modules=import_modules)
-        except (ImportError, AttributeError, ValueError):
-            continue
-        if live is not None and _wraps_hook(live, hook.fn):
-            out.append(hook)
-    return out
+    """The hooks of :data:`HOOKS` that are currently patched into SGLang in this process."""
+    return hook_table.applied(HOOKS, import_modules=import_modules)
 
 
 def register() -> str:
     """Register the hooks of the enabled fixes with SGLang's HookRegistry; say what was enabled.
 
-    Idempotent: a hook already pending in the registry, or already applied in this process, is
-    not registered again. SGLang applies the registry after its plugins have registered
-    (``load_plugins``); tests call ``HookRegistry.apply_hooks()`` themselves.
+    Idempotent (:func:`hook_table.register`). SGLang applies the registry after its plugins have
+    registered (``load_plugins``); tests call :func:`install`.
     """
     if not config.adapter_enabled():
         return f"nothing ({config.ADAPTER_ENV}=0)"
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     fixes = config.enabled_fixes()
-    applied = {id(h) for h in applied_hooks(import_modules=False)}
-    for hook in HOOKS:
-        if hook.fix not in fixes or id(hook) in applied:
-            continue
-        pending = HookRegistry._hooks.get(hook.target, ())
-        if any(fn is hook.fn for _, fn, _ in pending):
-            continue
-        HookRegistry.register(hook.target, hook.fn, HookType[hook.kind])
+    hook_table.register(HOOKS, fixes)
     if not fixes:
         return "radix adapter with every fix disabled"
     return f"radix adapter ({len(fixes)}/{len(config.FIXES)} fixes: {', '.join(fixes)})"
@@ -535,13 +315,9 @@ def register() -> str:
 def install() -> list[Hook]:
     """Register and apply the hooks now, then clear the registry; returns the applied hooks.
 
-    For tests and scripts, where no ``load_plugins`` runs: applying is permanent for the process
-    (``HookRegistry.reset()`` forgets registrations, not patches), so hooks are switched at run time
-    with :func:`config.override`. Idempotent: a second call applies nothing twice.
+    For tests and scripts, where no ``load_plugins`` runs: applying is permanent for the process,
+    so hooks are switched at run time with :func:`config.override`. Idempotent.
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    register()
-    HookRegistry.apply_hooks()
-    HookRegistry.reset()
+    if config.adapter_enabled():
+        return hook_table.install(HOOKS, config.enabled_fixes())
     return applied_hooks()
