@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from launch_cases import TOLERANCE, differences, serve, user_flags
 
-from sglang_replayssm.cpu import launch_args, launch_env
+from sglang_replayssm.cpu import hooks_dtype, hooks_launch, launch_args, launch_env
 from sglang_replayssm.models import make_models
 from sglang_replayssm.testing.hf_reference import hf_greedy
 from sglang_replayssm.testing.serve import user_env, user_server
@@ -152,3 +152,19 @@ def test_flag_defaults_and_refusals(models):
                       (["--decode-attention-backend", "triton"], "--decode-attention-backend torch_native")):
         with pytest.raises(launch_args.CPURuntimeArgsError, match=flag):
             launch_args.complete(["--model-path", kda, *bad])
+
+
+@pytest.mark.parametrize("hook", hooks_dtype.HOOKS + hooks_launch.HOOKS, ids=lambda h: h.name)
+def test_launch_and_dtype_hooks_name_their_sglang_def_line(hook):
+    """The records of cpu/hooks_dtype.py and cpu/hooks_launch.py, checked like tests/test_hook_table.py."""
+    import inspect
+
+    import sglang
+
+    from sglang_replayssm import hook_table
+
+    original = inspect.unwrap(hook_table.live_attr(hook.target))
+    path, line = hook.at.rsplit(":", 1)
+    assert inspect.getsourcefile(original) == str(Path(sglang.__file__).parent.parent / path)
+    lines, first = inspect.getsourcelines(original)
+    assert first + next(i for i, t in enumerate(lines) if t.lstrip().startswith("def ")) == int(line), hook.at

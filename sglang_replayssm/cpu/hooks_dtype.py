@@ -28,7 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_replayssm import hook_table
+from sglang_replayssm.hook_table import Hook
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -67,21 +69,21 @@ def batched_linear_forward(original: Callable[..., Any], self: Any, input: torch
     return torch.bmm(input.float(), weight.float().transpose(-1, -2)).to(input.dtype)
 
 
+#: The dtype-agreement hooks (registered on every device).
+HOOKS: tuple[Hook, ...] = (
+    # _get_and_verify_dtype resolves --dtype (auto: an fp32 checkpoint -> float16).
+    Hook("sglang.srt.configs.model_config._get_and_verify_dtype", "AFTER", record_serving_dtype,
+         "sglang/srt/configs/model_config.py:2284", "serving-dtype"),
+    # mamba2_state_dtype takes the conv pool dtype from SGLANG_MAMBA_CONV_DTYPE only.
+    Hook("sglang.srt.configs.mamba_utils.mamba2_state_dtype", "AROUND", conv_dtype_follows_model,
+         "sglang/srt/configs/mamba_utils.py:47", "conv-pool-dtype"),
+    # Kimi-Linear's fused_fg_b_proj runs this bmm with a checkpoint-dtype weight.
+    Hook("sglang.srt.layers.linear.ColumnParallelBatchedLinear.forward", "AROUND", batched_linear_forward,
+         "sglang/srt/layers/linear.py:1949", "batched-linear-dtype"),
+)
+
+
 def register() -> list[str]:
-    """Register the dtype hooks (every device); returns their short names for the load log line."""
-    hooks = [
-        # sglang/srt/configs/model_config.py: _get_and_verify_dtype resolves --dtype (auto: fp32 -> fp16).
-        ("sglang.srt.configs.model_config._get_and_verify_dtype", record_serving_dtype, HookType.AFTER,
-         "serving-dtype"),
-        # sglang/srt/configs/mamba_utils.py: mamba2_state_dtype picks the conv pool dtype from the env only.
-        ("sglang.srt.configs.mamba_utils.mamba2_state_dtype", conv_dtype_follows_model, HookType.AROUND,
-         "conv-pool-dtype"),
-        # sglang/srt/layers/linear.py: ColumnParallelBatchedLinear.forward (Kimi-Linear's fused_fg_b_proj).
-        ("sglang.srt.layers.linear.ColumnParallelBatchedLinear.forward", batched_linear_forward,
-         HookType.AROUND, "batched-linear-dtype"),
-    ]
-    # Registered directly (not through cpu/hooks.register_table): this module is used on CUDA too and
-    # must not import the CPU stand-in.
-    for target, fn, kind, _ in hooks:
-        HookRegistry.register(target, fn, kind)
-    return [name for *_, name in hooks]
+    """Register the dtype hooks; returns their short names for the load log line."""
+    hook_table.register(HOOKS)
+    return [h.name for h in HOOKS]
