@@ -5,7 +5,8 @@
 GDN, KDA x --dtype auto/float16/bfloat16/float32 x no_buffer/extra_buffer x ReplaySSM off/on, each a
 plain `python -m sglang.launch_server` with user flags only (sizes, --chunked-prefill-size 512 so the
 2048-token prompt is prefilled in chunks), prompts of 280-2048 tokens sharing a prefix. Each cell is
-served in full or refused at startup in one line without a traceback; with extra_buffer the later
+served in full or refused at startup in one line without a traceback (bfloat16 is refused:
+cpu/launch_args.py); with extra_buffer the later
 prompts hit the prefix cache; ReplaySSM on agrees with off (same model/dtype/strategy) within the
 dtype's tolerance (fp32: the same tokens). SGLANG_REPLAYSSM_MATRIX_OUT (default
 /tmp/launch_matrix.json) receives one record per cell.
