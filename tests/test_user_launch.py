@@ -165,3 +165,41 @@ def test_launch_and_dtype_hooks_name_their_sglang_def_line(hook):
     assert inspect.getsourcefile(original) == str(Path(sglang.__file__).parent.parent / path)
     lines, first = inspect.getsourcelines(original)
     assert first + next(i for i, t in enumerate(lines) if t.lstrip().startswith("def ")) == int(line), hook.at
+
+
+def test_decode_probe_exists_only_under_its_switch(tmp_path):
+    code = "from sglang_replayssm.cpu import decode_probe as p; print(p.PROBE is None)"
+    off = subprocess.run([sys.executable, "-c", code], env=user_env(), capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "True"
+    prefix = tmp_path / "trace"
+    code += "; p.PROBE.call('gdn', True, 2); print(p.PROBE.path.name)"
+    on = subprocess.run([sys.executable, "-c", code], env=user_env(env={"SGLANG_REPLAYSSM_RING_TRACE": str(prefix)}),
+                        capture_output=True, text=True, check=True)
+    assert on.stdout.split()[0] == "False"
+    from sglang_replayssm.cpu.decode_probe import trace_files
+
+    assert [f.name for f in trace_files(prefix)] == [on.stdout.split()[1]]  # trace.<pid>.jsonl
+
+
+def test_conv_pool_and_batched_linear_follow_the_serving_dtype(monkeypatch):
+    import torch
+    from sglang.srt.configs.mamba_utils import Mamba2StateDType
+
+    monkeypatch.delenv("SGLANG_MAMBA_CONV_DTYPE", raising=False)
+    sglang_default = Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32)
+    monkeypatch.setattr(hooks_dtype, "_serving_dtype", None)
+    assert hooks_dtype.conv_dtype_follows_model(lambda c: sglang_default) == sglang_default
+    hooks_dtype.record_serving_dtype(torch.float16, {}, "auto")
+    assert hooks_dtype.conv_dtype_follows_model(lambda c: sglang_default).conv == torch.float16
+    monkeypatch.setenv("SGLANG_MAMBA_CONV_DTYPE", "bfloat16")  # the user's choice wins
+    assert hooks_dtype.conv_dtype_follows_model(lambda c: sglang_default).conv == torch.bfloat16
+
+    class Batched:
+        weight = torch.randn(2, 8, 4)
+
+    x = torch.randn(2, 3, 4).half()
+    with pytest.raises(RuntimeError):
+        torch.bmm(x, Batched.weight.transpose(-1, -2))  # SGLang's forward at a mismatch
+    y = hooks_dtype.batched_linear_forward(None, Batched(), x)
+    assert y.dtype == torch.float16
+    assert torch.allclose(y.float(), torch.bmm(x.float(), Batched.weight.transpose(-1, -2)), rtol=2e-3, atol=2e-3)
