@@ -1,4 +1,4 @@
-"""The embedded test models (sglang_replayssm.models) and the HF greedy reference (testing.hf_reference)."""
+"""The embedded test models (the sglang_replayssm.models package) and the HF greedy reference (testing.hf_reference)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_complete_copy_is_not_rebuilt(built: dict[str, Path], monkeypatch: pytes
     def fail(*args: object) -> None:
         raise AssertionError("rebuilt a complete model")
 
-    monkeypatch.setattr(M, "_build_into", fail)
+    monkeypatch.setattr("sglang_replayssm.models.build._build_into", fail)  # what build_model calls
     out = M.make_models(built["tiny-gdn"].parent, names=["tiny-gdn"], log=_quiet)
     assert out["tiny-gdn"] == built["tiny-gdn"]
     assert M.is_complete(built["tiny-gdn"], M.SPECS["tiny-gdn"], verify_hashes=True)

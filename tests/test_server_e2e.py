@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_replayssm.cpu.decode_probe import TRACE_ENV, trace_files
 from sglang_replayssm.models import make_models
 from sglang_replayssm.testing.hf_reference import hf_greedy
 from sglang_replayssm.testing.serve import cpu_server, generate, generate_batch
@@ -77,16 +78,21 @@ def test_greedy_tokens_equal_hf(models, tmp_path, model_name, replayssm, strateg
 def test_ring_decode_runs_in_server(models, tmp_path):
     """The pool itself shows the ring at work: cursors advance and wrap, records are written on
     non-flush steps, and the checkpoint is written exactly at write_pos == L-1 (or a forced flush)."""
-    trace = tmp_path / "ring.jsonl"
+    trace = tmp_path / "ring"
     flags = ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
              "--enable-linear-replayssm", "--linear-replayssm-cache-len", str(RING_LEN)]
     model = models["tiny-gdn"]
     with cpu_server(model, flags, tmp_path / "server.log",
-                    env={"SGLANG_REPLAYSSM_RING_TRACE": str(trace)}) as url:
+                    env={TRACE_ENV: str(trace)}) as url:
         prompt = _prompts()[0]
         out = generate(url, prompt, NEW_TOKENS)
     assert out["output_ids"] == hf_greedy(model, [prompt], NEW_TOKENS, ignore_eos=True)[0]
-    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    files = trace_files(trace)
+    assert len(files) == 1, files  # one file per process: only the (TP=1) scheduler decodes
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    calls = [r for r in records if "kernel" in r]
+    assert calls and all(r == {"kernel": "gdn", "ring": True, "rows": 1} for r in calls), calls[:3]
+    steps = [r for r in records if "slot" in r]
     # The first token comes from prefill; every later token is one ring decode step of this slot.
     assert len(steps) == NEW_TOKENS - 1
     cursors = [s["write_pos"] for s in steps]

@@ -9,16 +9,14 @@ import sys
 import pytest
 
 from sglang_replayssm import SGLANG_PINNED_VERSION
-from sglang_replayssm.cpu.launch import cpu_server_env
 from sglang_replayssm.models import make_models
+from sglang_replayssm.testing.serve import user_env
 from sglang_replayssm.version_check import SGLangVersionError, installed_sglang_version, require_pinned_sglang
 
 
 def _launch(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     model = make_models(names=["tiny-gdn"], log=lambda *a: None)["tiny-gdn"]
-    env = cpu_server_env()
-    env["SGLANG_PLUGINS"] = "replayssm_cpu,replayssm_radix"
-    env.update(extra_env or {})
+    env = user_env("replayssm_cpu,replayssm_radix", extra_env)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 

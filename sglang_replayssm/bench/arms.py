@@ -80,20 +80,16 @@ def server_command(arm: Arm, model_path: Path, port: int, *, device: str, tp: in
     if device == "cpu":
         from sglang_replayssm.cpu.launch import cpu_server_args
 
-        cmd = _merge(cmd, cpu_server_args(model_path))
+        cmd = _merge(cmd, cpu_server_args())
     elif device != "auto":
         cmd = _merge(cmd, ["--device", device])
     return cmd
 
 
 def server_env(arm: Arm, device: str) -> dict[str, str]:
-    """Environment of one arm's server: the CPU runtime's on CPU, plus the plugin whitelist."""
-    if device == "cpu":
-        from sglang_replayssm.cpu.launch import cpu_server_env
-
-        env = cpu_server_env()
-    else:
-        env = dict(os.environ)
+    """Environment of one arm's server: this process's plus the plugin whitelist (on CPU the package
+    sets the CPU runtime's own variables in the server process, cpu/launch_env.py)."""
+    env = dict(os.environ)
     env["SGLANG_PLUGINS"] = ",".join(arm.plugins)
     return env
 

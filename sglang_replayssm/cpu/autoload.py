@@ -4,7 +4,9 @@ SGLang 0.5.23 imports `sgl_kernel` at module import time in its scheduler proces
 SGLang plugin runs (the spawned child unpickles `run_scheduler_process`, importing the scheduler
 module first). The PyPI `sgl_kernel` is CUDA-only and cannot load without libcuda. So, in a
 process where libcuda cannot load, this hook routes `import sgl_kernel` to the CPU stand-in
-(`sglang_replayssm.cpu.standin`). Where libcuda loads, it does nothing and the real package is used.
+(`sglang_replayssm.cpu.standin`), and in an SGLang server's main process it sets the environment the
+CPU runtime needs before any SGLang module reads it (cpu/launch_env.py). Where libcuda loads, it does
+nothing and the real package is used.
 It must stay cheap: it runs in every Python process of the environment that imports torch.
 """
 
@@ -61,12 +63,16 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 def install() -> None:
-    """torch.backends entry point: put the stand-in finder first on sys.meta_path when wanted."""
+    """torch.backends entry point: put the stand-in finder first on sys.meta_path when wanted, and in an
+    SGLang server's main process set the environment the CPU runtime needs (cpu/launch_env.py)."""
     global _installed
     if _installed or not standin_wanted():
         return
     sys.meta_path.insert(0, _StandinFinder())
     _installed = True
+    from sglang_replayssm.cpu import launch_env
+
+    launch_env.apply()
 
 
 def installed() -> bool:

@@ -4,33 +4,11 @@ otherwise. Bound as an AROUND hook on TritonGDNKernel.packed_decode (see cpu/hoo
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
+from sglang_replayssm.cpu.decode_probe import PROBE
 from sglang_replayssm.cpu.standin import gdn
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
-
-#: Counts ring-decode calls in this process.
-RING_DECODE_CALLS = 0
-#: With SGLANG_REPLAYSSM_RING_TRACE=<path>, each ring decode step of the first linear layer appends one
-#: JSON line per live row: the cursor it ran with and what the step did to that slot's pool contents.
-_TRACE_PATH = os.environ.get("SGLANG_REPLAYSSM_RING_TRACE")
-_trace_layer: int | None = None
-
-
-def _trace_ring_step(ssm_states, d, cache_indices, wp, before_state, before_d) -> None:
-    rows = (cache_indices.long() >= 0).nonzero().flatten().tolist()
-    with open(_TRACE_PATH, "a") as f:
-        for r in rows:
-            slot, m = int(cache_indices[r]), int(wp[r])
-            f.write(json.dumps({
-                "slot": slot,
-                "write_pos": m,
-                "checkpoint_written": not torch.equal(ssm_states[slot], before_state[r]),
-                "record_written": not torch.equal(d[slot, :, m], before_d[r]),
-            }) + "\n")
 
 
 def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out) -> None:
@@ -44,7 +22,6 @@ def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cac
 def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states, cache_indices,
                       num_v_heads, head_v_dim, **kwargs):
     """AROUND hook body: torch on CPU tensors, SGLang's Triton path on any other device."""
-    global RING_DECODE_CALLS
     if mixed_qkv.device.type != "cpu":
         return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale,
                         ssm_states=ssm_states, cache_indices=cache_indices, num_v_heads=num_v_heads,
@@ -53,20 +30,17 @@ def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale,
     ring = [kwargs.get(n) for n in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")]
     if all(t is not None for t in ring):
         d, k, g, wp = ring
-        global _trace_layer
-        trace = _TRACE_PATH is not None and _trace_layer in (None, ssm_states.data_ptr())
-        if trace:
-            _trace_layer = ssm_states.data_ptr()
-            live = cache_indices.long().clamp(min=0)
-            before_state = ssm_states[live].clone()
-            before_d = d[live, :, wp.long()].clone()
+        if PROBE is not None:
+            PROBE.before_ring_step(ssm_states, d, cache_indices, wp)
         ring_decode_torch(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, d, k, g, out, cache_indices, wp,
                           kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True)
-        RING_DECODE_CALLS += 1
-        if trace:
-            _trace_ring_step(ssm_states, d, cache_indices, wp, before_state, before_d)
+        if PROBE is not None:
+            PROBE.after_ring_step(ssm_states, d, cache_indices, wp)
+            PROBE.call("gdn", True, out.shape[0])
     else:
         _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)
+        if PROBE is not None:
+            PROBE.call("gdn", False, out.shape[0])
     return out.transpose(0, 1)
 
 

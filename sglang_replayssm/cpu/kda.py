@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from sglang_replayssm.cpu import norm
+from sglang_replayssm.cpu.decode_probe import PROBE
 from sglang_replayssm.cpu.standin import gdn, ops
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
@@ -30,9 +31,8 @@ logger = logging.getLogger("sglang_replayssm")
 #: The original SGLang method an AROUND hook wraps.
 Hooked = Callable[..., Any]
 
-#: Counts ring-decode (ReplaySSM) and plain packed-decode calls in this process.
-RING_DECODE_CALLS = 0
-PLAIN_DECODE_CALLS = 0
+#: Whether this process has logged that KDA decode runs the ring decode (logged once).
+_ring_logged = False
 
 
 def _no_safe_gate(lower_bound: float | None, where: str) -> None:
@@ -129,7 +129,7 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
     (`ring_decode_torch`, the torch twin of `fused_recurrent_linear_replayssm_decode`, is_kda=True)
     with the arguments SGLang's method passes the Triton kernel; otherwise the conventional packed
     recurrent update. Returns [1, B, HV, V] like SGLang's method."""
-    global RING_DECODE_CALLS, PLAIN_DECODE_CALLS
+    global _ring_logged
     if mixed_qkv.device.type != "cpu":
         return original(self, mixed_qkv, a, b, A_log=A_log, dt_bias=dt_bias, scale=scale, ssm_states=ssm_states,
                         cache_indices=cache_indices, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
@@ -139,7 +139,7 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
     out = mixed_qkv.new_empty(n, 1, num_v_heads, head_v_dim)
     ring = [kwargs.get(name) for name in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")]
     if all(t is not None for t in ring):
-        d, kc, gc, wp = ring
+        d, kc, gc, wp = (t for t in ring if t is not None)
         k_dim = ssm_states.shape[-1]
         ring_decode_torch(
             mixed_qkv, a.reshape(n, num_v_heads, k_dim).contiguous(), b.reshape(n, num_v_heads).contiguous(),
@@ -147,10 +147,12 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
             out, cache_indices, wp, kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True,
             is_kda=True,
         )
-        if RING_DECODE_CALLS == 0:
+        if not _ring_logged:
+            _ring_logged = True
             logger.warning("KDA decode runs the ReplaySSM ring decode on CPU (torch ring_decode_torch, is_kda=True, "
                            "ring length %d)", d.shape[2])
-        RING_DECODE_CALLS += 1
+        if PROBE is not None:
+            PROBE.call("kda", True, n)
         return out.transpose(0, 1)
     if any(t is not None for t in ring):
         raise ValueError("TritonKDAKernel.packed_decode: ReplaySSM ring arguments are only partly given")
@@ -158,7 +160,8 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
     g = kda_gate(A_log, a.reshape(n, -1), dt_bias, num_v_heads)
     beta = torch.sigmoid(b.reshape(n, num_v_heads).float())
     out[:, 0] = gdn.decode_rows(q, k, v, g, beta, scale, ssm_states, cache_indices).to(out.dtype)
-    PLAIN_DECODE_CALLS += 1
+    if PROBE is not None:
+        PROBE.call("kda", False, n)
     return out.transpose(0, 1)
 
 

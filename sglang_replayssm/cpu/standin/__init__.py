@@ -59,7 +59,7 @@ def submodule(target: str, alias: str) -> types.ModuleType:
             raise
     module = types.ModuleType(alias)
     module.__path__ = []  # behave like a package so deeper imports resolve too
-    module.__getattr__ = _missing_getattr(alias)  # type: ignore[attr-defined]
+    module.__getattr__ = _missing_getattr(alias)  # type: ignore[method-assign]  # module-level __getattr__ (PEP 562)
     return module
 
 

@@ -1,0 +1,21 @@
+"""CPU runtime hook on SGLang's server-argument handling: the launch defaults and refusals of
+cpu/launch_args.py, applied to the command line in the server's main process."""
+
+from __future__ import annotations
+
+from sglang_replayssm import hook_table
+from sglang_replayssm.cpu import launch_args
+from sglang_replayssm.hook_table import Hook
+
+HOOKS: tuple[Hook, ...] = (
+    # prepare_server_args(argv) parses the launcher's command line (python -m sglang.launch_server,
+    # sglang serve); the CPU runtime's defaults are appended before it parses.
+    Hook("sglang.srt.server_args.prepare_server_args", "BEFORE", launch_args.before_prepare_server_args,
+         "sglang/srt/server_args.py:668", "launch-defaults"),
+)
+
+
+def register() -> list[str]:
+    """Register this part's hooks; returns their short names for the load log line."""
+    hook_table.register(HOOKS)
+    return [h.name for h in HOOKS]

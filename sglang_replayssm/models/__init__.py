@@ -1,0 +1,78 @@
+"""Embedded test models: tiny/small random-weight GDN and KDA hybrids, built offline and deterministically.
+
+``make_models(out)`` writes one normal Hugging Face model directory per name:
+
+* ``tiny-gdn``: Qwen3.5 text model (``Qwen3_5ForCausalLM``, model_type ``qwen3_5_text``), hidden 64,
+  layers [GDN, full, GDN, full], linear key/value head dims 32.
+* ``tiny-kda``: Kimi-Linear (``KimiLinearForCausalLM``), hidden 64, layers [KDA, MLA, KDA, MLA],
+  KDA head dim 32, a dense layer 0 then a small sigmoid-routed MoE (4 experts, top 2, one shared).
+* ``small-gdn``: a larger Qwen3.5 GDN hybrid (hidden 512, 8 layers, 3 GDN : 1 full attention) whose
+  cold 2048-token prefill costs far more than a cached 64-token tail on a small CPU
+  (``scripts/measure_small_gdn_prefill.py`` measures the ratio).
+
+Everything is float32 and seeded: two builds give byte-identical files. Each directory holds
+``config.json``, ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``,
+``tokenizer_config.json`` (with a ChatML chat template) and a marker file (``MARKER``) recording the
+builder version, a hash of the spec and a hash of the contents; a directory whose marker matches is
+not rebuilt. Directories are written to a temporary sibling and renamed into place.
+
+The shared tokenizer is a byte-level BPE trained locally (``tokenizers``) on a synthetic English-like
+corpus (``synthetic_sentences``) generated from a seeded word list. The lm_head rows of the special
+tokens are zero, so greedy decoding never picks them (no early EOS on random weights).
+
+Config keys SGLang 0.5.23 needs beyond what transformers writes:
+
+* Qwen3.5: ``full_attention_interval`` (SGLang's ``Qwen3NextConfig.layers_block_type`` derives the
+  layer pattern from it and ignores ``layer_types``) and top-level ``rope_theta``.
+* Kimi-Linear: the checkpoint-style keys SGLang's ``KimiLinearConfig`` reads (``linear_attn_config``
+  with 1-based ``kda_layers``/``full_attn_layers``, ``num_experts``, ``num_experts_per_token``,
+  ``first_k_dense_replace``, ``moe_layer_freq``, ``num_shared_experts``, ``mla_use_nope``...);
+  transformers reads the same keys through its attribute map. Weights use the checkpoint names
+  (``block_sparse_moe.experts.N.w1/w2/w3``, ``q/k/v_conv1d``, ``self_attn.f_a_proj``...), except that
+  the dense layer-0 MLP is ``mlp.*`` (transformers would save it as ``block_sparse_moe.*``).
+"""
+
+from __future__ import annotations
+
+from sglang_replayssm.models.build import (
+    _build_into,
+    build_model,
+    is_complete,
+    main,
+    make_models,
+    read_marker,
+)
+from sglang_replayssm.models.configs import gdn_config, generation_config, kda_config, model_config
+from sglang_replayssm.models.corpus import (
+    synthetic_sentences,
+    synthetic_text,
+    synthetic_words,
+    tokenizer_vocab_size,
+)
+from sglang_replayssm.models.specs import (
+    BUILDER_VERSION,
+    CHAT_TEMPLATE,
+    CORPUS_SEED,
+    CORPUS_SENTENCES,
+    DEFAULT_OUT,
+    ENDOFTEXT_ID,
+    IM_END_ID,
+    IM_START_ID,
+    MARKER,
+    MODEL_NAMES,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    SPECS,
+    TOKENIZER_VOCAB,
+    WEIGHTS_FILE,
+    ModelSpec,
+)
+from sglang_replayssm.models.weights import _hf_model, hf_config_class, hf_model_class
+
+__all__ = [
+    "BUILDER_VERSION", "CHAT_TEMPLATE", "CORPUS_SEED", "CORPUS_SENTENCES", "DEFAULT_OUT", "ENDOFTEXT_ID",
+    "IM_END_ID", "IM_START_ID", "MARKER", "MODEL_NAMES", "PAD_ID", "SPECIAL_TOKENS", "SPECS", "TOKENIZER_VOCAB",
+    "WEIGHTS_FILE", "ModelSpec", "_build_into", "_hf_model", "build_model", "gdn_config", "generation_config",
+    "hf_config_class", "hf_model_class", "is_complete", "kda_config", "main", "make_models", "model_config",
+    "read_marker", "synthetic_sentences", "synthetic_text", "synthetic_words", "tokenizer_vocab_size",
+]

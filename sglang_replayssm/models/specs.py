@@ -1,0 +1,122 @@
+"""What the embedded models are: builder version, file names, tokenizer constants and one ModelSpec per name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUILDER_VERSION = 2  # bump whenever a config or weight recipe changes
+MARKER = "replayssm-model.json"
+MODEL_NAMES: tuple[str, ...] = ("tiny-gdn", "tiny-kda", "small-gdn")
+DEFAULT_OUT = Path.home() / ".cache" / "sglang-replayssm" / "models"
+
+# Tokenizer
+TOKENIZER_VOCAB = 2048
+CORPUS_SEED = 20240611
+CORPUS_SENTENCES = 24000
+SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+ENDOFTEXT_ID, IM_START_ID, IM_END_ID, PAD_ID = 0, 1, 2, 3
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+WEIGHTS_FILE = "model.safetensors"
+_MODEL_FILES = ("config.json", "generation_config.json", WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to build: an architecture family, its shape and the weight seed."""
+
+    name: str
+    family: str  # "gdn" (Qwen3.5 text) or "kda" (Kimi-Linear)
+    seed: int
+    shape: dict[str, Any] = field(default_factory=dict)
+    init_std: float = 0.02
+    norm_noise: float = 0.1  # std of noise added to norm weights / router bias (so wrong norms show)
+
+    def spec_hash(self) -> str:
+        blob = json.dumps(
+            {"builder": BUILDER_VERSION, "name": self.name, "family": self.family, "seed": self.seed,
+             "shape": self.shape, "init_std": self.init_std, "norm_noise": self.norm_noise,
+             "tokenizer": [TOKENIZER_VOCAB, CORPUS_SEED, CORPUS_SENTENCES, list(SPECIAL_TOKENS), CHAT_TEMPLATE]},
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+SPECS: dict[str, ModelSpec] = {
+    "tiny-gdn": ModelSpec(
+        name="tiny-gdn",
+        family="gdn",
+        seed=1001,
+        init_std=0.08,
+        shape={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "full_attention_interval": 2,  # [GDN, full, GDN, full]
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+        },
+    ),
+    "tiny-kda": ModelSpec(
+        name="tiny-kda",
+        family="kda",
+        seed=1002,
+        init_std=0.15,  # at 0.08 greedy output often collapses into repeats
+        shape={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "kda_layers": [1, 3],  # 1-based, as in Kimi checkpoints: [KDA, MLA, KDA, MLA]
+            "full_attn_layers": [2, 4],
+            "linear_num_heads": 2,
+            "linear_head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+            "num_attention_heads": 4,
+            # MLA: kv_lora_rank + qk_rope_head_dim = 288, a shape SGLang's Triton MLA kernels special-case
+            "kv_lora_rank": 256,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 32,
+            "num_experts": 4,
+            "num_experts_per_token": 2,
+            "num_shared_experts": 1,
+            "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1,
+        },
+    ),
+    "small-gdn": ModelSpec(
+        name="small-gdn",
+        family="gdn",
+        seed=1003,
+        init_std=0.03,
+        shape={
+            "hidden_size": 512,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 8,
+            "full_attention_interval": 4,  # [GDN, GDN, GDN, full] x 2
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "linear_num_key_heads": 4,
+            "linear_num_value_heads": 8,
+            "linear_key_head_dim": 64,
+            "linear_value_head_dim": 64,
+            "linear_conv_kernel_dim": 4,
+        },
+    ),
+}
