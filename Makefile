@@ -4,7 +4,7 @@ PY := .venv/bin/python
 MODELS ?= $(HOME)/.cache/sglang-replayssm/models
 BENCH_ARGS ?= --json out/bench.json --plot-dir out
 
-.PHONY: env test bench lint models lock
+.PHONY: env test test-matrix bench lint models lock
 
 env:
 	@scripts/ensure_env.sh
@@ -14,6 +14,11 @@ models: env
 
 test: env lint
 	@$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# The whole user-launch matrix (GDN, KDA x dtype x mamba strategy x ReplaySSM off/on, prompts up to
+# 2,048 tokens): opt-in, about 2 hours on a quiet 2-core machine.
+test-matrix: env
+	@SGLANG_REPLAYSSM_MATRIX=1 $(PY) -m pytest -q -ra tests/test_launch_matrix.py
 
 bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)
