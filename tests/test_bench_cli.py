@@ -122,7 +122,8 @@ def test_launched_arms_failed_arm_and_agreement(model_dir: Path, tmp_path: Path,
     assert plug["agreement_detail"]["first_diff_rid"] == "0.0"
     for name, arm in doc["arms"].items():
         assert "SGLANG_PLUGINS=replayssm_cpu,replayssm_radix " in arm["server_cmd"]
-        assert "SGLANG_USE_CPU_ENGINE=1 " in arm["server_cmd"]  # the CPU runtime's environment
+        # no launcher environment: the package sets the CPU runtime's variables in the server itself
+        assert "SGLANG_USE_CPU_ENGINE" not in arm["server_cmd"] and "TRITON_INTERPRET" not in arm["server_cmd"]
         assert f"[{name}] server: {arm['server_cmd']}" in captured.out
         saved = (tmp_path / "r-logs" / f"server-{name}.cmd").read_text().strip()
         assert saved == arm["server_cmd"]

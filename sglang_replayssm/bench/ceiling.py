@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sglang_replayssm.bench.metrics import common_prefix
 from sglang_replayssm.bench.records import RequestRecord
 from sglang_replayssm.bench.workload import Conversation
 
@@ -32,15 +33,6 @@ def prompts(conversations: Sequence[Conversation], records: Sequence[RequestReco
     return out
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def ceiling_tokens(conversations: Sequence[Conversation], records: Sequence[RequestRecord]) -> dict[str, int]:
     """Per completed request: the most prompt tokens an attention-only prefix cache could have hit."""
     ids = prompts(conversations, records)
@@ -54,7 +46,7 @@ def ceiling_tokens(conversations: Sequence[Conversation], records: Sequence[Requ
             done = earlier.e2e_s is not None and earlier.start_s + earlier.e2e_s <= rec.start_s
             if done:
                 seq = seq + list(earlier.output_ids)
-            best = max(best, _common_prefix(prompt, seq))
+            best = max(best, common_prefix(prompt, seq))
         out[rec.rid] = min(best, max(len(prompt) - 1, 0))
     return out
 

@@ -56,7 +56,7 @@ class Agreement:
                 "request_fraction": self.request_fraction}
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -82,7 +82,7 @@ def agreement(reference_name: str, reference: Sequence[RequestRecord],
             continue
         n += 1
         tokens += len(other.output_ids)
-        common = _common_prefix(other.output_ids, rec.output_ids)
+        common = common_prefix(other.output_ids, rec.output_ids)
         matched += min(common, len(other.output_ids))
         if list(other.output_ids) == list(rec.output_ids):
             equal += 1

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from .constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from .read_copy_format import dequantize, refresh_slots
 from .ring_decode_args import check_ring_decode_args
+from .ring_decode_ref import current_token, valid_rows
 
 __all__ = ["check_read_copy_args", "read_copy_decode_torch"]
 
@@ -103,36 +103,18 @@ def read_copy_decode_torch(
     )  # fmt: skip
     check_read_copy_args(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, L, is_kda)
     out.zero_()
-    idx_all = ssm_state_indices.to(torch.long)
-    rows = torch.nonzero(idx_all >= 0).flatten()
-    if rows.numel() == 0:
+    picked = valid_rows(ssm_state_indices, write_pos, initial_state.shape[0], L)
+    if picked is None:
         return out, initial_state
-    slots = idx_all[rows]
-    m = write_pos.to(torch.long)[rows]
-    if int(slots.max()) >= initial_state.shape[0]:
-        raise ValueError(f"state index {int(slots.max())} >= number of slots {initial_state.shape[0]}")
-    if bool(((m < 0) | (m > L - 1)).any()):
-        raise ValueError(f"write_pos of a valid row outside [0, {L - 1}]: {m.tolist()}")
-    if torch.unique(slots).numel() != slots.numel():
-        raise ValueError(f"a state slot appears in two valid rows: {slots.tolist()}")
+    rows, slots, m = picked
 
     f32 = torch.float32
     G = HV // H
-    x = mixed_qkv[rows].to(f32)
-    q = x[:, : H * K].reshape(-1, H, K)
-    k = x[:, H * K : 2 * H * K].reshape(-1, H, K)
-    v = x[:, 2 * H * K :].reshape(-1, HV, V)
-    if use_qk_l2norm_in_kernel:
-        q = q * (1.0 / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS))
-        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS))
+    q, k, v, g_cur, beta = current_token(mixed_qkv, a, b, A_log, dt_bias, rows, (H, HV, K, V),
+                                         use_qk_l2norm_in_kernel, is_kda)  # fmt: skip
     q_v = (q * scale).repeat_interleave(G, dim=1)  # [n, HV, K]
     k_v = k.repeat_interleave(G, dim=1)
-    xg = a[rows].to(f32) + dt_bias.to(f32)
-    softplus = torch.where(xg <= SOFTPLUS_THRESHOLD, torch.log(1.0 + torch.exp(xg)), xg)
-    A = torch.exp(A_log.to(f32))
-    g_cur = -(A[:, None] if is_kda else A) * softplus  # GDN [n, HV]; KDA [n, HV, K]
     alpha = torch.exp(g_cur)
-    beta = torch.sigmoid(b[rows].to(f32)).to(b.dtype).to(f32)  # [n, HV]
 
     flush = m == L - 1
     if force_flush is not None:

@@ -37,7 +37,52 @@ import torch
 from .constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from .ring_decode_args import check_ring_decode_args
 
-__all__ = ["ring_decode_torch"]
+__all__ = ["current_token", "ring_decode_torch", "valid_rows"]
+
+
+def valid_rows(
+    ssm_state_indices: torch.Tensor, write_pos: torch.Tensor, n_slots: int, L: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The rows with a state slot (``index >= 0``), their slots and cursors, checked: slots in range
+    and distinct, cursors in ``[0, L-1]``. None when no row has a slot. (Host-side checks: the torch
+    reference is no hot path.)"""
+    idx_all = ssm_state_indices.to(torch.long)
+    rows = torch.nonzero(idx_all >= 0).flatten()
+    if rows.numel() == 0:
+        return None
+    slots = idx_all[rows]
+    m = write_pos.to(torch.long)[rows]
+    if int(slots.max()) >= n_slots:
+        raise ValueError(f"state index {int(slots.max())} >= number of slots {n_slots}")
+    if bool(((m < 0) | (m > L - 1)).any()):
+        raise ValueError(f"write_pos of a valid row outside [0, {L - 1}]: {m.tolist()}")
+    if torch.unique(slots).numel() != slots.numel():
+        raise ValueError(f"a state slot appears in two valid rows: {slots.tolist()}")
+    return rows, slots, m
+
+
+def current_token(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    rows: torch.Tensor, dims: tuple[int, int, int, int], use_qk_l2norm: bool, is_kda: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The current token of ``rows`` in fp32: ``(q [n,H,K], k [n,H,K], v [n,HV,V], g [n,HV] | [n,HV,K],
+    beta [n,HV])``; q and k L2-normalised when asked (q unscaled), g the log-decay
+    ``-exp(A_log) * softplus(a + dt_bias)``, beta rounded to ``b``'s dtype as SGLang does."""
+    H, HV, K, V = dims
+    f32 = torch.float32
+    x = mixed_qkv[rows].to(f32)
+    q = x[:, : H * K].reshape(-1, H, K)
+    k = x[:, H * K : 2 * H * K].reshape(-1, H, K)
+    v = x[:, 2 * H * K :].reshape(-1, HV, V)
+    if use_qk_l2norm:
+        q = q * (1.0 / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS))
+        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS))
+    A = torch.exp(A_log.to(f32))  # [HV]
+    xg = a[rows].to(f32) + dt_bias.to(f32)
+    softplus = torch.where(xg <= SOFTPLUS_THRESHOLD, torch.log(1.0 + torch.exp(xg)), xg)
+    g = -(A[:, None] if is_kda else A) * softplus
+    beta = torch.sigmoid(b[rows].to(f32)).to(b.dtype).to(f32)
+    return q, k, v, g, beta
 
 
 def ring_decode_torch(
@@ -77,18 +122,10 @@ def ring_decode_torch(
         ssm_state_indices, write_pos, force_flush, is_kda,
     )  # fmt: skip
     out.zero_()
-    idx_all = ssm_state_indices.to(torch.long)
-    rows = torch.nonzero(idx_all >= 0).flatten()
-    if rows.numel() == 0:
+    picked = valid_rows(ssm_state_indices, write_pos, initial_state.shape[0], L)
+    if picked is None:
         return out, initial_state
-    slots = idx_all[rows]
-    m = write_pos.to(torch.long)[rows]
-    if int(slots.max()) >= initial_state.shape[0]:
-        raise ValueError(f"state index {int(slots.max())} >= number of slots {initial_state.shape[0]}")
-    if bool(((m < 0) | (m > L - 1)).any()):
-        raise ValueError(f"write_pos of a valid row outside [0, {L - 1}]: {m.tolist()}")
-    if torch.unique(slots).numel() != slots.numel():
-        raise ValueError(f"a state slot appears in two valid rows: {slots.tolist()}")
+    rows, slots, m = picked
 
     f32 = torch.float32
     io = out.dtype
@@ -96,25 +133,14 @@ def ring_decode_torch(
     dev = initial_state.device
 
     # Current token: q/k/v, gate, beta.
-    x = mixed_qkv[rows].to(f32)
-    q = x[:, : H * K].reshape(-1, H, K)
-    k = x[:, H * K : 2 * H * K].reshape(-1, H, K)
-    v = x[:, 2 * H * K :].reshape(-1, HV, V)
-    if use_qk_l2norm_in_kernel:
-        q = q * (1.0 / torch.sqrt((q * q).sum(-1, keepdim=True) + L2NORM_EPS))
-        k = k * (1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) + L2NORM_EPS))
+    q, k, v, g_cur, beta = current_token(mixed_qkv, a, b, A_log, dt_bias, rows, (H, HV, K, V),
+                                         use_qk_l2norm_in_kernel, is_kda)  # fmt: skip
     q_s = q * scale
     kq = (k * q_s).sum(-1)  # [n, H]
     q_v = q_s.repeat_interleave(G, dim=1)  # [n, HV, K]
     k_v = k.repeat_interleave(G, dim=1)
     kq_v = kq.repeat_interleave(G, dim=1)  # [n, HV]
-
-    A = torch.exp(A_log.to(f32))  # [HV]
-    xg = a[rows].to(f32) + dt_bias.to(f32)
-    softplus = torch.where(xg <= SOFTPLUS_THRESHOLD, torch.log(1.0 + torch.exp(xg)), xg)
-    g_cur = -(A[:, None] if is_kda else A) * softplus  # GDN [n, HV]; KDA [n, HV, K]
     alpha = torch.exp(g_cur)
-    beta = torch.sigmoid(b[rows].to(f32)).to(b.dtype).to(f32)  # [n, HV]
 
     # Reconstruct the state before this token from the checkpoint and the m valid records.
     valid = torch.arange(L, device=dev)[None, :] < m[:, None]  # [n, L]
