@@ -12,7 +12,7 @@ import os
 import torch
 import triton
 
-from sglang_replayssm.kernels.materialize_ref import materialize_torch
+from sglang_replayssm.kernels.materialize_ref import check_materialize_args, materialize_torch
 from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
 SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
@@ -47,7 +47,8 @@ def main() -> int:
     for kind in ("gdn", "kda"):
         temporal, d, k, g, src, dst, counts = _pool(kind, gen)
         ref = temporal.clone()
-        materialize_torch(ref, d, k, g, src, dst, counts, is_kda=kind == "kda")
+        is_kda = kind == "kda"
+        materialize_torch(check_materialize_args(ref, d, k, g, src, dst, counts, is_kda=is_kda))
         # bytes: checkpoint read + state written + COUNT records (d, k, g) read per row, counts=COUNT
         s = SHAPES[kind]
         state_b = s["HV"] * s["V"] * s["K"] * 4
@@ -56,19 +57,18 @@ def main() -> int:
         floor_us = B * (2 * state_b + COUNT * rec_b) / bw * 1e6
         for block_v, warps in ((32, 4), (16, 2), (64, 4), (32, 2), (16, 1)):
             got = temporal.clone()
-            materialize_triton(got, d, k, g, src, dst, counts, is_kda=kind == "kda", block_v=block_v,
-                               num_warps=warps, check_values=False)
+            materialize_triton(check_materialize_args(got, d, k, g, src, dst, counts, is_kda=is_kda),
+                               block_v=block_v, num_warps=warps)
             torch.cuda.synchronize()
             rel = ((got - ref).norm() / ref[:, dst.long()].norm()).item()
             untouched = torch.equal(got[:, src.long()], temporal[:, src.long()])
             work = temporal.clone()
             g_graph = torch.cuda.CUDAGraph()
-            materialize_triton(work, d, k, g, src, dst, full, is_kda=kind == "kda", block_v=block_v,
-                               num_warps=warps, check_values=False)
+            call = check_materialize_args(work, d, k, g, src, dst, full, is_kda=is_kda, check_values=False)
+            materialize_triton(call, block_v=block_v, num_warps=warps)
             torch.cuda.synchronize()
             with torch.cuda.graph(g_graph):
-                materialize_triton(work, d, k, g, src, dst, full, is_kda=kind == "kda", block_v=block_v,
-                                   num_warps=warps, check_values=False)
+                materialize_triton(call, block_v=block_v, num_warps=warps)
             us = triton.testing.do_bench(g_graph.replay, warmup=20, rep=200, return_mode="median") * 1e3
             rows.append(dict(kind=kind, block_v=block_v, num_warps=warps, rel_err=rel, sources_untouched=untouched,
                              us=us, floor_us=floor_us, ratio=us / floor_us))

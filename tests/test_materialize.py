@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels.materialize import materialize
-from sglang_replayssm.kernels.materialize_ref import materialize_torch
+from sglang_replayssm.kernels.materialize_ref import check_materialize_args, materialize_torch
 from sglang_replayssm.kernels.materialize_triton import materialize_triton
 from sglang_replayssm.kernels.naive import (
     compute_beta_fp64,
@@ -32,10 +32,17 @@ N_LAYERS, N_SLOTS, L, K, V = 2, 10, 4, 32, 32
 # Decode steps per source slot (all layers see the same steps, as in SGLang: one cursor per slot).
 # With L=4 the cursors end at 3 (full ring), 1 (after a flush), 2, and 0 (flushed on the last step).
 STEPS = {0: 3, 1: 5, 2: 2, 3: 4}
+
+
+def _checked(backend: Callable[..., None]) -> Callable[..., None]:
+    """A backend called the way the dispatcher calls it: on the checked call."""
+    return lambda *args, **kw: backend(check_materialize_args(*args, **kw))
+
+
 IMPLS: dict[str, Callable[..., None]] = {
     "dispatch": materialize,
-    "torch": materialize_torch,
-    "triton": materialize_triton,
+    "torch": _checked(materialize_torch),
+    "triton": _checked(materialize_triton),
 }
 KINDS = {"gdn_gva": (2, 4, False), "kda": (2, 2, True), "kda_gva": (1, 2, True)}
 

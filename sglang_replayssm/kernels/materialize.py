@@ -46,13 +46,12 @@ def materialize(
             when the caller guarantees the invariants (distinct destinations, no destination that
             another row reads, ``0 <= count <= L``).
     """
+    call = check_materialize_args(
+        temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values
+    )
     if temporal.is_cuda:
         from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
-        materialize_triton(
-            temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values
-        )
+        materialize_triton(call)
     else:
-        materialize_torch(
-            temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values
-        )
+        materialize_torch(call)

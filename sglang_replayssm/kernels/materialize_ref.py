@@ -17,9 +17,27 @@ Arithmetic is the sequential fold in fp32, identical in order to the Triton kern
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["check_materialize_args", "materialize_torch"]
+__all__ = ["MaterializeCall", "check_materialize_args", "materialize_torch"]
+
+
+@dataclass(frozen=True)
+class MaterializeCall:
+    """One checked materialize call (:func:`check_materialize_args`): the pool tensors, the rows, the
+    gate kind and the dimensions ``(n_layers, R, H, HV, K, V, L)``. Backends take only this."""
+
+    temporal: torch.Tensor
+    ring_d: torch.Tensor
+    ring_k: torch.Tensor
+    ring_g: torch.Tensor
+    src_slots: torch.Tensor
+    dst_slots: torch.Tensor
+    counts: torch.Tensor
+    is_kda: bool
+    dims: tuple[int, int, int, int, int, int, int]
 
 
 def check_materialize_args(
@@ -33,8 +51,8 @@ def check_materialize_args(
     *,
     is_kda: bool,
     check_values: bool = True,
-) -> tuple[int, int, int, int, int, int, int]:
-    """Validate a materialize call; returns ``(n_layers, R, H, HV, K, V, L)``.
+) -> MaterializeCall:
+    """Validate a materialize call; returns it checked, with ``dims = (n_layers, R, H, HV, K, V, L)``.
 
     Shapes: ``temporal`` ``[n_layers, slots, HV, V, K]``; ``ring_d`` ``[n_layers, slots, HV, L, V]``;
     ``ring_k`` ``[n_layers, slots, H, L, K]`` with ``HV % H == 0``; ``ring_g`` float32
@@ -95,30 +113,20 @@ def check_materialize_args(
             for j in live:
                 if i != j and dst[i] == src[j]:
                     raise ValueError(f"row {i} writes slot {dst[i]} that row {j} reads")
-    return n_layers, R, H, HV, K, V, L
+    return MaterializeCall(temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda,
+                           (n_layers, R, H, HV, K, V, L))
 
 
-def materialize_torch(
-    temporal: torch.Tensor,
-    ring_d: torch.Tensor,
-    ring_k: torch.Tensor,
-    ring_g: torch.Tensor,
-    src_slots: torch.Tensor,
-    dst_slots: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    is_kda: bool,
-    check_values: bool = True,
-) -> None:
+def materialize_torch(call: MaterializeCall) -> None:
     """In-place ``temporal[:, dst[i]] = fold(temporal[:, src[i]], first counts[i] records of src[i])``.
 
     Rows with ``src < 0`` or ``dst < 0`` are skipped; ``count == 0`` copies bit-exactly; the ring
     tensors and source checkpoints are only read. See the module docstring for the math and
     :func:`check_materialize_args` for shapes and invariants.
     """
-    _, _, H, HV, _, _, _ = check_materialize_args(
-        temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values
-    )
+    temporal, ring_d, ring_k, ring_g = call.temporal, call.ring_d, call.ring_k, call.ring_g
+    src_slots, dst_slots, counts, is_kda = call.src_slots, call.dst_slots, call.counts, call.is_kda
+    _, _, H, HV, _, _, _ = call.dims
     live = torch.nonzero((src_slots >= 0) & (dst_slots >= 0)).flatten()
     if live.numel() == 0:
         return

@@ -20,11 +20,10 @@ program and 4 * HV programs per (row, layer), enough to fill the GPU for a singl
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from sglang_replayssm.kernels.materialize_ref import check_materialize_args
+from sglang_replayssm.kernels.materialize_ref import MaterializeCall
 
 __all__ = ["materialize_kernel", "materialize_triton"]
 
@@ -94,28 +93,13 @@ def materialize_kernel(
         tl.store(p_dst, S.to(p_dst.dtype.element_ty), mask=mask_vk)
 
 
-def materialize_triton(
-    temporal: torch.Tensor,
-    ring_d: torch.Tensor,
-    ring_k: torch.Tensor,
-    ring_g: torch.Tensor,
-    src_slots: torch.Tensor,
-    dst_slots: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    is_kda: bool,
-    check_values: bool = True,
-    block_v: int = 32,
-    num_warps: int = 4,
-) -> None:
-    """Launch :func:`materialize_kernel`; same contract as ``materialize_torch``.
+def materialize_triton(call: MaterializeCall, *, block_v: int = 32, num_warps: int = 4) -> None:
+    """Launch :func:`materialize_kernel` for a checked call; same contract as ``materialize_torch``.
 
-    ``check_values=False`` skips the host-side index checks (no device sync); the caller then
-    guarantees the invariants of ``check_materialize_args``. ``block_v`` must be a power of two.
+    ``block_v`` must be a power of two.
     """
-    n_layers, R, H, HV, K, V, L = check_materialize_args(
-        temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values
-    )
+    temporal, ring_d, ring_k, ring_g = call.temporal, call.ring_d, call.ring_k, call.ring_g
+    n_layers, R, H, HV, K, V, L = call.dims
     if R == 0 or n_layers == 0:
         return
     if block_v <= 0 or block_v & (block_v - 1):
@@ -124,7 +108,7 @@ def materialize_triton(
     grid = (R * n_layers, HV, triton.cdiv(V, BV))
     materialize_kernel[grid](
         temporal, ring_d, ring_k, ring_g,
-        src_slots, dst_slots, counts,
+        call.src_slots, call.dst_slots, call.counts,
         n_layers,
         temporal.stride(0), temporal.stride(1),
         ring_d.stride(0), ring_d.stride(1),
@@ -132,6 +116,6 @@ def materialize_triton(
         ring_g.stride(0), ring_g.stride(1),
         H=H, HV=HV, K=K, V=V, L=L,
         BK=triton.next_power_of_2(K), BV=BV,
-        IS_KDA=is_kda,
+        IS_KDA=call.is_kda,
         num_warps=num_warps,
     )  # fmt: skip

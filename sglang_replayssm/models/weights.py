@@ -8,30 +8,27 @@ from typing import Any
 
 from sglang_replayssm.models.specs import SPECIAL_TOKENS, ModelSpec
 
+# transformers' classes of each family: (model, config), named explicitly (not through AutoModel).
+_HF_CLASSES = {"gdn": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"), "kda": ("KimiLinearForCausalLM", "KimiLinearConfig")}
+
+
+def _hf_class(family: str, which: int) -> Any:
+    if family not in _HF_CLASSES:
+        raise ValueError(f"unknown model family {family!r}")
+    import transformers
+
+    return getattr(transformers, _HF_CLASSES[family][which])
+
 
 def hf_model_class(family: str) -> type:
-    """The transformers class of a family (imported explicitly, not through AutoModel)."""
-    if family == "gdn":
-        from transformers import Qwen3_5ForCausalLM
-
-        return Qwen3_5ForCausalLM
-    if family == "kda":
-        from transformers import KimiLinearForCausalLM
-
-        return KimiLinearForCausalLM
-    raise ValueError(f"unknown model family {family!r}")
+    """The transformers model class of a family."""
+    cls: type = _hf_class(family, 0)
+    return cls
 
 
 def hf_config_class(family: str) -> Any:
-    if family == "gdn":
-        from transformers import Qwen3_5TextConfig
-
-        return Qwen3_5TextConfig
-    if family == "kda":
-        from transformers import KimiLinearConfig
-
-        return KimiLinearConfig
-    raise ValueError(f"unknown model family {family!r}")
+    """The transformers config class of a family."""
+    return _hf_class(family, 1)
 
 
 def _hf_model(spec: ModelSpec, cfg: dict[str, Any]) -> Any:

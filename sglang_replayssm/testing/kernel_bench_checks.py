@@ -17,12 +17,10 @@ __all__ = ["bench_materialize", "graph_check"]
 def bench_materialize(B: int, copy_TBps: dict) -> list[dict]:
     res = []
     try:
-        import sglang_replayssm.kernels.materialize_triton as mt
+        from sglang_replayssm.kernels.materialize_ref import check_materialize_args
+        from sglang_replayssm.kernels.materialize_triton import materialize_triton
     except Exception as e:
         return [{"error": f"materialize_triton not importable: {type(e).__name__}: {e}"}]
-    fn = getattr(mt, "materialize_triton", None) or getattr(mt, "materialize", None)
-    if fn is None:
-        return [{"error": "no materialize function in kernels.materialize_triton"}]
     for model, p in MODELS.items():
         H, HV, K, V, is_kda = p["H"], p["HV"], p["K"], p["V"], p["is_kda"]
         N = 2 * B + 1
@@ -34,8 +32,8 @@ def bench_materialize(B: int, copy_TBps: dict) -> list[dict]:
             src = torch.arange(1, B + 1, dtype=torch.int64, device="cuda")
             dst = torch.arange(B + 1, 2 * B + 1, dtype=torch.int64, device="cuda")
             counts = torch.full((B,), L_RING - 1, dtype=torch.int32, device="cuda")
-            args = (temporal, d, k, g, src, dst, counts)
-            t, meth = time_us(functools.partial(fn, *args, is_kda=is_kda, check_values=False))
+            call = check_materialize_args(temporal, d, k, g, src, dst, counts, is_kda=bool(is_kda), check_values=False)
+            t, meth = time_us(functools.partial(materialize_triton, call))
             rec = (HV * V + H * K + (HV * K if is_kda else HV)) * 4
             nbytes = B * (2 * HV * V * K * 4 + (L_RING - 1) * rec)
             floor_us = nbytes / (copy_TBps[model] * 1e6)
