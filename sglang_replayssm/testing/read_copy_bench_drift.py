@@ -77,7 +77,18 @@ def make_inputs(
     ``b ~ N(b_mean, 1)``: a low ``b_mean`` (e.g. -4, ``beta`` ~0.02-0.1) writes weakly and keeps a long
     memory, the regime where a shared low-precision state accumulates error over thousands of steps
     (with ``beta`` ~0.3 and small ``K`` every key direction is overwritten within ~100 steps, and a
-    shared state's error saturates that early)."""
+    shared state's error saturates that early). Drawn on the CPU (the same values on any device), then
+    moved to torch's current default device."""
+    device = torch.get_default_device()
+    with torch.device("cpu"):
+        inp = _draw_inputs(T, B, H, HV, K, V, is_kda, seed, b_mean)
+    return DriftInputs(inp.qkv.to(device), inp.a.to(device), inp.b.to(device), inp.A_log.to(device),
+                       inp.dt_bias.to(device), inp.S0.to(device), H, HV, K, V, is_kda)  # fmt: skip
+
+
+def _draw_inputs(
+    T: int, B: int, H: int, HV: int, K: int, V: int, is_kda: bool, seed: int, b_mean: float
+) -> DriftInputs:
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(T, B, 2 * H * K + HV * V, generator=gen).to(torch.bfloat16)
     gshape = (T, B, HV, K) if is_kda else (T, B, HV)
