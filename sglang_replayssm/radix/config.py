@@ -55,6 +55,11 @@ FIXES: dict[str, str] = {
     "--enable-streaming-session with the decode ring",
     "retract_backup": "MambaPool.get_cpu_copy (CPU retraction backup) carries the full state, pending "
     "records folded in; load_cpu_copy leaves the destination with an empty ring",
+    "record_hits": "keep every computed token's linear-layer inputs (a budgeted record pool, "
+    "SGLANG_REPLAYSSM_RECORD_TOKENS) so a prefix hit at any depth rebuilds the exact state from the "
+    "deepest state above it (GDN, with the decode ring)",
+    "end_state": "extra_buffer finish: donate the exact state at the request's full depth (the "
+    "working slot, pending records folded) instead of the last tracked state",
 }
 
 _state: dict[str, bool] | None = None

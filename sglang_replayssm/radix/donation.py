@@ -17,7 +17,7 @@ from typing import Any
 
 from sglang_replayssm.radix.ring_pool import ring_pool
 
-__all__ = ["materialize_before_finish_donation"]
+__all__ = ["end_state_before_finish_donation", "materialize_before_finish_donation"]
 
 
 def materialize_before_finish_donation(component: Any, req: Any, is_finished: bool) -> None:
@@ -36,3 +36,36 @@ def materialize_before_finish_donation(component: Any, req: Any, is_finished: bo
     if slot is None:
         return
     view.fold(req_pool.translate_mamba_indices(slot.reshape(1)))
+
+
+def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: int, is_finished: bool) -> None:
+    """Before ``MambaComponent.prepare_for_caching_req`` (extra_buffer, finished): make the state
+    SGLang donates the request's exact end state.
+
+    extra_buffer donates the ping-pong slot of the last tracked depth (a prefill chunk end rounded
+    to the checkpoint grid, or a decode multiple of the track interval) and cuts the inserted key
+    there, so the tokens after it are lost to every later request. The working slot holds the state
+    after all ``token_ids_len`` tokens with KV (checkpoint + ring with the decode ring): copy it,
+    pending records folded (``MambaPool.copy_from`` is exact, :mod:`snapshot`), into the slot SGLang
+    is about to donate and record that depth, so the key is inserted to its full length.
+
+    No-op unless finished, extra_buffer with the decode ring, no int8 checkpoints, a page-aligned
+    depth, and a live working slot and keep slot.
+    """
+    cache = component.cache
+    if not is_finished or not cache.enable_mamba_extra_buffer or token_ids_len <= 0:
+        return
+    req_pool = cache.req_to_token_pool
+    if ring_pool(getattr(req_pool, "mamba_pool", None)) is None or getattr(req_pool, "mamba_ckpt_pool", None) is not None:
+        return
+    if token_ids_len % max(1, int(getattr(cache, "page_size", 1))):
+        return
+    slot, track = req.kv.mamba_pool_idx, req.kv.mamba_ping_pong_track_buffer
+    keep = req_pool.get_mamba_ping_pong_keep_idx(req)
+    if slot is None or track is None or keep is None or int(track[keep]) < 0:
+        return
+    if (req.kv.mamba_last_track_seqlen or 0) >= token_ids_len:
+        return
+    req_pool.copy_mamba_state(req_pool.translate_mamba_indices(slot.reshape(1)),
+                              req_pool.translate_mamba_indices(track[keep].reshape(1)))
+    req.kv.mamba_last_track_seqlen = token_ids_len

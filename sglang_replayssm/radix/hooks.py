@@ -228,10 +228,13 @@ def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, i
 def exact_finish_donation(
     original: Callable[..., Any], component: Any, req: Any, insert_params: Any, token_ids_len: int, is_finished: bool
 ) -> Any:
-    """no_buffer finish: fold the slot before SGLang donates it, at the real depth."""
-    from sglang_replayssm.radix.donation import materialize_before_finish_donation
+    """Finish donation: no_buffer folds the slot first (real depth); extra_buffer donates the exact
+    end state (``end_state``)."""
+    from sglang_replayssm.radix import donation
 
-    materialize_before_finish_donation(component, req, is_finished)
+    donation.materialize_before_finish_donation(component, req, is_finished)
+    if config.enabled("end_state"):
+        donation.end_state_before_finish_donation(component, req, token_ids_len, is_finished)
     return original(component, req, insert_params, token_ids_len, is_finished)
 
 
@@ -242,6 +245,96 @@ def record_lost_hit(result: Any, component: Any, params: Any, match_result: Any)
     from sglang_replayssm.radix.metrics import record_match
 
     record_match(params, result if result is not None else match_result)
+
+
+# ---- records: prefix hits at any depth ---------------------------------------------------------
+
+_GDN_BACKEND = "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend"
+_SCHEDULE_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
+_ALLOC = "sglang.srt.mem_cache.allocator"
+
+
+@_hook(f"{_SCHEDULE_BATCH}.prepare_for_extend", "AFTER",
+       at="sglang/srt/managers/schedule_batch.py:2847", fix="record_hits")
+def assign_extend_records(result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """The prefill batch's new tokens get record slots."""
+    from sglang_replayssm.radix.record_capture import assign_batch
+
+    assign_batch(batch, decode=False)
+
+
+@_hook(f"{_SCHEDULE_BATCH}.prepare_for_decode", "AFTER",
+       at="sglang/srt/managers/schedule_batch.py:3736", fix="record_hits")
+def assign_decode_records(result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """The decode batch's new tokens get record slots."""
+    from sglang_replayssm.radix.record_capture import assign_batch
+
+    assign_batch(batch, decode=True)
+
+
+def _no_record_on_alloc(name: str) -> Callable[..., None]:
+    def hook(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
+        """Every KV index the allocator hands out starts without a record."""
+        from sglang_replayssm.radix.record_capture import invalidate_allocated
+
+        invalidate_allocated(allocator, result)
+
+    hook.__name__ = hook.__qualname__ = name
+    return hook
+
+
+for _name, _target, _at in (
+    ("no_record_on_token_alloc", f"{_ALLOC}.token.TokenToKVPoolAllocator.alloc",
+     "sglang/srt/mem_cache/allocator/token.py:54"),
+    ("no_record_on_page_alloc", f"{_ALLOC}.paged.PagedTokenToKVPoolAllocator.alloc",
+     "sglang/srt/mem_cache/allocator/paged.py:181"),
+    ("no_record_on_extend_alloc", f"{_ALLOC}.paged.PagedTokenToKVPoolAllocator.alloc_extend",
+     "sglang/srt/mem_cache/allocator/paged.py:204"),
+    ("no_record_on_decode_alloc", f"{_ALLOC}.paged.PagedTokenToKVPoolAllocator.alloc_decode",
+     "sglang/srt/mem_cache/allocator/paged.py:279"),
+):
+    _hook(_target, "AFTER", at=_at, fix="record_hits")(_no_record_on_alloc(_name))
+
+
+@_hook(f"{_GDN_BACKEND}.forward_extend", "AROUND",
+       at="sglang/srt/layers/attention/linear/gdn_backend.py:948", fix="record_hits")
+def capture_extend_records(original: Callable[..., Any], backend: Any, layer: Any, forward_batch: Any,
+                           mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
+    """Store the layer's prefill inputs for the batch's new tokens, then SGLang's extend."""
+    from sglang_replayssm.radix.record_capture import capture
+
+    capture(backend, layer, forward_batch, mixed_qkv, a, b)
+    return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+
+
+@_hook(f"{_GDN_BACKEND}.forward_decode", "AROUND",
+       at="sglang/srt/layers/attention/linear/gdn_backend.py:678", fix="record_hits")
+def capture_decode_records(original: Callable[..., Any], backend: Any, layer: Any, forward_batch: Any,
+                           mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
+    """Store the layer's decode inputs for the batch's new tokens, then SGLang's decode."""
+    from sglang_replayssm.radix.record_capture import capture
+
+    capture(backend, layer, forward_batch, mixed_qkv, a, b)
+    return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+
+
+@_hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AROUND",
+       at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hits")
+def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
+    """A records-only best match gets a planted state, rebuilt before the copy-on-write reads it."""
+    from sglang_replayssm.radix.record_match import plant_and_match
+
+    return plant_and_match(original, component, params, result)
+
+
+@_hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "BEFORE",
+       at="sglang/srt/model_executor/model_runner.py:1813", fix="record_hits", gate=False)
+def rebuild_planted_states(runner: Any, *args: Any, **kwargs: Any) -> None:
+    """Before a forward writes anything: rebuild the states planted since the last one."""
+    if config.enabled("record_hits"):
+        from sglang_replayssm.radix.record_rebuild import run_pending
+
+        run_pending(runner)
 
 
 # ---- metrics and memory budget ---------------------------------------------------------------

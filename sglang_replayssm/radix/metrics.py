@@ -12,6 +12,9 @@ recorded value is moved into that batch's ``PrefillStats``; ``report_prefill_sta
 * with ``--enable-metrics`` increments the Prometheus counter
   ``sglang:replayssm_mamba_lost_hit_tokens_total`` with the collector's labels.
 
+Beside it, the tokens of the admitted hits that were rebuilt from records (:mod:`record_match`):
+``#mamba-rebuilt-token: R`` in the same line and ``sglang:replayssm_record_rebuilt_tokens_total``.
+
 A request is counted once per admission (a chunked prefill's later chunks do not re-match; a
 retracted request that is re-admitted is counted again, as SGLang counts its hit tokens again).
 """
@@ -28,6 +31,8 @@ from typing import Any
 __all__ = [
     "LOG_KEY",
     "PROMETHEUS_NAME",
+    "REBUILT_LOG_KEY",
+    "REBUILT_PROMETHEUS_NAME",
     "collect_for_prefill",
     "lost_hit_tokens",
     "process_total",
@@ -37,14 +42,17 @@ __all__ = [
 
 PROMETHEUS_NAME = "sglang:replayssm_mamba_lost_hit_tokens_total"
 LOG_KEY = "#mamba-lost-hit-token"
+REBUILT_PROMETHEUS_NAME = "sglang:replayssm_record_rebuilt_tokens_total"
+REBUILT_LOG_KEY = "#mamba-rebuilt-token"
 _REQ_ATTR = "_replayssm_mamba_lost_hit_tokens"
 _STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
+_REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
-_pending: contextvars.ContextVar[int | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
+_pending: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
 _lock = threading.Lock()
 _total = 0
-_counter: Any = None
+_counters: dict[str, Any] = {}
 _filter_installed = False
 _CACHED_RE = re.compile(r"(#cached-token: \d+, )")
 
@@ -66,10 +74,14 @@ def record_match(params: Any, result: Any) -> None:
 
 def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
     """Move the recorded lost hits of the newly admitted ``reqs`` onto ``stats``; return the sum."""
-    n = 0
+    from sglang_replayssm.radix.record_match import rebuilt_tokens
+
+    n = rebuilt = 0
     for req in reqs:
         n += int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+        rebuilt += rebuilt_tokens(req)
     setattr(stats, _STATS_ATTR, n)
+    setattr(stats, _REBUILT_STATS_ATTR, rebuilt)
     return n
 
 
@@ -82,10 +94,12 @@ class _AppendLostHit(logging.Filter):
     """Adds ``#mamba-lost-hit-token: N, `` after ``#cached-token: M, `` of a prefill log line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        n = _pending.get()
-        if n is not None and isinstance(record.msg, str) and record.msg.startswith("Prefill batch"):
-            text, hits = _CACHED_RE.subn(rf"\g<1>{LOG_KEY}: {n}, ", record.msg, count=1)
-            record.msg = text if hits else f"{record.msg}, {LOG_KEY}: {n}"
+        pending = _pending.get()
+        if pending is not None and isinstance(record.msg, str) and record.msg.startswith("Prefill batch"):
+            n, rebuilt = pending
+            keys = f"{LOG_KEY}: {n}, {REBUILT_LOG_KEY}: {rebuilt}"
+            text, hits = _CACHED_RE.subn(rf"\g<1>{keys}, ", record.msg, count=1)
+            record.msg = text if hits else f"{record.msg}, {keys}"
         return True
 
 
@@ -97,21 +111,21 @@ def _install_filter() -> None:
             _filter_installed = True
 
 
-def _prometheus_counter(labelnames: list[str]) -> Any:
-    global _counter
+_DOCS = {
+    PROMETHEUS_NAME: "Prompt tokens whose KV prefix hit was discarded because no mamba state existed at "
+    "that depth (recomputed instead), sglang-replayssm.",
+    REBUILT_PROMETHEUS_NAME: "Prompt tokens of prefix hits whose mamba state was rebuilt from stored "
+    "layer inputs (records) instead of recomputed, sglang-replayssm.",
+}
+
+
+def _prometheus_counter(name: str, labelnames: list[str]) -> Any:
     with _lock:
-        if _counter is None:
+        if name not in _counters:
             from prometheus_client import Counter
 
-            _counter = Counter(
-                name=PROMETHEUS_NAME,
-                documentation=(
-                    "Prompt tokens whose KV prefix hit was discarded because no mamba state "
-                    "existed at that depth (recomputed instead), sglang-replayssm."
-                ),
-                labelnames=labelnames,
-            )
-        return _counter
+            _counters[name] = Counter(name=name, documentation=_DOCS[name], labelnames=labelnames)
+        return _counters[name]
 
 
 def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:
@@ -119,15 +133,18 @@ def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kw
     global _total
     stats = kwargs.get("prefill_stats", args[1] if len(args) > 1 else None)
     n = int(getattr(stats, _STATS_ATTR, 0) or 0)
+    rebuilt = int(getattr(stats, _REBUILT_STATS_ATTR, 0) or 0)
     with _lock:
         _total += n
     collector = getattr(reporter, "metrics_collector", None)
-    if n and getattr(reporter, "current_scheduler_metrics_enabled", False) and collector is not None:
+    if getattr(reporter, "current_scheduler_metrics_enabled", False) and collector is not None:
         labels = dict(getattr(collector, "labels", {}) or {})
-        counter = _prometheus_counter(list(labels))
-        (counter.labels(**labels) if labels else counter).inc(n)
+        for name, value in ((PROMETHEUS_NAME, n), (REBUILT_PROMETHEUS_NAME, rebuilt)):
+            if value:
+                counter = _prometheus_counter(name, list(labels))
+                (counter.labels(**labels) if labels else counter).inc(value)
     _install_filter()
-    token = _pending.set(n)
+    token = _pending.set((n, rebuilt))
     try:
         return original(reporter, *args, **kwargs)
     finally:

@@ -1,0 +1,180 @@
+"""The record pool: the inputs of every linear-attention layer, per cached token, keyed by KV slot.
+
+A GDN layer's state after token ``n`` is a function of its state at an earlier depth ``s`` and the
+layer's inputs for tokens ``s..n-1`` only: the pre-conv row ``x`` (``mixed_qkv``, ``[conv_dim]``)
+and the gate inputs ``a``, ``b`` (``[HV]`` each), in the serving dtype. The conv window at ``n`` is
+``x[n-3..n-1]``. So a radix node whose tokens have records is a valid prefix hit at its own depth
+even without a state: :mod:`record_rebuild` folds the records into the deepest state above it.
+
+Layout (``R`` = capacity in tokens, ``KV`` = the token KV pool's size):
+
+* ``slot_of [KV + 1]`` int64: the record slot holding the inputs of the token whose KV is at that
+  index, or -1; the last entry is a sink that stays -1.
+* ``owner [R + 1]`` int64: the KV index a record slot was assigned to (the last entry is a sink).
+* per layer: ``x [R + 1, conv_dim]``, ``a``, ``b`` ``[R + 1, HV]``; row ``R`` is a sink that absorbs
+  the writes of tokens without a slot, so no write needs a host-side mask.
+
+Invariant: ``slot_of[i] == r >= 0`` only if the token whose KV is at ``i`` was assigned ``r`` by
+:meth:`RecordPool.assign` when its KV was allocated, and no later assignment reused ``r``; the forward
+that computes that token writes its inputs to ``r`` (``write``) before any rebuild can read it.
+Every KV index handed out by the allocator starts without a record (:meth:`invalidate`), so a
+reused index never inherits another token's record. Slots are reused first in, first out: when
+the pool is full the oldest records go first; their tokens' hits fall back to the deepest state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CAPACITY_ENV",
+    "LayerRecords",
+    "RecordPool",
+    "capacity_from_env",
+    "pool_of",
+]
+
+#: Record-pool capacity in tokens (``0`` turns the records off); default: the KV pool's size.
+CAPACITY_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
+_ATTR = "_replayssm_record_pool"
+OFF_ATTR = "_replayssm_records_off"
+
+
+def capacity_from_env(kv_size: int) -> int:
+    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else one per KV slot."""
+    text = os.environ.get(CAPACITY_ENV, "").strip()
+    if not text:
+        return kv_size
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{CAPACITY_ENV}={text!r}: expected a number of tokens (0 turns records off)") from None
+    if value < 0:
+        raise ValueError(f"{CAPACITY_ENV}={value}: expected >= 0 tokens")
+    return value
+
+
+@dataclass
+class LayerRecords:
+    """One linear layer's records and what is needed to fold them (the layer module, its backend)."""
+
+    x: torch.Tensor  # [R + 1, conv_dim]
+    a: torch.Tensor  # [R + 1, HV]
+    b: torch.Tensor  # [R + 1, HV]
+    layer: Any
+    backend: Any
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.x, self.a, self.b))
+
+
+@dataclass
+class RecordPool:
+    """Per-token layer inputs for the tokens of the KV pool (see the module docstring)."""
+
+    kv_size: int
+    capacity: int
+    device: torch.device
+    slot_of: torch.Tensor = field(init=False)
+    owner: torch.Tensor = field(init=False)
+    head: int = 0
+    capture_decode: bool = True  # decode tokens get records too (False: only prefill tokens)
+    layers: dict[int, LayerRecords] = field(default_factory=dict)
+    pending: list[Any] = field(default_factory=list)  # rebuilds to run at the next forward
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"record capacity must be >= 1 token, got {self.capacity}")
+        self.slot_of = torch.full((self.kv_size + 1,), -1, dtype=torch.int64, device=self.device)
+        self.owner = torch.full((self.capacity + 1,), -1, dtype=torch.int64, device=self.device)
+
+    # ---- bookkeeping (scheduler side) ---------------------------------------------------------
+
+    def invalidate(self, kv: torch.Tensor | None) -> None:
+        """KV indices that a new token will own carry no record (allocator choke point)."""
+        if kv is None or kv.numel() == 0:
+            return
+        self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)] = -1
+
+    def assign(self, kv: torch.Tensor | None) -> None:
+        """Give every token of ``kv`` (freshly allocated KV indices, in order) a record slot, the
+        oldest slots first; the tokens that held those slots lose their records."""
+        if kv is None or kv.numel() == 0:
+            return
+        kv = kv.reshape(-1).to(self.slot_of.device, torch.int64)[-self.capacity:]
+        n = kv.numel()
+        slots = (self.head + torch.arange(n, device=self.device)) % self.capacity
+        old = self.owner[slots]
+        held = (old >= 0) & (self.slot_of[old.clamp(min=0)] == slots)
+        self.slot_of[torch.where(held, old, self.kv_size)] = -1  # the sink absorbs the others
+        self.slot_of[kv] = slots
+        self.owner[slots] = kv
+        self.head = (self.head + n) % self.capacity
+
+    def covered(self, kv: torch.Tensor | None) -> bool:
+        """Whether every token of ``kv`` has a record (an empty span is covered)."""
+        if kv is None:
+            return False
+        if kv.numel() == 0:
+            return True
+        return bool((self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)] >= 0).all())
+
+    def slots(self, kv: torch.Tensor) -> torch.Tensor:
+        """The record slots of ``kv`` (each >= 0 where :meth:`covered`)."""
+        return self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)]
+
+    # ---- data (forward side) -------------------------------------------------------------------
+
+    def write(self, layer: Any, backend: Any, kv: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
+              b: torch.Tensor) -> None:
+        """Store one layer's inputs ``x [T, conv_dim]``, ``a``/``b`` ``[T, HV]`` for the tokens at KV
+        indices ``kv [T]`` (tokens without a slot go to the sink row). No host sync."""
+        rec = self.layers.get(layer.layer_id)
+        if rec is None:
+            rec = self._new_layer(layer, backend, x, a)
+        slots = self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)]
+        dest = torch.where(slots >= 0, slots, self.capacity)
+        rec.x.index_copy_(0, dest, x.to(rec.x.dtype))
+        rec.a.index_copy_(0, dest, a.reshape(dest.numel(), -1).to(rec.a.dtype))
+        rec.b.index_copy_(0, dest, b.reshape(dest.numel(), -1).to(rec.b.dtype))
+
+    def _new_layer(self, layer: Any, backend: Any, x: torch.Tensor, a: torch.Tensor) -> LayerRecords:
+        rows = self.capacity + 1
+        hv = a.reshape(x.shape[0], -1).shape[1]
+        rec = LayerRecords(
+            x=torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device),
+            a=torch.zeros(rows, hv, dtype=a.dtype, device=x.device),
+            b=torch.zeros(rows, hv, dtype=a.dtype, device=x.device),
+            layer=layer,
+            backend=backend,
+        )
+        self.layers[layer.layer_id] = rec
+        return rec
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the records of every layer seen so far, plus the two index maps."""
+        maps = (self.slot_of.numel() + self.owner.numel()) * self.slot_of.element_size()
+        return maps + sum(rec.nbytes for rec in self.layers.values())
+
+
+def pool_of(req_to_token_pool: Any) -> RecordPool | None:
+    """The record pool attached to a ``HybridReqToTokenPool``, if any."""
+    return getattr(req_to_token_pool, _ATTR, None)
+
+
+def detach(req_to_token_pool: Any) -> None:
+    """Turn records off for ``req_to_token_pool`` for good (what exists is dropped, nothing is created)."""
+    setattr(req_to_token_pool, _ATTR, None)
+    setattr(req_to_token_pool, OFF_ATTR, True)
+
+
+def attach(req_to_token_pool: Any, pool: RecordPool) -> RecordPool:
+    """Attach ``pool`` to ``req_to_token_pool`` (one per pool); returns it."""
+    setattr(req_to_token_pool, _ATTR, pool)
+    return pool

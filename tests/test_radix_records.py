@@ -1,0 +1,138 @@
+"""Records (``radix/records.py``) and the rebuild of a state from them (``radix/record_rebuild.py``).
+
+The rebuild runs SGLang's own prefill kernels (``causal_conv1d_fn`` under the Triton interpreter,
+the GDN extend kernel = the CPU runtime's chunk stand-in) into SGLang's real decode-ring pool, and
+is checked against the fp64 recurrence of the whole token path, at unaligned depths, spans shorter
+than the conv kernel, spans crossing a 64-token chunk, and several rebuilds batched in one call.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from sglang_replayssm.kernels.naive import compute_beta_fp64, compute_gate_fp64, recurrence_fp64, unpack_mixed_qkv
+from sglang_replayssm.radix.record_match import Rebuild
+from sglang_replayssm.radix.record_rebuild import rebuild
+from sglang_replayssm.radix.records import RecordPool, capacity_from_env
+from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
+
+
+def test_assign_invalidate_and_first_in_first_out():
+    pool = RecordPool(kv_size=20, capacity=4, device=torch.device("cpu"))
+    kv = torch.tensor([3, 7, 9])
+    assert not pool.covered(kv)
+    pool.assign(kv)
+    assert pool.covered(kv) and pool.slots(kv).tolist() == [0, 1, 2]
+    pool.invalidate(torch.tensor([7]))  # KV index 7 handed to a new token
+    assert not pool.covered(kv) and pool.covered(torch.tensor([3, 9]))
+    pool.assign(torch.tensor([11, 12]))  # slots 3, 0: token 3 loses its record
+    assert pool.slots(torch.tensor([11, 12])).tolist() == [3, 0]
+    assert not pool.covered(torch.tensor([3])) and pool.covered(torch.tensor([9, 11, 12]))
+    pool.assign(torch.tensor([7]))  # slot 1: its old owner (7) was invalidated, 7 now owns it
+    assert pool.slots(torch.tensor([7])).tolist() == [1] and pool.covered(torch.tensor([9]))
+    pool.assign(torch.arange(13, 19))  # more than the capacity: the last 4 keep records
+    assert pool.covered(torch.arange(15, 19)) and not pool.covered(torch.tensor([13]))
+    assert not pool.covered(torch.tensor([9, 11, 12, 7]).view(-1)[:1])
+    assert pool.covered(torch.tensor([], dtype=torch.int64)) and not pool.covered(None)
+
+
+def test_capacity_from_env(monkeypatch):
+    monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
+    assert capacity_from_env(123) == 123
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "0")
+    assert capacity_from_env(123) == 0
+    for bad in ("-1", "many"):
+        monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", bad)
+        with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_RECORD_TOKENS"):
+            capacity_from_env(123)
+
+
+def _layer(model: ToyModel, layer_id: int, gen: torch.Generator) -> types.SimpleNamespace:
+    D = model.qkv_dim
+    return types.SimpleNamespace(
+        layer_id=layer_id, conv_weights=0.4 * torch.randn(D, model.win + 1, generator=gen),
+        bias=0.1 * torch.randn(D, generator=gen), activation="silu",
+        A_log=torch.log(0.2 + 0.6 * torch.rand(model.HV, generator=gen)),
+        dt_bias=0.1 * torch.randn(model.HV, generator=gen),
+        q_dim=model.H * model.K, k_dim=model.H * model.K, v_dim=model.HV * model.V,
+        num_q_heads=model.H, num_k_heads=model.H, num_v_heads=model.HV,
+        head_q_dim=model.K, head_k_dim=model.K, head_v_dim=model.V,
+    )
+
+
+def _backend() -> types.SimpleNamespace:
+    """SGLang's GDN gates and, as the extend kernel, what ``TritonGDNKernel.extend`` calls on the CPU
+    engine (this test process is not one, so SGLang would pick FLA's GPU chunk kernel)."""
+    from sgl_kernel.mamba import chunk_gated_delta_rule_cpu
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    def extend(q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, **unused):
+        return chunk_gated_delta_rule_cpu(q=q, k=k, v=v, g=g, beta=beta, initial_state=ssm_states,
+                                          cu_seqlens=query_start_loc, head_first=False,
+                                          use_qk_l2norm_in_kernel=True, initial_state_indices=cache_indices)
+
+    return types.SimpleNamespace(_prefill_gates=GDNAttnBackend._prefill_gates,
+                                 kernel_dispatcher=types.SimpleNamespace(extend=extend),
+                                 requires_contiguous_prefill_state=False)
+
+
+def _oracle(layer, model, x, a, b, n):
+    """fp64 state after the first ``n`` tokens (conv + SiLU, gates, gated delta rule from zero)."""
+    w = layer.conv_weights.double()
+    xp = torch.cat([torch.zeros(model.win, x.shape[1], dtype=torch.float64), x[:n].double()])
+    conv = torch.stack([(xp[t:t + model.win + 1].T * w).sum(-1) for t in range(n)]) + layer.bias.double()
+    conv = conv * torch.sigmoid(conv)
+    q, k, v = unpack_mixed_qkv(conv, model.H, model.K, model.HV, model.V)
+    g = compute_gate_fp64(a[:n], layer.A_log, layer.dt_bias, is_kda=False)
+    beta = compute_beta_fp64(b[:n])
+    state = torch.zeros(1, model.HV, model.V, model.K, dtype=torch.float64)
+    _, final = recurrence_fp64(state, q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None])
+    return final[0]
+
+
+@pytest.mark.parametrize("spans", [
+    [(0, 1), (0, 2), (5, 6), (7, 9), (0, 70)],  # spans shorter than the conv kernel, from the root
+    [(37, 101), (64, 130), (3, 200), (130, 131)],  # unaligned depths, crossing a 64-token chunk
+])
+def test_rebuild_matches_the_fp64_recurrence(spans, radix_adapter):
+    cfg = SimConfig(kind="gdn", strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
+    model = ToyModel(cfg)
+    _, _, req_pool = build_fixture(cfg, model)
+    gen = torch.Generator().manual_seed(7)
+    T = max(n for _, n in spans)
+    layers = [_layer(model, i, gen) for i in range(cfg.mamba_layers)]
+    backend = _backend()
+    pool = RecordPool(kv_size=512, capacity=256, device=torch.device("cpu"))
+    kv = torch.randperm(500, generator=gen)[:T]  # the tokens' KV indices, scattered
+    pool.assign(kv)
+    inputs = []
+    for layer in layers:
+        x = torch.randn(T, model.qkv_dim, generator=gen)
+        a, b = 0.5 * torch.randn(T, model.HV, generator=gen), torch.randn(T, model.HV, generator=gen)
+        pool.write(layer, backend, kv, x, a, b)
+        inputs.append((x, a, b))
+    jobs, want = [], []
+    alloc = req_pool.mamba_allocator
+    for s, n in spans:
+        src = None
+        if s > 0:  # the deepest state above: the exact fp64 state and window at s, stored fp32
+            src = alloc.alloc(1)
+            for layer, (x, a, b) in zip(layers, inputs):
+                cache = req_pool.mamba2_layer_cache(layer.layer_id)
+                cache.temporal[src] = _oracle(layer, model, x, a, b, s).float()
+                window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:s]])[-model.win:]
+                cache.conv[0][src] = window.T
+        jobs.append(Rebuild(dst=alloc.alloc(1), src=src, slots=pool.slots(kv[s:n])))
+        want.append(n)
+    rebuild(pool, req_pool, jobs)
+    for job, n in zip(jobs, want):
+        for layer, (x, a, b) in zip(layers, inputs):
+            cache = req_pool.mamba2_layer_cache(layer.layer_id)
+            ref = _oracle(layer, model, x, a, b, n)
+            got = cache.temporal[job.dst[0]].double()
+            assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
+            window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
+            assert torch.equal(cache.conv[0][job.dst[0]], window.T), (n, layer.layer_id)
