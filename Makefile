@@ -3,6 +3,10 @@
 PY := .venv/bin/python
 MODELS ?= $(HOME)/.cache/sglang-replayssm/models
 BENCH_ARGS ?= --json out/bench.json --plot-dir out
+# The second workload: RAG whose shared depths (200-token system prompt, documents of 384-768
+# tokens) fall off SGLang's 64-token state grid.
+RAG_ARGS ?= --dataset-name rag --gsp-range-ratio 0.5 --rag-system-prompt-len 200 \
+	--rag-num-conversations 16 --rag-num-turns 2 --json out/bench-rag.json --plot-dir out/rag
 
 .PHONY: env test test-matrix bench lint models lock
 
@@ -22,6 +26,7 @@ test-matrix: env
 
 bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)
+	@$(PY) -m sglang_replayssm.cli bench $(RAG_ARGS)
 
 lint: env
 	@$(PY) -m ruff check sglang_replayssm tests scripts

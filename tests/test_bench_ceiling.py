@@ -26,8 +26,9 @@ def test_sequential_group_hits_the_shared_prefix_and_later_turns_the_history():
     ids = prompts([a, b, c], recs)
     assert ids["0.1"] == list(shared) + [1, 2, 5, 6, 7, 8]
     ceiling = ceiling_tokens([a, b, c], recs)
-    assert ceiling == {"0.0": 0, "0.1": 14, "1.0": 10, "2.0": 0}
-    assert ceiling_hit_rate(ceiling, recs) == pytest.approx((14 + 10) / (12 + 16 + 12 + 3))
+    # 0.1: turn 0's prompt and output but its last token (12 + 1): that token's KV never exists
+    assert ceiling == {"0.0": 0, "0.1": 13, "1.0": 10, "2.0": 0}
+    assert ceiling_hit_rate(ceiling, recs) == pytest.approx((13 + 10) / (12 + 16 + 12 + 3))
 
 
 def test_an_unfinished_request_offers_its_prompt_only_and_the_cap_is_len_minus_one():
@@ -37,9 +38,13 @@ def test_an_unfinished_request_offers_its_prompt_only_and_the_cap_is_len_minus_o
     # b is sent while a still runs: a's output is not in the cache yet
     recs = [_rec(a, 0, 0.0, 5.0, [5, 6]), _rec(b, 0, 1.0, 1.0, [0, 0]), _rec(c, 0, 9.0, 1.0, [0, 0])]
     assert ceiling_tokens([a, b, c], recs) == {"0.0": 0, "1.0": 4, "2.0": 3}
-    # once a has finished, its output counts
+    # once a has finished, its output counts, but its last token (no KV)
     recs[1] = _rec(b, 0, 6.0, 1.0, [0, 0])
     assert ceiling_tokens([a, b, c], recs)["1.0"] == 5
+    recs[0] = _rec(a, 0, 0.0, 5.0, [5, 7])
+    d = Conversation(3, 0, 4, (Turn((1, 2, 3, 4, 5, 7, 9), 2),))  # a's prompt and whole output, then more
+    recs.append(_rec(d, 0, 20.0, 1.0, [0, 0]))
+    assert ceiling_tokens([a, b, c, d], recs)["3.0"] == 5  # a's last token (7) was never fed: no KV
 
 
 def test_failed_requests_are_left_out():

@@ -9,8 +9,10 @@ copy-on-write, batched decode, finish, abort, eviction, probe match, copy of a l
 * every running request's checkpoint + ring reproduces its state (and its conv window).
 
 GDN and KDA x no_buffer / extra_buffer / extra_buffer_lazy, with track intervals that divide
-the ring length L=4 and that do not, and checkpoint grids 1 and 2; 10,200 steps in total,
-derandomised so CI runs the same streams every time.
+the ring length L=4 and that do not, and checkpoint grids 1 and 2, and GDN with records (hits at
+any depth, states planted and rebuilt from stored inputs, a full and a 40-token first-in-first-out
+pool): every planted node is checked like any other; 13,600 steps in total, derandomised so CI runs
+the same streams every time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ CONFIGS = [
     SimConfig(kind="kda", strategy="no_buffer", track_interval=4, chunk=2),
     SimConfig(kind="kda", strategy="extra_buffer", track_interval=3),
     SimConfig(kind="kda", strategy="extra_buffer_lazy", track_interval=8),
+    # Records (prefix hits at any depth, rebuilt from stored inputs): a pool that holds every
+    # token, and one of 40 tokens whose first-in-first-out eviction makes hits fall back.
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True),
+    SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, records=True, record_tokens=40),
 ]
 FAMILIES = [
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3],
@@ -40,7 +46,7 @@ FAMILIES = [
     [5, 4, 3, 2, 1, 5, 4, 3],
 ]
 MAX_RUNNING = 4
-_steps_run = {"count": 0}
+_steps_run = {"count": 0, "rebuilds": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,12 +123,15 @@ def _run(cfg: SimConfig, stream: list[tuple], apply=None, setup=None) -> None:
             _steps_run["count"] += 1
             sim.check()
     finally:
+        _steps_run["rebuilds"] += getattr(sim, "rebuilds", 0)
         if sim.cache.cache_controller is not None:
             sim.cache.release_host_resources()
 
 
 @pytest.mark.parametrize(
-    "cfg", CONFIGS, ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
+    "cfg", CONFIGS,
+    ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
+    + (f"-records{c.record_tokens}" if c.records else ""),
 )
 def test_every_cached_and_live_state_is_exact(cfg):
     @settings(
@@ -142,8 +151,9 @@ def test_every_cached_and_live_state_is_exact(cfg):
 
 
 def test_the_suite_ran_enough_steps():
-    """Runs after the parametrised cases (file order); 6 x 34 x 50 = 10,200 steps."""
+    """Runs after the parametrised cases (file order); 8 x 34 x 50 = 13,600 steps."""
     assert _steps_run["count"] >= 10_000, _steps_run["count"]
+    assert _steps_run["rebuilds"] >= 100, _steps_run  # the records configurations plant and rebuild
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

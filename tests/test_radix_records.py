@@ -13,7 +13,12 @@ import types
 import pytest
 import torch
 
-from sglang_replayssm.kernels.naive import compute_beta_fp64, compute_gate_fp64, recurrence_fp64, unpack_mixed_qkv
+from sglang_replayssm.kernels.naive import (
+    compute_beta_fp64,
+    compute_gate_fp64,
+    recurrence_fp64,
+    unpack_mixed_qkv,
+)
 from sglang_replayssm.radix.record_match import Rebuild
 from sglang_replayssm.radix.record_rebuild import rebuild
 from sglang_replayssm.radix.records import RecordPool, capacity_from_env
@@ -41,9 +46,11 @@ def test_assign_invalidate_and_first_in_first_out():
 
 def test_capacity_from_env(monkeypatch):
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
-    assert capacity_from_env(123) == 123
+    assert capacity_from_env(123) == 123 and capacity_from_env() == capacity_from_env(1 << 30) == 16384
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "0")
     assert capacity_from_env(123) == 0
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "500")
+    assert capacity_from_env(123) == 123 and capacity_from_env() == 500
     for bad in ("-1", "many"):
         monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", bad)
         with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_RECORD_TOKENS"):

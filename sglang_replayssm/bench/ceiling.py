@@ -1,9 +1,10 @@
 """The attention-only prefix-hit ceiling of a run: what a token-granular prefix cache could reuse.
 
 For each request, the longest common prefix of its prompt with any sequence the cache could hold when
-it was sent: the prompt of every request sent before it, plus that request's output once it had
-finished (an attention-only model keeps the KV of both), capped at ``len(prompt) - 1`` (SGLang always
-computes the last prompt token). Order is the client's send order (``start_s``), so the ceiling of a
+it was sent: the prompt of every request sent before it, plus that request's output but its last
+token once it had finished (an attention-only model keeps the KV of both; the last sampled token is
+never fed back, so no server has its KV), capped at ``len(prompt) - 1`` (SGLang always computes the
+last prompt token). Order is the client's send order (``start_s``), so the ceiling of a
 concurrent run is that of what had really been sent. Prompts are rebuilt from the workload and the
 arm's own outputs (a later turn's prompt is the history plus its new tokens), as the client built them.
 """
@@ -45,7 +46,7 @@ def ceiling_tokens(conversations: Sequence[Conversation], records: Sequence[Requ
             seq = ids[earlier.rid]
             done = earlier.e2e_s is not None and earlier.start_s + earlier.e2e_s <= rec.start_s
             if done:
-                seq = seq + list(earlier.output_ids)
+                seq = seq + list(earlier.output_ids)[:-1]
             best = max(best, common_prefix(prompt, seq))
         out[rec.rid] = min(best, max(len(prompt) - 1, 0))
     return out

@@ -9,14 +9,20 @@ free and the real footprint overshoots by ``(size + 1) * ring_bytes``.
 Fix: while SGLang sizes the pool, ``extra_mamba_cache_bytes_per_req`` also holds the ring bytes per
 slot, which SGLang already adds to every slot's price (both the auto-fit solve and the explicit
 ``--max-mamba-cache-size`` charge), scaled to the rank's pipeline stage.
+
+Records (``record_hits``, GDN): the record pool (:mod:`records`, ``capacity`` tokens of every GDN
+layer's pre-conv row and two gate rows in the serving dtype) is reserved out of the memory left
+for the KV cache, as a fixed amount (:func:`record_bytes`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["charge_decode_ring", "decode_ring_bytes_per_slot"]
+__all__ = ["charge_decode_ring", "decode_ring_bytes_per_slot", "record_bytes", "record_bytes_per_token"]
+logger = logging.getLogger(__name__)
 
 _FP32_BYTES = 4
 _CURSOR_BYTES = 4  # one int32 write_pos per slot
@@ -58,6 +64,37 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
     saved = configurator.extra_mamba_cache_bytes_per_req
     configurator.extra_mamba_cache_bytes_per_req = saved + ring
     try:
-        return original(configurator, total_rest_memory)
+        rest = original(configurator, total_rest_memory)
     finally:
         configurator.extra_mamba_cache_bytes_per_req = saved
+    return rest - _record_reservation_gib(configurator)
+
+
+def record_bytes_per_token(cache_params: Any, itemsize: int) -> int:
+    """Record bytes of one token over all GDN layers: ``conv_dim + 2 * HV`` values per layer."""
+    conv_dim = cache_params.shape.conv[0][0]
+    hv = cache_params.shape.temporal[0]
+    return (conv_dim + 2 * hv) * itemsize * len(cache_params.layers)
+
+
+def record_bytes(cache_params: Any, itemsize: int, capacity: int) -> int:
+    """Bytes of a record pool of ``capacity`` tokens (one sink row more)."""
+    return record_bytes_per_token(cache_params, itemsize) * (capacity + 1)
+
+
+def _record_reservation_gib(configurator: Any) -> float:
+    from sglang_replayssm.radix import config
+    from sglang_replayssm.radix.records import capacity_from_env
+
+    if not config.enabled("record_hits") or getattr(configurator, "hybrid_gdn_config", None) is None:
+        return 0.0
+    dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
+    itemsize = getattr(dtype, "itemsize", 4)
+    capacity = capacity_from_env()
+    if capacity <= 0:
+        return 0.0
+    nbytes = record_bytes(configurator.mambaish_config.mamba2_cache_params, itemsize, capacity)
+    logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget",
+                capacity, record_bytes_per_token(configurator.mambaish_config.mamba2_cache_params, itemsize),
+                nbytes / (1 << 20))
+    return nbytes / (1 << 30)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_replayssm.radix.records import pool_of
 from sglang_replayssm.radix.ring_pool import ring_pool
 
 __all__ = ["end_state_before_finish_donation", "materialize_before_finish_donation"]
@@ -49,15 +50,17 @@ def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: in
     pending records folded (``MambaPool.copy_from`` is exact, :mod:`snapshot`), into the slot SGLang
     is about to donate and record that depth, so the key is inserted to its full length.
 
-    No-op unless finished, extra_buffer with the decode ring, no int8 checkpoints, a page-aligned
-    depth, and a live working slot and keep slot.
+    Only with records on (:mod:`records`, which need the decode ring): the donated state replaces
+    the tracked one, so a later prompt that leaves this path between the two depths resumes from
+    records, not from the tracked state. No-op unless finished, extra_buffer, no int8 checkpoints,
+    a page-aligned depth, and a live working slot and keep slot.
     """
     cache = component.cache
     if not is_finished or not cache.enable_mamba_extra_buffer or token_ids_len <= 0:
         return
     req_pool = cache.req_to_token_pool
-    if ring_pool(getattr(req_pool, "mamba_pool", None)) is None or getattr(req_pool, "mamba_ckpt_pool", None) is not None:
-        return
+    if pool_of(req_pool) is None or getattr(req_pool, "mamba_ckpt_pool", None) is not None:
+        return  # without records the track state it replaces would be the only state below
     if token_ids_len % max(1, int(getattr(cache, "page_size", 1))):
         return
     slot, track = req.kv.mamba_pool_idx, req.kv.mamba_ping_pong_track_buffer

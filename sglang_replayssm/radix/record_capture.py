@@ -19,16 +19,25 @@ step replayed from a CUDA graph could not be captured); decode tokens keep the d
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
+from sglang_replayssm.radix.records import (
+    CAPACITY_ENV,
+    RecordPool,
+    attach,
+    capacity_from_env,
+    detach,
+    pool_of,
+)
 from sglang_replayssm.radix.records import OFF_ATTR as _OFF_ATTR
-from sglang_replayssm.radix.records import RecordPool, attach, capacity_from_env, detach, pool_of
 from sglang_replayssm.radix.ring_pool import ring_pool
 
 __all__ = ["assign_batch", "capture", "invalidate_allocated"]
 
+logger = logging.getLogger(__name__)
 _ALLOCATOR_ATTR = "_replayssm_record_pool"
 #: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/hooks.py``).
 _HOOKED_ALLOCATORS = frozenset({"TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"})
@@ -67,6 +76,11 @@ def _wanted(backend: Any, forward_batch: Any) -> bool:
     return ring_pool(getattr(req_pool, "mamba_pool", None)) is not None
 
 
+def _graph_capturing() -> bool:
+    """A CUDA graph is being captured (startup): no pool is created inside a graph's memory."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
     kv_pool = getattr(backend, "token_to_kv_pool", None)
     if kv_pool is None or not hasattr(kv_pool, "size"):
@@ -79,6 +93,8 @@ def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
     pool = RecordPool(kv_size=kv_size, capacity=capacity, device=device)
     pool.capture_decode = device.type == "cpu"
     attach(backend.req_to_token_pool, pool)
+    logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change)",
+                capacity, CAPACITY_ENV)
     pool.assign(forward_batch.out_cache_loc)  # the first forward's own tokens
     return pool
 
@@ -95,7 +111,7 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
             pool.invalidate(loc)
         return
     if pool is None:
-        if getattr(req_pool, _OFF_ATTR, False):
+        if getattr(req_pool, _OFF_ATTR, False) or _graph_capturing():
             return
         pool = _new_pool(backend, forward_batch)
         if pool is None:

@@ -32,30 +32,34 @@ import torch
 
 __all__ = [
     "CAPACITY_ENV",
+    "DEFAULT_CAPACITY",
     "LayerRecords",
     "RecordPool",
     "capacity_from_env",
     "pool_of",
 ]
 
-#: Record-pool capacity in tokens (``0`` turns the records off); default: the KV pool's size.
+#: Record-pool capacity in tokens (``0`` turns the records off).
 CAPACITY_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
+#: Default capacity: the last 16,384 computed tokens (at most one per KV slot).
+DEFAULT_CAPACITY = 16384
 _ATTR = "_replayssm_record_pool"
 OFF_ATTR = "_replayssm_records_off"
 
 
-def capacity_from_env(kv_size: int) -> int:
-    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else one per KV slot."""
+def capacity_from_env(kv_size: int | None = None) -> int:
+    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else :data:`DEFAULT_CAPACITY`,
+    at most ``kv_size`` (one per KV slot) when given."""
     text = os.environ.get(CAPACITY_ENV, "").strip()
     if not text:
-        return kv_size
+        return DEFAULT_CAPACITY if kv_size is None else min(DEFAULT_CAPACITY, kv_size)
     try:
         value = int(text)
     except ValueError:
         raise ValueError(f"{CAPACITY_ENV}={text!r}: expected a number of tokens (0 turns records off)") from None
     if value < 0:
         raise ValueError(f"{CAPACITY_ENV}={value}: expected >= 0 tokens")
-    return value
+    return value if kv_size is None else min(value, kv_size)
 
 
 @dataclass

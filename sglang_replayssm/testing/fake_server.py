@@ -3,7 +3,7 @@
 It answers ``/health``, ``/model_info``, ``/metrics``, ``/flush_cache`` and streaming
 ``/generate`` with ``input_ids``. Outputs are a deterministic function of the prompt (so greedy
 agreement can be exercised), ``cached_tokens`` is the longest prefix shared with any earlier
-prompt+output (an ideal token-granular radix cache), and the Prometheus counters mirror SGLang's
+prompt+output[:-1] (an ideal token-granular radix cache: the KV a server computed), and the Prometheus counters mirror SGLang's
 names. For tests and for dry runs of the bench: ``python -m sglang_replayssm.testing.fake_server``.
 """
 
@@ -110,7 +110,7 @@ async def _generate(request: web.Request) -> web.StreamResponse:
         ids = out[i - 1:i] if st.incremental else out[:i]
         await resp.write(f"data: {json.dumps({'output_ids': ids, 'meta_info': meta})}\n\n".encode())
     await resp.write(b"data: [DONE]\n\n")
-    st.cache.append(tuple(prompt + out))
+    st.cache.append(tuple(prompt + out[:-1]))  # the last sampled token's KV is never computed
     st.prompt_tokens_total += len(prompt)
     st.cached_tokens_total += cached
     st.requests += 1

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.testing import simulate_records
 from sglang_replayssm.testing.simulate_checks import SimInvariants
 from sglang_replayssm.testing.simulate_fixture import (
     backend_cls,
@@ -60,6 +61,8 @@ class Sim(SimInvariants):
         self.track_grid = mamba_track_grid(self.cache.page_size)
         self.running: list[SimReq] = []
         self._rid = 0
+        if cfg.records:
+            simulate_records.attach(self)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -111,6 +114,8 @@ class Sim(SimInvariants):
         n_new = req.extend_end - req.prefix_len
         self._evict_kv(n_new)
         new = self.allocator.alloc(n_new)
+        if self.cfg.records:
+            simulate_records.capture(self, new, req.full_untruncated_fill_ids[req.prefix_len:req.extend_end])
         row = req.kv.req_pool_idx
         if prefix is not None:
             self.req_pool.write((row, slice(0, req.prefix_len)), prefix)
@@ -152,6 +157,8 @@ class Sim(SimInvariants):
         from sglang.srt.model_executor.model_runner import ModelRunner
 
         req = sreq.req
+        if self.cfg.records:  # ModelRunner.forward starts with the rebuilds the match queued
+            simulate_records.run_pending(self)
         # Deferred COW / clear, exactly as the scheduler collects and the model runner runs them.
         batch = SimpleNamespace()
         ScheduleBatch._collect_deferred_mamba_cow_and_clear(batch, [req])
@@ -222,6 +229,8 @@ class Sim(SimInvariants):
         for sreq in batch_reqs:  # prepare_for_decode: one more KV slot, the fed token committed
             req = sreq.req
             loc = self.allocator.alloc(1)
+            if self.cfg.records:
+                simulate_records.capture(self, loc, [req.output_ids[-1]])
             pos = req.kv.kv_committed_len
             self.req_pool.write((req.kv.req_pool_idx, slice(pos, pos + 1)), loc)
             req.kv.kv_committed_len += 1

@@ -52,6 +52,10 @@ class SimConfig:
     #: Run SGLang's Triton track-copy kernel (interpreted on CPU, ~0.1 s a launch) instead of
     #: an equivalent torch copy.
     triton_track_copy: bool = False
+    #: Keep records (``radix/records.py``, GDN): prefix hits at any depth, rebuilt from them.
+    records: bool = False
+    #: Record-pool capacity in tokens (first in, first out).
+    record_tokens: int = 4096
 
     @property
     def extra_buffer(self) -> bool:

@@ -1,0 +1,90 @@
+"""Records in the simulation (``SimConfig(records=True)``, GDN): capture, match, rebuild as a server does.
+
+The simulated server's GDN layers are the toy model's: the conv is the identity on the token's row
+(the pool's window holds raw rows, :meth:`ToyModel.conv_window`), the gates come from the per-layer
+``A_log`` / ``dt_bias``. So the rebuild runs the product code (:func:`record_rebuild.rebuild`) with
+those layers and the CPU engine's kernels (the conv, gates and chunk stand-ins a CPU server runs),
+and the property checks then compare every planted node with the fp64 oracle of its token path.
+
+* :func:`attach`: a :class:`RecordPool` on the simulation's pool (capacity ``cfg.record_tokens``).
+* :func:`capture`: after an allocation, the new tokens get slots (``assign``) and their inputs.
+* :func:`run_pending`: at the start of a simulated forward, the queued rebuilds.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+from typing import Any
+from unittest import mock
+
+import torch
+
+from sglang_replayssm.radix import record_rebuild
+from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records import attach as attach_pool
+
+__all__ = ["attach", "capture", "cpu_engine_backend", "run_pending", "toy_layer"]
+
+
+def cpu_engine_backend() -> types.SimpleNamespace:
+    """What a GDN backend on SGLang's CPU engine calls: the gates and extend kernel stand-ins."""
+    from sgl_kernel.mamba import chunk_gated_delta_rule_cpu
+
+    def gates(layer: Any, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.sgl_kernel.fused_gdn_gating_cpu(layer.A_log, a, b, layer.dt_bias)
+
+    def extend(q: Any, k: Any, v: Any, g: Any, beta: Any, *, ssm_states: Any, cache_indices: Any,
+               query_start_loc: Any, **unused: Any) -> Any:
+        return chunk_gated_delta_rule_cpu(q=q, k=k, v=v, g=g, beta=beta, initial_state=ssm_states,
+                                          cu_seqlens=query_start_loc, head_first=False,
+                                          use_qk_l2norm_in_kernel=True, initial_state_indices=cache_indices)
+
+    return types.SimpleNamespace(_prefill_gates=gates, kernel_dispatcher=types.SimpleNamespace(extend=extend),
+                                 requires_contiguous_prefill_state=False)
+
+
+def toy_layer(model: Any, layer_id: int) -> types.SimpleNamespace:
+    """The toy model's layer ``layer_id`` as SGLang's ``RadixLinearAttention`` fields: identity conv."""
+    weights = torch.zeros(model.qkv_dim, model.win + 1)
+    weights[:, -1] = 1.0
+    return types.SimpleNamespace(
+        layer_id=layer_id, conv_weights=weights, bias=None, activation=None,
+        A_log=model.A_log[layer_id], dt_bias=model.dt_bias[layer_id].contiguous(),
+        q_dim=model.H * model.K, k_dim=model.H * model.K, v_dim=model.HV * model.V,
+        num_q_heads=model.H, num_k_heads=model.H, num_v_heads=model.HV,
+        head_q_dim=model.K, head_k_dim=model.K, head_v_dim=model.V,
+    )
+
+
+def attach(sim: Any) -> RecordPool:
+    """Give the simulation's pool a record pool linked to its KV allocator, as a server's first forward."""
+    pool = RecordPool(kv_size=sim.allocator.size + 2, capacity=sim.cfg.record_tokens, device=torch.device("cpu"))
+    attach_pool(sim.req_pool, pool)
+    sim.allocator._replayssm_record_pool = pool  # what record_capture.assign_batch links
+    sim.record_layers = [toy_layer(sim.model, li) for li in range(sim.cfg.mamba_layers)]
+    sim.record_backend = cpu_engine_backend()
+    return pool
+
+
+def capture(sim: Any, locs: torch.Tensor, tokens: Sequence[int]) -> None:
+    """New tokens ``tokens`` at KV ``locs``: record slots, then every layer's inputs."""
+    pool = pool_of(sim.req_pool)
+    if pool is None or locs.numel() == 0:
+        return
+    pool.assign(locs)
+    ids = torch.tensor(list(tokens), dtype=torch.long)
+    for li, layer in enumerate(sim.record_layers):
+        x, a, b = sim.model.decode_inputs(li, ids)
+        pool.write(layer, sim.record_backend, locs, x, a, b)
+
+
+def run_pending(sim: Any) -> int:
+    """The queued rebuilds, with the CPU engine's conv (what ``gdn_backend.causal_conv1d_fn`` is there)."""
+    from sgl_kernel.mamba import causal_conv1d_fn_cpu
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    with mock.patch.object(gdn_backend, "causal_conv1d_fn", causal_conv1d_fn_cpu):
+        n = record_rebuild.run_pending(types.SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False))
+    sim.rebuilds = getattr(sim, "rebuilds", 0) + n
+    return n
