@@ -11,8 +11,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix import budget, config, hooks
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
 from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
 from sglang_replayssm.testing.simulate_fixture import cache_params
@@ -93,7 +94,7 @@ def test_mamba_sizing_charges_the_decode_ring(kind, explicit_size, adapter_on):
         enable_linear_replayssm=True, linear_replayssm_cache_len=ring_len, max_mamba_cache_size=explicit_size
     )
     sizing = _sizing(params, kda=kind == "kda")
-    with config.override(adapter_on):
+    with config.override(adapter_on, record_hits=False):  # the record reservation: its own test below
         left = sizing._handle_max_mamba_cache(rest_gib)
     assert sizing.extra_mamba_cache_bytes_per_req == 0  # restored
     priced = params.mamba_cache_per_req + (ring if adapter_on else 0)
@@ -120,3 +121,33 @@ def test_spec_ring_sizing_is_left_to_sglang():
             left = _sizing(params, kda=False)._handle_max_mamba_cache(0.02)
         results.append((left, schedule.max_mamba_cache_size))
     assert results[0] == results[1]
+
+
+def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
+    from sglang_replayssm.radix import records
+
+    cfg = SimConfig(kind="gdn")
+    model = ToyModel(cfg)
+    params = cache_params(cfg, model, list(range(cfg.mamba_layers)))
+    configurator = SimpleNamespace(hybrid_gdn_config=object(), model_config=SimpleNamespace(dtype=torch.float32),
+                                   mambaish_config=SimpleNamespace(mamba2_cache_params=params))
+    per_token = budget.record_bytes_per_token(params, 4)
+    assert per_token == (model.qkv_dim + 2 * model.HV) * 4 * cfg.mamba_layers
+    monkeypatch.setattr(records, "_budgeted", None)
+    monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
+    # default: 16,384 tokens when they fit in half the rest ...
+    gib = budget._record_reservation_gib(configurator, 1.0)
+    assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385
+    # ... else half the rest
+    rest = 1000 * per_token / GIB
+    gib = budget._record_reservation_gib(configurator, rest)
+    assert records.capacity_from_env() == 499 and gib <= rest / 2
+    # explicit: kept, or refused in one line when it leaves nothing for the KV cache
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "900")
+    assert budget._record_reservation_gib(configurator, rest) * GIB == per_token * 901
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "5000")
+    with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_RECORD_TOKENS=5000: the record pool needs"):
+        budget._record_reservation_gib(configurator, rest)
+    with config.override(record_hits=False):
+        assert budget._record_reservation_gib(configurator, rest) == 0.0
+    monkeypatch.setattr(records, "_budgeted", None)

@@ -45,6 +45,9 @@ def test_assign_invalidate_and_first_in_first_out():
 
 
 def test_capacity_from_env(monkeypatch):
+    from sglang_replayssm.radix import records
+
+    monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
     assert capacity_from_env(123) == 123 and capacity_from_env() == capacity_from_env(1 << 30) == 16384
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "0")

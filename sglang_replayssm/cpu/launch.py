@@ -15,7 +15,7 @@ def cpu_server_args() -> list[str]:
         "--device", "cpu",
         "--dtype", "float32",
         "--skip-server-warmup",
-        "--mem-fraction-static", "0.05",
+        "--mem-fraction-static", "0.1",  # room for the record pool beside the capped KV pool
         "--max-total-tokens", "16384",
         "--max-running-requests", "16",
         "--max-mamba-cache-size", "64",

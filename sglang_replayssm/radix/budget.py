@@ -18,6 +18,7 @@ for the KV cache, as a fixed amount (:func:`record_bytes`).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -67,7 +68,7 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
         rest = original(configurator, total_rest_memory)
     finally:
         configurator.extra_mamba_cache_bytes_per_req = saved
-    return rest - _record_reservation_gib(configurator)
+    return rest - _record_reservation_gib(configurator, rest)
 
 
 def record_bytes_per_token(cache_params: Any, itemsize: int) -> int:
@@ -82,19 +83,38 @@ def record_bytes(cache_params: Any, itemsize: int, capacity: int) -> int:
     return record_bytes_per_token(cache_params, itemsize) * (capacity + 1)
 
 
-def _record_reservation_gib(configurator: Any) -> float:
+#: The default record pool takes at most this share of the memory left for the KV cache.
+DEFAULT_RECORD_SHARE = 0.5
+
+
+def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
+    """Reserve the record pool out of ``rest_gib`` and fix its capacity for this process.
+
+    An explicit ``SGLANG_REPLAYSSM_RECORD_TOKENS`` that leaves no memory for the KV cache is refused in
+    one line; the default shrinks to :data:`DEFAULT_RECORD_SHARE` of ``rest_gib`` (records off below
+    one chunk of 64 tokens), logged either way.
+    """
     from sglang_replayssm.radix import config
-    from sglang_replayssm.radix.records import capacity_from_env
+    from sglang_replayssm.radix.records import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
 
     if not config.enabled("record_hits") or getattr(configurator, "hybrid_gdn_config", None) is None:
         return 0.0
     dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
     itemsize = getattr(dtype, "itemsize", 4)
+    params = configurator.mambaish_config.mamba2_cache_params
+    per_token = record_bytes_per_token(params, itemsize)
+    explicit = bool(os.environ.get(CAPACITY_ENV, "").strip())
     capacity = capacity_from_env()
-    if capacity <= 0:
-        return 0.0
-    nbytes = record_bytes(configurator.mambaish_config.mamba2_cache_params, itemsize, capacity)
-    logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget",
-                capacity, record_bytes_per_token(configurator.mambaish_config.mamba2_cache_params, itemsize),
-                nbytes / (1 << 20))
+    if not explicit:
+        capacity = min(capacity, int(DEFAULT_RECORD_SHARE * rest_gib * (1 << 30)) // per_token - 1)
+        capacity = capacity if capacity >= 64 else 0
+    nbytes = record_bytes(params, itemsize, capacity) if capacity > 0 else 0
+    if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
+        raise ValueError(
+            f"{CAPACITY_ENV}={capacity}: the record pool needs {nbytes / (1 << 30):.2f} GiB but only "
+            f"{rest_gib:.2f} GiB are left for the KV cache; lower it (0 turns records off)"
+        )
+    set_budgeted_capacity(capacity)
+    logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget%s",
+                capacity, per_token, nbytes / (1 << 20), "" if explicit else " (default)")
     return nbytes / (1 << 30)

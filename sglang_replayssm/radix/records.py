@@ -47,12 +47,23 @@ _ATTR = "_replayssm_record_pool"
 OFF_ATTR = "_replayssm_records_off"
 
 
+_budgeted: int | None = None
+
+
+def set_budgeted_capacity(capacity: int) -> None:
+    """The capacity the memory budget reserved for this process (``radix/budget.py``)."""
+    global _budgeted
+    _budgeted = capacity
+
+
 def capacity_from_env(kv_size: int | None = None) -> int:
-    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else :data:`DEFAULT_CAPACITY`,
-    at most ``kv_size`` (one per KV slot) when given."""
+    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else what the memory budget
+    reserved (:func:`set_budgeted_capacity`), else :data:`DEFAULT_CAPACITY`; at most ``kv_size`` (one
+    per KV slot) when given."""
     text = os.environ.get(CAPACITY_ENV, "").strip()
     if not text:
-        return DEFAULT_CAPACITY if kv_size is None else min(DEFAULT_CAPACITY, kv_size)
+        default = DEFAULT_CAPACITY if _budgeted is None else _budgeted
+        return default if kv_size is None else min(default, kv_size)
     try:
         value = int(text)
     except ValueError:

@@ -115,7 +115,7 @@ class Sim(SimInvariants):
         self._evict_kv(n_new)
         new = self.allocator.alloc(n_new)
         if self.cfg.records:
-            simulate_records.capture(self, new, req.full_untruncated_fill_ids[req.prefix_len:req.extend_end])
+            simulate_records.assign(self, new)
         row = req.kv.req_pool_idx
         if prefix is not None:
             self.req_pool.write((row, slice(0, req.prefix_len)), prefix)
@@ -159,6 +159,8 @@ class Sim(SimInvariants):
         req = sreq.req
         if self.cfg.records:  # ModelRunner.forward starts with the rebuilds the match queued
             simulate_records.run_pending(self)
+            new = self.req_pool.req_to_token[req.kv.req_pool_idx, req.prefix_len:req.extend_end]
+            simulate_records.capture(self, new, req.full_untruncated_fill_ids[req.prefix_len:req.extend_end])
         # Deferred COW / clear, exactly as the scheduler collects and the model runner runs them.
         batch = SimpleNamespace()
         ScheduleBatch._collect_deferred_mamba_cow_and_clear(batch, [req])
@@ -230,6 +232,7 @@ class Sim(SimInvariants):
             req = sreq.req
             loc = self.allocator.alloc(1)
             if self.cfg.records:
+                simulate_records.assign(self, loc)
                 simulate_records.capture(self, loc, [req.output_ids[-1]])
             pos = req.kv.kv_committed_len
             self.req_pool.write((req.kv.req_pool_idx, slice(pos, pos + 1)), loc)

@@ -7,8 +7,9 @@ those layers and the CPU engine's kernels (the conv, gates and chunk stand-ins a
 and the property checks then compare every planted node with the fp64 oracle of its token path.
 
 * :func:`attach`: a :class:`RecordPool` on the simulation's pool (capacity ``cfg.record_tokens``).
-* :func:`capture`: after an allocation, the new tokens get slots (``assign``) and their inputs.
+* :func:`assign`: after an allocation, the new tokens get slots.
 * :func:`run_pending`: at the start of a simulated forward, the queued rebuilds.
+* :func:`capture`: then the forward's tokens' inputs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sglang_replayssm.radix import record_rebuild
 from sglang_replayssm.radix.records import RecordPool, pool_of
 from sglang_replayssm.radix.records import attach as attach_pool
 
-__all__ = ["attach", "capture", "cpu_engine_backend", "run_pending", "toy_layer"]
+__all__ = ["assign", "attach", "capture", "cpu_engine_backend", "run_pending", "toy_layer"]
 
 
 def cpu_engine_backend() -> types.SimpleNamespace:
@@ -67,12 +68,19 @@ def attach(sim: Any) -> RecordPool:
     return pool
 
 
+def assign(sim: Any, locs: torch.Tensor) -> None:
+    """Newly allocated KV ``locs`` get record slots (``prepare_for_extend/decode`` on a server)."""
+    pool = pool_of(sim.req_pool)
+    if pool is not None and locs.numel() > 0:
+        pool.assign(locs)
+
+
 def capture(sim: Any, locs: torch.Tensor, tokens: Sequence[int]) -> None:
-    """New tokens ``tokens`` at KV ``locs``: record slots, then every layer's inputs."""
+    """The forward computing ``tokens`` at KV ``locs`` stores every layer's inputs (after the
+    forward's rebuilds: :func:`run_pending` first, as ``ModelRunner.forward``)."""
     pool = pool_of(sim.req_pool)
     if pool is None or locs.numel() == 0:
         return
-    pool.assign(locs)
     ids = torch.tensor(list(tokens), dtype=torch.long)
     for li, layer in enumerate(sim.record_layers):
         x, a, b = sim.model.decode_inputs(li, ids)
