@@ -50,9 +50,10 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     H, HV = (4, 4) if is_kda else (2, 4)
     inp = make_inputs(2 * L + 3, 20, H, HV, 128, 128, is_kda, seed=5)
     inp.a = inp.a.to(torch.bfloat16).float()  # what the bf16-io kernel sees, for the oracle too
-    ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch))  # type: ignore[arg-type]
+    bf = torch.bfloat16  # the d~ ring in the io dtype
+    ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
     cfg = ReadCopyCudaConfig(flush_parts=parts, overlap=overlap)
-    got = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg))  # type: ignore[arg-type]
+    got = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
     err = rel(got.out, ref.out, (3,))  # [T, B, HV]
     flush = torch.zeros(err.shape[:2], dtype=torch.bool)
     for t, r, _ in ref.flushed:
@@ -77,7 +78,7 @@ def test_padding_rows_zero_and_untouched(fmt: str) -> None:
     n, HV = 3, 4
     state = torch.randn(n, HV, 128, 128)
     copy, scales = alloc_read_copy(n, HV, 128, 128, fmt, False, device="cuda")  # type: ignore[arg-type]
-    rings = [torch.full((n, HV, L, 128), float("nan")), torch.full((n, 2, L, 128), float("nan")),
+    rings = [torch.full((n, HV, L, 128), float("nan"), dtype=torch.bfloat16), torch.full((n, 2, L, 128), float("nan")),
              torch.full((n, HV, L), float("nan")), torch.full((n, HV, L, 128), float("nan"), dtype=torch.bfloat16),
              torch.full((n, HV, L), float("nan"))]  # fmt: skip
     before = [t.clone() for t in (state, copy, *rings)]

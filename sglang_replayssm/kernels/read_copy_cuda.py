@@ -2,7 +2,8 @@
 
 The function is :func:`.read_copy_ref.read_copy_decode_torch`'s (same arguments). The non-flush
 pass reads the copy (bf16, or e4m3 with per-row fp32 scales) instead of the fp32 checkpoint and
-appends the step's records (``d~``, ``k``, ``g``, and the raw ``v``, ``beta`` the flush replays);
+appends the step's records (``d~`` and ``v`` in the io dtype, ``k``, ``g``, ``beta`` fp32; the flush
+replays ``k``, ``g``, ``v``, ``beta``, so ``d~``'s precision reaches only non-flush outputs);
 the flush pass replays the fp32 recurrence from the fp32 checkpoint over the window's raw records,
 one record at a time, then this token, and writes the checkpoint and its copy. The passes serve
 disjoint rows, so the flush pass runs on a side stream (two parallel nodes in a CUDA graph).
@@ -25,7 +26,7 @@ import torch
 
 from .read_copy_ref import check_read_copy_args
 from .ring_decode_args import check_fused_layout, check_ring_decode_args, prepare_step
-from .ring_decode_cuda import CudaReadUnsupported, cache_dir, supports
+from .ring_decode_cuda import CudaReadUnsupported, cache_dir
 
 __all__ = ["DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "read_copy_decode_cuda", "read_copy_supports"]
 
@@ -46,7 +47,7 @@ class ReadCopyCudaConfig:
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
-    flush_parts: int = 2
+    flush_parts: int = 4
     flush_waves: int = 1
     overlap: bool = True
 
@@ -95,14 +96,25 @@ def _lib(depth: int, min_blocks: int) -> ctypes.CDLL:
 
 
 def read_copy_supports(
-    mixed_qkv: torch.Tensor, initial_state: torch.Tensor, read_copy: torch.Tensor, v_cache: torch.Tensor,
-    beta_cache: torch.Tensor, d_cache: torch.Tensor,
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    out: torch.Tensor, initial_state: torch.Tensor, read_copy: torch.Tensor, d_cache: torch.Tensor,
+    k_cache: torch.Tensor, g_cache: torch.Tensor, v_cache: torch.Tensor, beta_cache: torch.Tensor,
+    slots: torch.Tensor, K: int, V: int, L: int,
 ) -> str | None:  # fmt: skip
-    """``None`` when ``read_copy.cu`` handles these copy / record tensors (beyond :func:`.ring_decode_cuda.supports`)."""
-    if v_cache.dtype != mixed_qkv.dtype:
-        return f"v_cache must have mixed_qkv's dtype {mixed_qkv.dtype} (got {v_cache.dtype})"
-    if beta_cache.dtype != torch.float32 or d_cache.dtype != torch.float32:
-        return "beta_cache and d_cache must be float32"
+    """``None`` when ``read_copy.cu`` handles these inputs, else the reason it does not."""
+    if not mixed_qkv.is_cuda:
+        return "tensors are not on a CUDA device"
+    if (K, V) != (128, 128) or L > 16:
+        return f"compiled for K = V = 128 and L <= 16 (got K={K}, V={V}, L={L})"
+    io = mixed_qkv.dtype
+    if io not in _IO or any(t.dtype != io for t in (a, b, out, d_cache, v_cache)):
+        return "qkv, a, b, out and the d / v rings must share one dtype, fp32 or bf16"
+    if any(t.dtype != torch.float32 for t in (A_log, dt_bias, initial_state, k_cache, g_cache, beta_cache)):
+        return "A_log, dt_bias, the checkpoint and the k / g / beta rings must be fp32"
+    if slots.dtype not in (torch.int32, torch.int64):
+        return "ssm_state_indices must be int32 or int64"
+    if not (A_log.is_contiguous() and dt_bias.is_contiguous()):
+        return "A_log and dt_bias must be contiguous"
     for name, t in (("read_copy", read_copy), ("v_cache", v_cache), ("beta_cache", beta_cache)):
         if t.shape[0] and not t[0].is_contiguous():
             return f"{name} must be contiguous within a slot"
@@ -129,9 +141,8 @@ def read_copy_decode_cuda(
     check_fused_layout(shape, mixed_qkv, a, b, dt_bias, initial_state, d_cache, k_cache, g_cache, out, is_kda)
     step = prepare_step(shape, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache,
                         out, ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda)  # fmt: skip
-    why = supports(step.qkv, step.a, step.b, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
-                   ssm_state_indices, shape.K, shape.V, shape.L) or read_copy_supports(
-                       mixed_qkv, initial_state, read_copy, v_cache, beta_cache, d_cache)  # fmt: skip
+    why = read_copy_supports(step.qkv, step.a, step.b, A_log, dt_bias, out, initial_state, read_copy, d_cache,
+                             k_cache, g_cache, v_cache, beta_cache, ssm_state_indices, shape.K, shape.V, shape.L)
     if why is not None:
         raise CudaReadUnsupported(why)
     if cfg.flush_parts not in (1, 2, 4, 8):

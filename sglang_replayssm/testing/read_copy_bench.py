@@ -9,10 +9,10 @@ Arms, one table per model and batch size, all in one run:
 * ``sglang_rs_fp32`` / ``_bf16``: SGLang's ReplaySSM kernel, fp32 / bf16 checkpoint and (d, k) ring;
 * ``ours_fp32``: the plugin's default ring decode (:func:`..kernels.ring_decode.ring_decode`);
 * ``copy_bf16`` / ``copy_fp8``: :func:`..kernels.read_copy_cuda.read_copy_decode_cuda`, best of a
-  small launch sweep (:data:`CUDA_SWEEP`; ring: ``d~`` fp32, ``k`` fp32, ``g`` fp32, ``v`` bf16,
+  small launch sweep (:data:`CUDA_SWEEP`; ring: ``d~`` bf16, ``k`` fp32, ``g`` fp32, ``v`` bf16,
   ``beta`` fp32), with its per-cursor times and a check against the torch reference;
 * ``copy_triton_bf16`` / ``_fp8`` (``--triton``): the first Triton kernel
-  (:func:`..kernels.read_copy_triton.read_copy_decode_triton`, ``d~`` bf16), best of :data:`SWEEP`.
+  (:func:`..kernels.read_copy_triton.read_copy_decode_triton`), best of :data:`SWEEP`.
 
 Each arm has its bytes floor (:func:`window_bytes` over the measured copy bandwidth). Needs CUDA.
 """
@@ -39,7 +39,7 @@ ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs
         "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 #: (depth, min_blocks, flush_parts) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`
-CUDA_SWEEP = ((3, 3, 2), (3, 3, 1), (3, 3, 4), (2, 4, 2), (4, 3, 2), (4, 2, 2))
+CUDA_SWEEP = ((3, 3, 4), (3, 3, 8), (3, 3, 2), (2, 3, 4), (3, 2, 4))
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -62,7 +62,7 @@ def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool
         return (nf_steps * nf + fl) / L
     cb = 2 if arm.endswith("bf16") else 1
     sc = 0 if arm.endswith("bf16") else 4 * V
-    db = 2 if "triton" in arm else 4  # d~ record: bf16 (Triton) / fp32 (CUDA)
+    db = 2  # d~ record in bf16
     rec_fold = V * db + K * 4 / G + g_b  # d~, k fp32, g
     rec_raw = K * 4 / G + g_b + V * 2 + 4  # k, g, v bf16, beta
     rec_write = V * db + K * 4 / G + g_b + V * 2 + 4
@@ -93,12 +93,12 @@ class StaggeredProblem(Problem):
 
         return run
 
-    def copy_step(self, fn: Callable, fmt: str, wp: torch.Tensor, d_bf16: bool = True, **kw: object) -> object:
+    def copy_step(self, fn: Callable, fmt: str, wp: torch.Tensor, **kw: object) -> object:
         copy, scales = self.copies[fmt]
         return fn(
             self.qkv, self.a, self.b, self.A_log, self.dt_bias, self.scale, self.state, copy, scales,
-            self.d_bf if d_bf16 else self.d, self.k, self.g, self.v_ring, self.beta_ring, self.out, self.slots, wp,
-            None, use_qk_l2norm_in_kernel=True, is_kda=self.is_kda, **kw,
+            self.d_bf, self.k, self.g, self.v_ring, self.beta_ring, self.out, self.slots, wp, None,
+            use_qk_l2norm_in_kernel=True, is_kda=self.is_kda, **kw,
         )  # fmt: skip
 
 
@@ -110,7 +110,7 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, int, int], wp: 
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
     c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=cfg[2])
-    return pb.copy_step(read_copy_decode_cuda, fmt, wp, d_bf16=False, config=c)
+    return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
 
 
 def _check(pb: StaggeredProblem, fmt: str, cuda: bool) -> dict:
@@ -121,7 +121,7 @@ def _check(pb: StaggeredProblem, fmt: str, cuda: bool) -> dict:
     worst_out = 0.0
     for t in range(L_RING + 2):
         wp = pb.stag[t % L_RING]
-        ref.copy_step(read_copy_decode_torch, fmt, wp, d_bf16=not cuda)
+        ref.copy_step(read_copy_decode_torch, fmt, wp)
         if cuda:
             _cuda_launch(tri, fmt, CUDA_SWEEP[0], wp)
         else:

@@ -6,13 +6,13 @@
 // each lane's 8 rows x 4 columns of a chunk prefetched RC_DEPTH chunks ahead in registers; it also
 // appends the raw records the exact flush replays (v in the io dtype, beta fp32). The flush pass
 // replays the fp32 recurrence from the fp32 checkpoint one record at a time (every d_j against the
-// exact state), 16 rows at a time in registers (two independent 8-row chains per lane for latency),
-// then this token, and writes the checkpoint and its copy (fp8: amax / 448 per row). Each pass
+// exact state), 16 rows at a time in registers with the decay deferred (state = c . St), then this
+// token, and writes the checkpoint and its copy (fp8: amax / 448 per row). Each pass
 // leaves the other's rows alone, so the wrapper runs them concurrently.
 //
 // Layout: lane owns K columns 4*lane .. 4*lane+3 of every row (ring_read.cu's helpers, included).
 // Requirements (checked by read_copy_cuda.py): K = V = 128, L <= 16, checkpoint / ring / copy
-// contiguous within a slot, d / k / g / beta rings fp32, v ring in the io dtype.
+// contiguous within a slot, k / g / beta rings fp32, d~ and v rings in the io dtype.
 
 #include <cuda_fp8.h>
 
@@ -67,21 +67,32 @@ __device__ __forceinline__ float4 fma4(float s, float4 a, float4 c) {
   return make_float4(fmaf(s, a.x, c.x), fmaf(s, a.y, c.y), fmaf(s, a.z, c.z), fmaf(s, a.w, c.w));
 }
 
-// 16 values per lane -> lane l holds the warp max of value (l >> 1).
+// Reduce-scatter rounds over lanes whose register slots are pre-permuted: slot i of lane l holds
+// row i ^ r(l), r(l) being the row the lane ends with (the bits of `mask` over the rounds), so a
+// lane always keeps slots [0, HALF) and sends [HALF, 2 HALF) and no per-lane select is needed.
 template <int HALF>
-__device__ __forceinline__ void rs_max(float* v, int lane, int mask) {
-  const bool up = lane & mask;
+__device__ __forceinline__ void rs_perm(float* v, int mask) {
 #pragma unroll
-  for (int i = 0; i < HALF; ++i) {
-    const float send = up ? v[i] : v[i + HALF], keep = up ? v[i + HALF] : v[i];
-    v[i] = fmaxf(keep, __shfl_xor_sync(FULL, send, mask));
-  }
+  for (int i = 0; i < HALF; ++i) v[i] += __shfl_xor_sync(FULL, v[i + HALF], mask);
 }
-__device__ __forceinline__ float reduce_scatter_max16(float (&v)[16], int lane) {
-  rs_max<8>(v, lane, 16);
-  rs_max<4>(v, lane, 8);
-  rs_max<2>(v, lane, 4);
-  rs_max<1>(v, lane, 2);
+// 16 slots (slot i = row i ^ (lane >> 1)) -> the warp total of row lane >> 1.
+__device__ __forceinline__ float rs_perm16(float (&v)[16]) {
+  rs_perm<8>(v, 16);
+  rs_perm<4>(v, 8);
+  rs_perm<2>(v, 4);
+  rs_perm<1>(v, 2);
+  return v[0] + __shfl_xor_sync(FULL, v[0], 1);
+}
+template <int HALF>
+__device__ __forceinline__ void rs_perm_max(float* v, int mask) {
+#pragma unroll
+  for (int i = 0; i < HALF; ++i) v[i] = fmaxf(v[i], __shfl_xor_sync(FULL, v[i + HALF], mask));
+}
+__device__ __forceinline__ float rs_perm_max16(float (&v)[16]) {
+  rs_perm_max<8>(v, 16);
+  rs_perm_max<4>(v, 8);
+  rs_perm_max<2>(v, 4);
+  rs_perm_max<1>(v, 2);
   return fmaxf(v[0], __shfl_xor_sync(FULL, v[0], 1));
 }
 
@@ -92,7 +103,8 @@ struct Args {
   float* state;
   void* copy;
   float* scales;
-  float *d_ring, *k_ring, *g_ring;
+  void* d_ring;  // the io dtype T: d~ is read only by later non-flush folds (approximate anyway)
+  float *k_ring, *g_ring;
   void* v_ring;
   float* beta_ring;
   const void* slots;
@@ -125,7 +137,7 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
   using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
   const CT* cbase = static_cast<const CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K + 4 * lane;
   const float* scp = p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V + sigma;
-  const float* dptr = p.d_ring + slot * p.s_d + static_cast<int64_t>(hv) * L * V + (4 * s) * V + sigma;
+  const T* dptr = static_cast<const T*>(p.d_ring) + slot * p.s_d + static_cast<int64_t>(hv) * L * V + (4 * s) * V + sigma;
   const T* vptr = row + 2 * H * K + hv * V + sigma;
   const int jt = m - 4 * s;  // records t < jt of this lane's four are live
 
@@ -136,12 +148,12 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
       if constexpr (CF == 1)
-        raw[b].r[i] = __ldcs(reinterpret_cast<const uint2*>(cbase + static_cast<int64_t>(v0 + i) * K));
+        raw[b].r[i] = __ldcs(reinterpret_cast<const uint2*>(cbase + static_cast<int64_t>(v0 + (i ^ sigma)) * K));
       else
-        raw[b].r[i] = __ldcs(reinterpret_cast<const unsigned int*>(cbase + static_cast<int64_t>(v0 + i) * K));
+        raw[b].r[i] = __ldcs(reinterpret_cast<const unsigned int*>(cbase + static_cast<int64_t>(v0 + (i ^ sigma)) * K));
     }
 #pragma unroll
-    for (int t = 0; t < 4; ++t) dd[b][t] = (t < jt) ? dptr[t * V + v0] : 0.f;
+    for (int t = 0; t < 4; ++t) dd[b][t] = (t < jt) ? to_f(dptr[t * V + v0]) : 0.f;
     vv[b] = to_f(vptr[v0]);
     sc[b] = CF == 2 ? scp[v0] : 1.f;
   };
@@ -175,7 +187,7 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
   }
 
   T* optr = outp + sigma;
-  float* wptr = p.d_ring + slot * p.s_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
+  T* wptr = static_cast<T*>(p.d_ring) + slot * p.s_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
 #pragma unroll
   for (int c = 0; c < NCH; ++c) {
     constexpr int D = RC_DEPTH;
@@ -196,12 +208,13 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
       pq[i] = dot4(sr[i], h.qv);
       pk[i] = dot4(sr[i], h.kv);
     }
-    rs_round<4>(pq, lane, 16);
-    rs_round<4>(pk, lane, 16);
-    rs_round<2>(pq, lane, 8);
-    rs_round<2>(pk, lane, 8);
-    rs_round<1>(pq, lane, 4);
-    rs_round<1>(pk, lane, 4);
+    // slot i holds row i ^ sigma (the load above): select-free reduce-scatter to row sigma
+    rs_perm<4>(pq, 16);
+    rs_perm<4>(pk, 16);
+    rs_perm<2>(pq, 8);
+    rs_perm<2>(pk, 8);
+    rs_perm<1>(pq, 4);
+    rs_perm<1>(pk, 4);
     float rq = h.cqs[0] * d0, rk = h.cks[0] * d0;
     rq = fmaf(h.cqs[1], d1, rq);
     rk = fmaf(h.cks[1], d1, rk);
@@ -218,7 +231,7 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
     const float dcur = h.beta * (v - sk);
     if (s == 0) {
       optr[c * ROWS] = from_f<T>(fmaf(dcur, h.kq, sq));
-      wptr[c * ROWS] = dcur;
+      wptr[c * ROWS] = from_f<T>(dcur);
     }
   }
 }
@@ -287,60 +300,84 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   CT* cbase = static_cast<CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K + 4 * lane;
   T* outp = static_cast<T*>(p.out) + (static_cast<int64_t>(n) * HV + hv) * V;
   const int rows_per_part = V / p.parts;
-  const int lr = lane >> 1;  // after a reduce-scatter this lane holds row lr of the 16
+  const int lr = lane >> 1;  // the row (of 16) this lane's reduce-scatters end with; slot i holds row i ^ lr
+  constexpr float RENORM = 9.094947e-13f;  // 2**-40
   for (int r0 = part * rows_per_part; r0 < (part + 1) * rows_per_part; r0 += 16) {
+    // The decay is deferred: the state is c . St (c: GDN one scalar, KDA this lane's 4 columns),
+    // so a step costs one FMA per element for the row sums and one for the update; c is folded
+    // back into St (St <- c . St, c <- 1) before any product would fall under 2**-40.
     float4 S[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + i) * K);
+    for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
+    float cg = 1.f;                                // GDN
+    float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);  // KDA
     // steps 0..m-1 replay the records, step m is this token (and its output)
 #pragma unroll 1
     for (int j = 0; j <= m; ++j) {
       const float4 kj = ksm[j * 32 + lane];
       const float bj = __shfl_sync(FULL, beta_reg, j);
+      float4 kt, kh;  // KDA: row sums use c o k_j, the update k_j / c
       if (KDA) {
         const float4 aj = asm_[j * 32 + lane];
+        c4 = mul4(c4, aj);
+        const bool low = fminf(fminf(c4.x, c4.y), fminf(c4.z, c4.w)) < RENORM;
+        if (__any_sync(FULL, low)) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], aj);
+          for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], c4);
+          c4 = make_float4(1.f, 1.f, 1.f, 1.f);
+        }
+        kt = mul4(c4, kj);
+        kh = make_float4(kj.x * __frcp_rn(c4.x), kj.y * __frcp_rn(c4.y), kj.z * __frcp_rn(c4.z), kj.w * __frcp_rn(c4.w));
       } else {
-        const float aj = __shfl_sync(FULL, alpha_reg, j);
+        cg *= __shfl_sync(FULL, alpha_reg, j);
+        if (cg < RENORM) {  // warp-uniform
 #pragma unroll
-        for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], aj);
+          for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], cg);
+          cg = 1.f;
+        }
+        kt = kj;
+        kh = kj;
       }
       float pr[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], kj);
-      const float r = reduce_scatter16(pr, lane);
+      for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], kt);
+      const float r = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
       const float dj = bj * (vsm[j * V + r0 + lr] - r);
-      if (j == m) {  // warp-uniform
+      if (j == m) {  // warp-uniform: this token's output from the decayed state
+        const float4 qt = KDA ? mul4(c4, q) : q;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], q);
-        const float oq = reduce_scatter16(pr, lane);
+        for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], qt);
+        const float oq = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
         if ((lane & 1) == 0) outp[r0 + lr] = from_f<T>(fmaf(dj, kq, oq));
       }
+      const float du = KDA ? dj : dj * __frcp_rn(cg);  // the update in St's scale
 #pragma unroll
-      for (int i = 0; i < 16; ++i) S[i] = fma4(__shfl_sync(FULL, dj, 2 * i), kj, S[i]);
+      for (int i = 0; i < 16; ++i) S[i] = fma4(__shfl_sync(FULL, du, 2 * (i ^ lr)), kh, S[i]);
     }
 #pragma unroll
-    for (int i = 0; i < 16; ++i) __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(r0 + i) * K), S[i]);
+    for (int i = 0; i < 16; ++i) S[i] = KDA ? mul4(S[i], c4) : mul4(S[i], cg);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K), S[i]);
     if constexpr (CF == 1) {
 #pragma unroll
       for (int i = 0; i < 16; ++i)
-        *reinterpret_cast<uint2*>(cbase + static_cast<int64_t>(r0 + i) * K) = pack_bf16(S[i]);
+        *reinterpret_cast<uint2*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_bf16(S[i]);
     } else {
       float am[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) am[i] = fmaxf(fmaxf(fabsf(S[i].x), fabsf(S[i].y)), fmaxf(fabsf(S[i].z), fabsf(S[i].w)));
-      const float amax = reduce_scatter_max16(am, lane);
+      const float amax = rs_perm_max16(am);
       const float scl = amax > 0.f ? amax / 448.f : 1.f;
       if ((lane & 1) == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + lr] = scl;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const float si = __shfl_sync(FULL, scl, 2 * i);
+        const float si = __shfl_sync(FULL, scl, 2 * (i ^ lr));
         const float4 x = make_float4(fminf(fmaxf(__fdiv_rn(S[i].x, si), -448.f), 448.f),
                                      fminf(fmaxf(__fdiv_rn(S[i].y, si), -448.f), 448.f),
                                      fminf(fmaxf(__fdiv_rn(S[i].z, si), -448.f), 448.f),
                                      fminf(fmaxf(__fdiv_rn(S[i].w, si), -448.f), 448.f));
-        *reinterpret_cast<uint32_t*>(cbase + static_cast<int64_t>(r0 + i) * K) = pack_e4m3(x);
+        *reinterpret_cast<uint32_t*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_e4m3(x);
       }
     }
   }
@@ -410,7 +447,7 @@ cudaError_t launch_t(const Args& p, bool kda, int fmt, bool flush, int waves, cu
 // (row, head) (1, 2, 4 or 8), waves: the flush grid in resident sets. Returns a cudaError_t code.
 extern "C" int read_copy_launch(const void* qkv, const void* a, const void* b, const float* A_log,
                                 const float* dt_bias, void* out, float* state, void* copy, float* scales,
-                                float* d_ring, float* k_ring, float* g_ring, void* v_ring, float* beta_ring,
+                                void* d_ring, float* k_ring, float* g_ring, void* v_ring, float* beta_ring,
                                 const void* slots, const int32_t* write_pos, const int32_t* force_flush, float scale,
                                 const int64_t* strides, int B, int H, int HV, int L, int is_kda, int use_l2norm,
                                 int io_dtype, int idx64, int copy_fmt, int flush, int parts, int waves, void* stream) {
