@@ -43,13 +43,16 @@ DEFAULT_READ_COPY_BUILD = (3, 3)
 class ReadCopyCudaConfig:
     """Launch choice: ``depth`` / ``min_blocks`` pick the build (:func:`build`); ``flush_parts``:
     warps per flush (row, value head), each replaying ``V / flush_parts`` rows; ``flush_waves``:
-    the flush grid in resident sets of one-warp blocks; ``overlap``: flush pass on a side stream."""
+    the flush grid in resident sets of one-warp blocks; ``overlap``: the flush pass on a side
+    stream (``high_priority``: a high-priority one, so that its long items start first), else the
+    flush pass before the non-flush pass on the current stream."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
     flush_parts: int = 4
     flush_waves: int = 1
     overlap: bool = True
+    high_priority: bool = True
 
 
 def _arch() -> str:
@@ -173,10 +176,8 @@ def read_copy_decode_cuda(
             raise RuntimeError(f"read_copy_launch failed with cudaError {rc}")
 
     if cfg.overlap:
-        from .ring_decode_cuda import _side_stream
-
         main = torch.cuda.current_stream(mixed_qkv.device)
-        side, fork, join = _side_stream(mixed_qkv.device)
+        side, fork, join = _side_stream(mixed_qkv.device, cfg.high_priority)
         fork.record(main)
         side.wait_event(fork)
         with torch.cuda.stream(side):
@@ -185,6 +186,19 @@ def read_copy_decode_cuda(
         launch(False)
         main.wait_event(join)
     else:
-        launch(False)
         launch(True)
+        launch(False)
     return out, initial_state
+
+
+_SIDE: dict[tuple[int, bool], tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]] = {}
+
+
+def _side_stream(device: torch.device, high: bool) -> tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
+    """The flush pass's side stream of this device (high or default priority) with its fork and
+    join events, created on first use and reused (as :func:`.ring_decode_cuda._side_stream`)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if (idx, high) not in _SIDE:
+        prio = -100 if high else 0  # lower is higher; torch maps out-of-range values to the highest priority
+        _SIDE[idx, high] = (torch.cuda.Stream(device=idx, priority=prio), torch.cuda.Event(), torch.cuda.Event())
+    return _SIDE[idx, high]

@@ -38,8 +38,9 @@ __all__ = ["ARMS", "main", "window_bytes"]
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
         "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
-#: (depth, min_blocks, flush_parts) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`
-CUDA_SWEEP = ((3, 3, 4), (3, 3, 8), (3, 3, 2), (2, 3, 4), (3, 2, 4))
+#: (depth, min_blocks, flush_parts, mode) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`;
+#: mode 0: side stream, 1: high-priority side stream, 2: one stream, flush pass first
+CUDA_SWEEP = ((3, 3, 4, 1), (3, 3, 8, 1), (3, 3, 2, 1), (3, 3, 4, 0), (3, 3, 4, 2), (2, 3, 4, 1))
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -106,10 +107,11 @@ def _copy_launch(pb: StaggeredProblem, fmt: str, bv: int, nw: int, wp: torch.Ten
     return pb.copy_step(read_copy_decode_triton, fmt, wp, block_v=bv, num_warps=nw)
 
 
-def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, int, int], wp: torch.Tensor) -> object:
+def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch.Tensor) -> object:
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
-    c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=cfg[2])
+    c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=cfg[2], overlap=cfg[3] != 2,
+                           high_priority=cfg[3] == 1)  # fmt: skip
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
 
 

@@ -148,9 +148,9 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
       if constexpr (CF == 1)
-        raw[b].r[i] = __ldcs(reinterpret_cast<const uint2*>(cbase + static_cast<int64_t>(v0 + (i ^ sigma)) * K));
+        raw[b].r[i] = __ldcs(reinterpret_cast<const uint2*>(cbase + static_cast<int64_t>(v0 + i) * K));
       else
-        raw[b].r[i] = __ldcs(reinterpret_cast<const unsigned int*>(cbase + static_cast<int64_t>(v0 + (i ^ sigma)) * K));
+        raw[b].r[i] = __ldcs(reinterpret_cast<const unsigned int*>(cbase + static_cast<int64_t>(v0 + i) * K));
     }
 #pragma unroll
     for (int t = 0; t < 4; ++t) dd[b][t] = (t < jt) ? to_f(dptr[t * V + v0]) : 0.f;
@@ -208,13 +208,14 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
       pq[i] = dot4(sr[i], h.qv);
       pk[i] = dot4(sr[i], h.kv);
     }
-    // slot i holds row i ^ sigma (the load above): select-free reduce-scatter to row sigma
-    rs_perm<4>(pq, 16);
-    rs_perm<4>(pk, 16);
-    rs_perm<2>(pq, 8);
-    rs_perm<2>(pk, 8);
-    rs_perm<1>(pq, 4);
-    rs_perm<1>(pk, 4);
+    // (pre-permuted rows, as in the flush pass, measured slower here: the per-row addresses cost
+    // registers (spills) and as many instructions as the selects they save)
+    rs_round<4>(pq, lane, 16);
+    rs_round<4>(pk, lane, 16);
+    rs_round<2>(pq, lane, 8);
+    rs_round<2>(pk, lane, 8);
+    rs_round<1>(pq, lane, 4);
+    rs_round<1>(pk, lane, 4);
     float rq = h.cqs[0] * d0, rk = h.cks[0] * d0;
     rq = fmaf(h.cqs[1], d1, rq);
     rk = fmaf(h.cks[1], d1, rk);
@@ -327,7 +328,8 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
           c4 = make_float4(1.f, 1.f, 1.f, 1.f);
         }
         kt = mul4(c4, kj);
-        kh = make_float4(kj.x * __frcp_rn(c4.x), kj.y * __frcp_rn(c4.y), kj.z * __frcp_rn(c4.z), kj.w * __frcp_rn(c4.w));
+        // c4 in [2**-40, 1]: the fast reciprocal (2 ulp) is enough for the update's scale
+        kh = make_float4(__fdividef(kj.x, c4.x), __fdividef(kj.y, c4.y), __fdividef(kj.z, c4.z), __fdividef(kj.w, c4.w));
       } else {
         cg *= __shfl_sync(FULL, alpha_reg, j);
         if (cg < RENORM) {  // warp-uniform
@@ -350,7 +352,7 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
         const float oq = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
         if ((lane & 1) == 0) outp[r0 + lr] = from_f<T>(fmaf(dj, kq, oq));
       }
-      const float du = KDA ? dj : dj * __frcp_rn(cg);  // the update in St's scale
+      const float du = KDA ? dj : __fdividef(dj, cg);  // the update in St's scale (cg in [2**-40, 1])
 #pragma unroll
       for (int i = 0; i < 16; ++i) S[i] = fma4(__shfl_sync(FULL, du, 2 * (i ^ lr)), kh, S[i]);
     }
