@@ -49,7 +49,7 @@ class ReadCopyCudaConfig:
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
-    flush_parts: int = 4
+    flush_parts: int = 2
     flush_waves: int = 1
     overlap: bool = True
     high_priority: bool = True
