@@ -239,8 +239,7 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
 
 // ---- flush pass: grid capped at the resident blocks (one warp each), items (row, head, part) by ballot
 // shared memory per warp: keys [16][32] float4, KDA decays [16][32] float4, v [16][V] fp32
-// ... and the next 16 checkpoint rows, staged by cp.async while the current ones replay
-__host__ __device__ constexpr int flush_smem_f4(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4 + 16 * 32; }
+__host__ __device__ constexpr int flush_smem_f4(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4; }
 
 template <typename T, bool KDA, int CF>
 __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem, int lane) {
@@ -252,7 +251,6 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   float4* ksm = smem;
   float4* asm_ = smem + 16 * 32;
   float* vsm = reinterpret_cast<float*>(smem + (KDA ? 2 : 1) * 16 * 32);
-  float4* stage = smem + (KDA ? 2 : 1) * 16 * 32 + 16 * V / 4;  // [16 rows][32 lanes], lane-private
   const T* row = static_cast<const T*>(p.qkv) + n * p.s_qkv;
 
   // this token: normalised q (scaled), k, kq, beta, decay
@@ -325,21 +323,16 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   const int rows_per_part = V / p.parts;
   const int lr = lane >> 1;  // the row (of 16) this lane's reduce-scatters end with; slot i holds row i ^ lr
   constexpr float RENORM = 9.094947e-13f;  // 2**-40
+  // (staging the next 16 rows by cp.async during the replay measured slower: 8 KiB more shared
+  // memory per warp, fewer resident flush warps; notes/read-copy.md)
   const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
-  auto issue = [&](int r0) {  // this lane's columns of rows r0 .. r0+15, slot i = row r0 + (i ^ lr)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) cp_async16(stage + i * 32 + lane, sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
-    cp_async_commit();
-  };
-  issue(rbeg);
   for (int r0 = rbeg; r0 < rend; r0 += 16) {
     // The decay is deferred: the state is c . St (c: GDN one scalar, KDA this lane's 4 columns),
     // so a step costs one FMA per element for the row sums and one for the update; c is folded
     // back into St (St <- c . St, c <- 1) before any product would fall under 2**-40.
     float4 S[16];
-    cp_async_wait<0>();  // this lane's copies of rows r0.. (only this lane reads its slots)
 #pragma unroll
-    for (int i = 0; i < 16; ++i) S[i] = stage[i * 32 + lane];
+    for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
     float cg = 1.f;                                // GDN
     float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);  // KDA
     // steps 0..m-1 replay the records, step m is this token (and its output)
@@ -374,8 +367,6 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
 #pragma unroll
       for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], kt);
       const float r = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
-      // the row sums used every slot, so the stage is free: request the next 16 rows
-      if (j == 0 && r0 + 16 < rend) issue(r0 + 16);
       const float dj = bj * (vsm[j * V + r0 + lr] - r);
       if (j == m) {  // warp-uniform: this token's output from the decayed state
         const float4 qt = KDA ? mul4(c4, q) : q;
