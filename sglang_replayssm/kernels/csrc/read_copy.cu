@@ -415,18 +415,23 @@ __global__ void __launch_bounds__(32) flush_kernel(const Args p) {
   const int lane = threadIdx.x;
   const int items = p.B * p.HV * p.parts;
   const int tw = gridDim.x;
+  // Items are visited in a scrambled order (a bijection of 0..items-1): with the plain order a
+  // warp's 32 items are rows tw / (HV parts) apart, and when that is a multiple of the 16-step
+  // stagger every one of them flushes in the same step (one warp then replays 32 items in turn).
+  const int64_t mult = items % 65521 ? 65521 : 1;  // 65521 is prime
   for (int base = blockIdx.x; base < items; base += 32 * tw) {
     const int it = base + lane * tw;
+    const int item = it < items ? static_cast<int>(static_cast<int64_t>(it) * mult % items) : 0;
     bool todo = false;
     if (it < items) {
-      const int nn = it / p.parts / p.HV;
+      const int nn = item / p.parts / p.HV;
       todo = slot_of(p.slots, p.idx64, nn) >= 0 && flush_of(p.write_pos, p.force_flush, nn, p.L);
     }
     unsigned mask = __ballot_sync(FULL, todo);
     while (mask) {
       const int j = __ffs(mask) - 1;
       mask &= mask - 1;
-      flush_item<T, KDA, CF>(p, base + j * tw, rc_smem, lane);
+      flush_item<T, KDA, CF>(p, __shfl_sync(FULL, item, j), rc_smem, lane);
     }
   }
 }
