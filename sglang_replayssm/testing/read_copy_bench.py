@@ -40,7 +40,7 @@ ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 #: (depth, min_blocks, flush_parts, mode) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`;
 #: mode 0: side stream, 1: high-priority side stream, 2: one stream, flush pass first
-CUDA_SWEEP = ((3, 3, 2, 1), (3, 3, 4, 1), (3, 3, 8, 1), (3, 3, 4, 0), (2, 3, 4, 1))
+CUDA_SWEEP = ((3, 3, 2, 1), (3, 3, 4, 1), (3, 3, 1, 1), (3, 3, 4, 0), (2, 3, 4, 1))
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:

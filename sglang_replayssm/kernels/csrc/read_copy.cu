@@ -409,30 +409,34 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   __syncwarp();  // the next item rewrites this warp's shared memory
 }
 
+constexpr int ROW_WINDOW = 512;  // rows whose flush items one round of the flush pass lists
+
+// Every warp lists the flush rows of a window of ROW_WINDOW rows in its shared memory (B / 32
+// ballots), then takes items it = warp, warp + warps, ... of that list's (row, head, part) items,
+// so every warp gets the same number of flush items to within one (a stride over all items put
+// all of a row's items, or every row of one stagger residue, on a few warps).
 template <typename T, bool KDA, int CF>
 __global__ void __launch_bounds__(32) flush_kernel(const Args p) {
   extern __shared__ float4 rc_smem[];
+  __shared__ int rows[ROW_WINDOW];
   const int lane = threadIdx.x;
-  const int items = p.B * p.HV * p.parts;
-  const int tw = gridDim.x;
-  // Items are visited in a scrambled order (a bijection of 0..items-1): with the plain order a
-  // warp's 32 items are rows tw / (HV parts) apart, and when that is a multiple of the 16-step
-  // stagger every one of them flushes in the same step (one warp then replays 32 items in turn).
-  const int64_t mult = items % 65521 ? 65521 : 1;  // 65521 is prime
-  for (int base = blockIdx.x; base < items; base += 32 * tw) {
-    const int it = base + lane * tw;
-    const int item = it < items ? static_cast<int>(static_cast<int64_t>(it) * mult % items) : 0;
-    bool todo = false;
-    if (it < items) {
-      const int nn = item / p.parts / p.HV;
-      todo = slot_of(p.slots, p.idx64, nn) >= 0 && flush_of(p.write_pos, p.force_flush, nn, p.L);
+  const int tw = gridDim.x, per_row = p.HV * p.parts;
+  for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
+    const int wend = min(p.B, w0 + ROW_WINDOW);
+    int count = 0;
+    for (int r0 = w0; r0 < wend; r0 += 32) {
+      const int n = r0 + lane;
+      const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
+      const unsigned mask = __ballot_sync(FULL, fl);
+      if (fl) rows[count + __popc(mask & ((1u << lane) - 1u))] = n;
+      count += __popc(mask);
     }
-    unsigned mask = __ballot_sync(FULL, todo);
-    while (mask) {
-      const int j = __ffs(mask) - 1;
-      mask &= mask - 1;
-      flush_item<T, KDA, CF>(p, __shfl_sync(FULL, item, j), rc_smem, lane);
+    __syncwarp();
+    for (int it = blockIdx.x; it < count * per_row; it += tw) {
+      const int r = it / per_row, rest = it - r * per_row;
+      flush_item<T, KDA, CF>(p, rows[r] * per_row + rest, rc_smem, lane);
     }
+    __syncwarp();  // the next window rewrites the row list
   }
 }
 
@@ -458,7 +462,6 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(p.B) * p.HV * p.parts;
   int64_t grid = static_cast<int64_t>(waves > 0 ? waves : 1) * resident;
   if (grid > items) grid = items;
-  if (grid < (items + 31) / 32) grid = (items + 31) / 32;
   kern<<<static_cast<int>(grid), 32, smem, stream>>>(p);
   return cudaGetLastError();
 }
