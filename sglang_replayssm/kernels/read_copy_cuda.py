@@ -28,7 +28,10 @@ from .read_copy_ref import check_read_copy_args
 from .ring_decode_args import check_fused_layout, check_ring_decode_args, prepare_step
 from .ring_decode_cuda import CudaReadUnsupported, cache_dir
 
-__all__ = ["DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "read_copy_decode_cuda", "read_copy_supports"]
+__all__ = [
+    "DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "default_flush_parts", "read_copy_decode_cuda",
+    "read_copy_supports",
+]  # fmt: skip
 
 _DIR = Path(__file__).parent / "csrc"
 _SRC = _DIR / "read_copy.cu"
@@ -42,17 +45,25 @@ DEFAULT_READ_COPY_BUILD = (3, 3)
 @dataclasses.dataclass(frozen=True)
 class ReadCopyCudaConfig:
     """Launch choice: ``depth`` / ``min_blocks`` pick the build (:func:`build`); ``flush_parts``:
-    warps per flush (row, value head), each replaying ``V / flush_parts`` rows; ``flush_waves``:
+    warps per flush (row, value head), each replaying ``V / flush_parts`` rows (None:
+    :func:`default_flush_parts`); ``flush_waves``:
     the flush grid in resident sets of one-warp blocks; ``overlap``: the flush pass on a side
     stream (``high_priority``: a high-priority one, so that its long items start first), else the
     flush pass before the non-flush pass on the current stream."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
-    flush_parts: int = 2
+    flush_parts: int | None = None
     flush_waves: int = 1
     overlap: bool = True
     high_priority: bool = True
+
+
+def default_flush_parts(B: int, HV: int, L: int) -> int:
+    """Warps per flush (row, head) item: about 1024 flush warps for the ``B / L`` rows a staggered
+    step flushes, 1, 2 or 4 (the H200 table's best: 4 at B=64, 2 or 1 at B=256, 1 at B=512, HV=32)."""
+    pairs = max(1, B // max(L, 1)) * HV
+    return 4 if pairs <= 256 else 2 if pairs <= 512 else 1
 
 
 def _arch() -> str:
@@ -148,8 +159,9 @@ def read_copy_decode_cuda(
                              k_cache, g_cache, v_cache, beta_cache, ssm_state_indices, shape.K, shape.V, shape.L)
     if why is not None:
         raise CudaReadUnsupported(why)
-    if cfg.flush_parts not in (1, 2, 4, 8):
-        raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {cfg.flush_parts})")
+    parts = cfg.flush_parts if cfg.flush_parts is not None else default_flush_parts(shape.B, shape.HV, shape.L)
+    if parts not in (1, 2, 4, 8):
+        raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {parts})")
     lib = _lib(cfg.depth, cfg.min_blocks)
     fp8 = read_copy_scales is not None
     sc = read_copy_scales if read_copy_scales is not None else initial_state
@@ -169,7 +181,7 @@ def read_copy_decode_cuda(
             ctypes.c_int(s.B), ctypes.c_int(s.H), ctypes.c_int(s.HV), ctypes.c_int(s.L), ctypes.c_int(int(is_kda)),
             ctypes.c_int(int(use_qk_l2norm_in_kernel)), ctypes.c_int(_IO[mixed_qkv.dtype]),
             ctypes.c_int(int(ssm_state_indices.dtype == torch.int64)), ctypes.c_int(2 if fp8 else 1),
-            ctypes.c_int(int(flush)), ctypes.c_int(cfg.flush_parts), ctypes.c_int(cfg.flush_waves),
+            ctypes.c_int(int(flush)), ctypes.c_int(parts), ctypes.c_int(cfg.flush_waves),
             vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
         )  # fmt: skip
         if rc != 0:
