@@ -1,4 +1,5 @@
-"""read_copy_decode_cuda == read_copy_decode_torch step by step, and its flushes == the fp64 oracle (GPU only).
+"""read_copy_decode_cuda == read_copy_decode_torch step by step, and its flushes == the fp64 oracle (GPU);
+its launch defaults and refusals (CPU).
 
 The shapes the CUDA source is compiled for (K = V = 128, L = 16), bf16 io, rows at staggered
 cursors with forced flushes in the first window (flush and non-flush rows in every step), NaN in
@@ -17,7 +18,7 @@ from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nvcc builds the source)")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nvcc builds the source)")
 
 L = 16
 
@@ -34,13 +35,37 @@ def _bf16_io(fn: Any, **extra: object) -> Any:
     return run
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture
 def _on_cuda() -> Any:
     torch.set_default_device("cuda")
     yield
     torch.set_default_device("cpu")
 
 
+def test_default_flush_parts_follow_the_flush_rows() -> None:
+    from sglang_replayssm.kernels.read_copy_cuda import default_flush_parts
+
+    assert [default_flush_parts(B, 32, 16) for B in (1, 64, 256, 512, 4096)] == [4, 4, 2, 1, 1]
+
+
+def test_cpu_tensors_refused_with_the_reason() -> None:
+    from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
+    from sglang_replayssm.kernels.ring_decode_cuda import CudaReadUnsupported
+
+    inp = make_inputs(1, 2, 2, 4, 128, 128, False)
+    n, HV = 3, 4
+    copy, _ = alloc_read_copy(n, HV, 128, 128, "bf16", False, device="cpu")
+    rings = [torch.zeros(n, HV, L, 128, dtype=torch.bfloat16), torch.zeros(n, 2, L, 128), torch.zeros(n, HV, L),
+             torch.zeros(n, HV, L, 128, dtype=torch.bfloat16), torch.zeros(n, HV, L)]  # fmt: skip
+    with pytest.raises(CudaReadUnsupported, match="not on a CUDA device"):
+        read_copy_decode_cuda(inp.qkv[0].cpu(), inp.a[0].cpu().to(torch.bfloat16), inp.b[0].cpu(), inp.A_log.cpu(),
+                              inp.dt_bias.cpu(), 0.25, torch.zeros(n, HV, 128, 128), copy, None, *rings,
+                              torch.zeros(2, 1, HV, 128, dtype=torch.bfloat16), torch.tensor([1, 2], dtype=torch.int32),
+                              torch.zeros(2, dtype=torch.int32))  # fmt: skip
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("is_kda", [False, True])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 @pytest.mark.parametrize("parts,overlap", [(1, False), (4, True)])
@@ -70,6 +95,8 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
         assert float(rel(c, oracle[t][r])) <= 1e-5, (t, r)  # fp32 decode's own distance to fp64
 
 
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_padding_rows_zero_and_untouched(fmt: str) -> None:
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
