@@ -7,11 +7,12 @@ A read copy holds, per pool slot, the checkpoint ``S`` ``[HV, V, K]`` (K contigu
 * ``"fp8"``: ``copy = (S / scale).to(float8_e4m3fn)`` with fp32 scales ``amax / 448`` (448 is
   e4m3's largest finite value), so every element is within range and the largest one of each
   group is represented at full relative precision (3 mantissa bits: relative error <= 2**-4).
-  GDN groups are V rows (``scales`` ``[slots, HV, V]``, the amax over K): the gate scales a whole
-  head, the rows differ by the values they accumulated. KDA groups are K columns (``scales``
-  ``[slots, HV, K]``, the amax over V): the per-channel decay makes columns differ by orders of
-  magnitude (a channel with decay 0.9 forgets in ~10 steps, one with 0.9999 in ~10^4).
-  An all-zero group gets scale 1.
+  Groups are V rows, for GDN and KDA alike (``scales`` ``[slots, HV, V]``, the amax over K).
+  Chosen by measurement (notes/read-copy.md): for KDA, whose per-channel decays make K columns
+  differ by orders of magnitude, per-K-column scales gave no better state or read-out error
+  (e4m3 keeps ~2**17 of range inside a group, so the axis only decides which tiny elements go
+  subnormal), and per-row scales stay local to a kernel's row chunk, so a flush can write its
+  rows' copy without first reducing over all ``V`` rows. An all-zero group gets scale 1.
 
 Invariant: the copy is a pure function of the fp32 checkpoint it was written from (written at
 every flush and whenever a slot enters use); nothing ever writes the checkpoint from the copy.
@@ -33,14 +34,15 @@ FP8_MAX = 448.0
 
 
 def _scale_dim(is_kda: bool) -> int:
-    """The axis an fp8 scale reduces over in ``[..., HV, V, K]``: K (-1) for GDN rows, V (-2) for KDA columns."""
-    return -2 if is_kda else -1
+    """The axis an fp8 scale reduces over in ``[..., HV, V, K]``: K (-1), one scale per V row (both models)."""
+    del is_kda
+    return -1
 
 
 def quantize(state: torch.Tensor, fmt: CopyFormat, is_kda: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``state`` ``[..., HV, V, K]`` (fp32) -> ``(copy, scales)``: see the module docstring.
 
-    ``scales``: None for bf16; fp32 ``[..., HV, V]`` (GDN) or ``[..., HV, K]`` (KDA) for fp8.
+    ``scales``: None for bf16; fp32 ``[..., HV, V]`` for fp8.
     """
     s = state.to(torch.float32)
     if fmt == "bf16":
@@ -63,13 +65,14 @@ def dequantize(copy: torch.Tensor, scales: torch.Tensor | None, is_kda: bool) ->
 
 
 def alloc_read_copy(
-    num_slots: int, HV: int, V: int, K: int, fmt: CopyFormat, is_kda: bool, device: torch.device | str = "cpu"
+    num_slots: int, HV: int, V: int, K: int, fmt: CopyFormat, is_kda: bool, device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Zeroed ``(copy [num_slots, HV, V, K], scales)`` buffers of a format (scales of 1 for fp8)."""
+    """Zeroed ``(copy [num_slots, HV, V, K], scales)`` buffers of a format (scales of 1 for fp8), on
+    ``device`` (None: torch's default device)."""
     copy = torch.zeros(num_slots, HV, V, K, dtype=COPY_DTYPES[fmt], device=device)
     if fmt == "bf16":
         return copy, None
-    return copy, torch.ones(num_slots, HV, K if is_kda else V, dtype=torch.float32, device=device)
+    return copy, torch.ones(num_slots, HV, V, dtype=torch.float32, device=device)
 
 
 def refresh_slots(

@@ -53,7 +53,7 @@ def check_read_copy_args(
     if fp8 != (read_copy_scales is not None):
         raise ValueError("read_copy_scales must be given exactly for an fp8 read copy")
     if read_copy_scales is not None:
-        want = (n, HV, K if is_kda else V)
+        want = (n, HV, V)
         if tuple(read_copy_scales.shape) != want or read_copy_scales.dtype != torch.float32:
             raise ValueError(f"read_copy_scales must be float32 {want} (got {tuple(read_copy_scales.shape)})")
     if tuple(v_cache.shape) != (n, HV, L, V):
@@ -94,7 +94,7 @@ def read_copy_decode_torch(
     """One decode step for ``B`` rows, in place (module docstring); returns ``(out, initial_state)``.
 
     Shapes as :func:`.ring_decode_ref.ring_decode_torch`, plus ``read_copy`` ``[slots, HV, V, K]``,
-    ``read_copy_scales`` (fp8: ``[slots, HV, V]`` GDN / ``[slots, HV, K]`` KDA), ``v_cache``
+    ``read_copy_scales`` (fp8: ``[slots, HV, V]``, one scale per V row), ``v_cache``
     ``[slots, HV, L, V]``, ``beta_cache`` ``[slots, HV, L]``. ``initial_state`` must be fp32.
     """
     B, H, HV, K, V, L = check_ring_decode_args(

@@ -9,8 +9,8 @@ One program owns one (decode row, value head) and ``BV`` of its ``V`` state rows
   fold of SGLang's kernel, never forming the state); the record ``(d~, k, g, v, beta)`` is appended.
 * flush: the fp32 checkpoint tile is read, the ``m`` records' raw inputs are replayed one step at a
   time in fp32 FMAs (decay, ``d_j = beta_j (v_j - S k_j)``, rank-1 update), then this token; the
-  checkpoint tile and its copy are written (448.0 in the kernel is e4m3 max, :data:`.read_copy_format.FP8_MAX`). A KDA fp8 copy has per-K-column scales, an amax over
-  all ``V`` rows: its launch uses ``BV = V``.
+  checkpoint tile and its copy are written (448.0 in the kernel is e4m3 max,
+  :data:`.read_copy_format.FP8_MAX`; fp8 scales are per V row for both models, local to the tile).
 
 Padded rows (slot < 0) get a zero output and nothing else. Layout: every tensor contiguous
 (:func:`read_copy_decode_triton` checks), K and V powers of two.
@@ -43,7 +43,7 @@ def read_copy_decode_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, L: tl.constexpr, BC: tl.constexpr,
     BV: tl.constexpr, IS_KDA: tl.constexpr, FP8: tl.constexpr, HAS_FF: tl.constexpr, USE_L2NORM: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. ``scales``: fp32 ``[slots, HV, V]`` (GDN) / ``[slots, HV, K]`` (KDA) when ``FP8``."""
+    """See the module docstring. ``scales``: fp32 ``[slots, HV, V]`` when ``FP8``."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     hv = tl.program_id(2)
@@ -105,27 +105,18 @@ def read_copy_decode_kernel(
         tl.store(p_out, (tl.sum(S * q[None, :], axis=1) + d_cur * kq).to(out.dtype.element_ty))
         S = S + d_cur[:, None] * k[None, :]
         tl.store(state + p_tile, S)
-        if FP8:
-            if IS_KDA:  # per K column over all V rows (BV == V)
-                amax = tl.max(tl.abs(S), axis=0)
-                sc = tl.where(amax > 0, amax / 448.0, 1.0)
-                tl.store(scales + (slot * HV + hv) * K + o_k, sc)
-                cq = S / sc[None, :]
-            else:
-                amax = tl.max(tl.abs(S), axis=1)
-                sc = tl.where(amax > 0, amax / 448.0, 1.0)
-                tl.store(scales + (slot * HV + hv) * V + o_v, sc)
-                cq = S / sc[:, None]
+        if FP8:  # one scale per V row
+            amax = tl.max(tl.abs(S), axis=1)
+            sc = tl.where(amax > 0, amax / 448.0, 1.0)
+            tl.store(scales + (slot * HV + hv) * V + o_v, sc)
+            cq = S / sc[:, None]
             tl.store(copy + p_tile, tl.clamp(cq, -448.0, 448.0).to(copy.dtype.element_ty))
         else:
             tl.store(copy + p_tile, _round_bf16(S).to(copy.dtype.element_ty))
     else:
         C = tl.load(copy + p_tile).to(tl.float32)
         if FP8:
-            if IS_KDA:
-                C = C * tl.load(scales + (slot * HV + hv) * K + o_k)[None, :]
-            else:
-                C = C * tl.load(scales + (slot * HV + hv) * V + o_v)[:, None]
+            C = C * tl.load(scales + (slot * HV + hv) * V + o_v)[:, None]
         valid = o_c < m
         kr = tl.load(
             k_ring + ((slot * H + i_h) * L + o_c[:, None]) * K + o_k[None, :], mask=valid[:, None], other=0.0
@@ -175,7 +166,7 @@ def read_copy_decode_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Arguments and effects of :func:`.read_copy_ref.read_copy_decode_torch` (no per-call range or
     uniqueness checks on cursors and slots: the caller guarantees them, as for SGLang's kernel).
-    ``block_v``: state rows per program (forced to ``V`` for a KDA fp8 copy)."""
+    ``block_v``: state rows per program."""
     B, H, HV, K, V, L = check_ring_decode_args(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
         ssm_state_indices, write_pos, force_flush, is_kda,
@@ -185,7 +176,7 @@ def read_copy_decode_triton(
     if not all(t.is_contiguous() for t in tensors) or (K & (K - 1)) or (V & (V - 1)):
         raise ValueError("read_copy_decode_triton needs contiguous tensors and power-of-two K, V")
     fp8 = read_copy_scales is not None
-    bv = V if (fp8 and is_kda) else min(block_v, V)
+    bv = min(block_v, V)
     grid = (V // bv, B, HV)
     read_copy_decode_kernel[grid](
         mixed_qkv, a, b, A_log, dt_bias, out, initial_state, read_copy,

@@ -8,8 +8,11 @@ Arms, one table per model and batch size, all in one run:
   KDA Triton, plus its CUDA row-streaming kernel where it builds, fp32 state);
 * ``sglang_rs_fp32`` / ``_bf16``: SGLang's ReplaySSM kernel, fp32 / bf16 checkpoint and (d, k) ring;
 * ``ours_fp32``: the plugin's default ring decode (:func:`..kernels.ring_decode.ring_decode`);
-* ``copy_bf16`` / ``copy_fp8``: :func:`..kernels.read_copy_triton.read_copy_decode_triton`, best of a
-  small launch sweep (ring: ``d~`` bf16, ``k`` fp32, ``g`` fp32, ``v`` bf16, ``beta`` fp32).
+* ``copy_bf16`` / ``copy_fp8``: :func:`..kernels.read_copy_cuda.read_copy_decode_cuda`, best of a
+  small launch sweep (:data:`CUDA_SWEEP`; ring: ``d~`` bf16, ``k`` fp32, ``g`` fp32, ``v`` bf16,
+  ``beta`` fp32), with its per-cursor times and a check against the torch reference;
+* ``copy_triton_bf16`` / ``_fp8`` (``--triton``): the first Triton kernel
+  (:func:`..kernels.read_copy_triton.read_copy_decode_triton`), best of :data:`SWEEP`.
 
 Each arm has its bytes floor (:func:`window_bytes` over the measured copy bandwidth). Needs CUDA.
 """
@@ -33,8 +36,11 @@ from sglang_replayssm.testing.kernel_bench import L_RING, MODELS, Problem, floor
 __all__ = ["ARMS", "main", "window_bytes"]
 
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
-        "copy_bf16", "copy_fp8")  # fmt: skip
+        "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
+#: (depth, min_blocks, flush_parts, mode) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`;
+#: mode 0: side stream, 1: high-priority side stream, 2: one stream, flush pass first
+CUDA_SWEEP = ((3, 3, 2, 1), (3, 3, 4, 1), (3, 3, 1, 1), (3, 3, 4, 0), (2, 3, 4, 1))
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -55,11 +61,12 @@ def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool
         nf = E * sb + avg_live * rec + rec
         fl = 2 * E * sb + (L - 1) * rec
         return (nf_steps * nf + fl) / L
-    cb = 2 if arm == "copy_bf16" else 1
-    sc = 0 if arm == "copy_bf16" else 4 * (K if is_kda else V)
-    rec_fold = V * 2 + K * 4 / G + g_b  # d~ bf16, k fp32, g
+    cb = 2 if arm.endswith("bf16") else 1
+    sc = 0 if arm.endswith("bf16") else 4 * V
+    db = 2  # d~ record in bf16
+    rec_fold = V * db + K * 4 / G + g_b  # d~, k fp32, g
     rec_raw = K * 4 / G + g_b + V * 2 + 4  # k, g, v bf16, beta
-    rec_write = V * 2 + K * 4 / G + g_b + V * 2 + 4
+    rec_write = V * db + K * 4 / G + g_b + V * 2 + 4
     nf = E * cb + sc + avg_live * rec_fold + rec_write
     fl = 4 * E + (L - 1) * rec_raw + 4 * E + E * cb + sc
     return (nf_steps * nf + fl) / L
@@ -100,22 +107,35 @@ def _copy_launch(pb: StaggeredProblem, fmt: str, bv: int, nw: int, wp: torch.Ten
     return pb.copy_step(read_copy_decode_triton, fmt, wp, block_v=bv, num_warps=nw)
 
 
-def _check(pb: StaggeredProblem, fmt: str) -> dict:
-    """One staggered window of the kernel against the torch reference from identical buffers."""
+def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch.Tensor) -> object:
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+
+    c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=cfg[2], overlap=cfg[3] != 2,
+                           high_priority=cfg[3] == 1)  # fmt: skip
+    return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
+
+
+def _check(pb: StaggeredProblem, fmt: str, cuda: bool) -> dict:
+    """One staggered window (+2 steps) of the kernel against the torch reference from identical buffers."""
     import copy as copymod
 
     ref, tri = copymod.deepcopy(pb), copymod.deepcopy(pb)
-    worst_out, worst_state = 0.0, 0.0
+    worst_out = 0.0
     for t in range(L_RING + 2):
         wp = pb.stag[t % L_RING]
         ref.copy_step(read_copy_decode_torch, fmt, wp)
-        tri.copy_step(read_copy_decode_triton, fmt, wp)
+        if cuda:
+            _cuda_launch(tri, fmt, CUDA_SWEEP[0], wp)
+        else:
+            tri.copy_step(read_copy_decode_triton, fmt, wp)
         worst_out = max(worst_out, float((tri.out.float() - ref.out.float()).norm() / ref.out.float().norm()))
-    worst_state = float((tri.state - ref.state).norm() / ref.state.norm())
-    return {"out_rel_max": worst_out, "state_rel": worst_state}
+    res = {"out_rel_max": worst_out, "state_rel": float((tri.state - ref.state).norm() / ref.state.norm())}
+    c1, c2 = tri.copies[fmt][0].float(), ref.copies[fmt][0].float()
+    res["copy_rel"] = float((c1 - c2).norm() / c2.norm())
+    return res
 
 
-def bench(model: str, B: int, sgl: Any) -> dict:
+def bench(model: str, B: int, sgl: Any, triton_arms: bool = False) -> dict:
     from sglang_replayssm.kernels.ring_decode import ring_decode
 
     pb = StaggeredProblem(model, B)
@@ -157,33 +177,38 @@ def bench(model: str, B: int, sgl: Any) -> dict:
         pb.qkv, pb.a, pb.b, pb.A_log, pb.dt_bias, pb.scale, pb.state, pb.d, pb.k, pb.g, pb.out, pb.slots, wp, None,
         **ring_kw)))  # fmt: skip
     for fmt in ("bf16", "fp8"):
-        sweep: dict[str, float | str] = {}
-        for bv, nw in SWEEP:
-            if fmt == "fp8" and pb.is_kda and bv != SWEEP[-1][0]:
-                continue  # BV = V is forced for a KDA fp8 copy: sweep only the warps once
+        arms: tuple[tuple[str, Callable[..., object], tuple[tuple[int, ...], ...]], ...] = (
+            (f"copy_{fmt}", _cuda_launch, CUDA_SWEEP),
+            (f"copy_triton_{fmt}", _copy_launch, SWEEP if triton_arms else ()),
+        )
+        for arm, launch, configs in arms:
+            if not configs:
+                continue
+            sweep: dict[str, float | str] = {}
+            for cfg in configs:
+                name = "_".join(map(str, cfg))
+                try:
+                    t, _ = time_us(pb.stag_window(functools.partial(launch, pb, fmt, *_args(cfg))))
+                    sweep[name] = t / L_RING
+                except Exception as e:
+                    sweep[name] = f"{type(e).__name__}: {str(e)[:200]}"
+            row[f"{arm}_sweep"] = sweep
+            ok = {k: v for k, v in sweep.items() if isinstance(v, float)}
+            if ok:
+                best = min(ok, key=ok.__getitem__)
+                times[arm] = ok[best]
+                row[f"{arm}_cfg"] = best
+                picked = tuple(int(x) for x in best.split("_"))
+                # where the time goes: every row at one cursor (0 and 7: non-flush; L-1: all rows flush)
+                per_m = {}
+                for m in (0, 7, L_RING - 1):
+                    wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
+                    per_m[str(m)] = time_us(functools.partial(launch, pb, fmt, *_args(picked), wp))[0]
+                row[f"{arm}_uniform_cursor_us"] = per_m
             try:
-                step = functools.partial(_copy_launch, pb, fmt, bv, nw)
-                t, _ = time_us(pb.stag_window(step))
-                sweep[f"bv{bv}_w{nw}"] = t / L_RING
+                row[f"{arm}_check"] = _check(StaggeredProblem(model, min(B, 64)), fmt, launch is _cuda_launch)
             except Exception as e:
-                sweep[f"bv{bv}_w{nw}"] = f"{type(e).__name__}: {str(e)[:200]}"
-        row[f"copy_{fmt}_sweep"] = sweep
-        ok = {k: v for k, v in sweep.items() if isinstance(v, float)}
-        if ok:
-            best = min(ok, key=ok.__getitem__)
-            times[f"copy_{fmt}"] = ok[best]
-            row[f"copy_{fmt}_cfg"] = best
-            # where the time goes: every row at one cursor (0 and 7: non-flush; L-1: all rows flush)
-            bv, nw = (int(x.lstrip("bvw")) for x in best.split("_"))
-            per_m = {}
-            for m in (0, 7, L_RING - 1):
-                wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
-                per_m[str(m)] = time_us(functools.partial(_copy_launch, pb, fmt, bv, nw, wp))[0]
-            row[f"copy_{fmt}_uniform_cursor_us"] = per_m
-        try:
-            row[f"copy_{fmt}_check"] = _check(StaggeredProblem(model, min(B, 64)), fmt)
-        except Exception as e:
-            row[f"copy_{fmt}_check"] = f"{type(e).__name__}: {str(e)[:300]}"
+                row[f"{arm}_check"] = f"{type(e).__name__}: {str(e)[:300]}"
     row["us"] = times
     row["floor_us"] = {}
     for arm in times:
@@ -192,13 +217,27 @@ def bench(model: str, B: int, sgl: Any) -> dict:
             nb = window_bytes(base, p["H"], p["HV"], p["K"], p["V"], L_RING, bool(p["is_kda"])) * B * p["HV"]
             row["floor_us"][arm] = nb / (fl["copy_TBps"] * 1e6)
     fast_lp = [times[a] for a in times if a.endswith("bf16") and a.startswith("sglang")]
-    if fast_lp and "copy_bf16" in times:
-        row["copy_bf16_vs_fastest_sglang_bf16"] = times["copy_bf16"] / min(fast_lp)
     packed32 = [times[a] for a in times if a.startswith("sglang_packed") and a.endswith("fp32")]
-    if packed32 and "copy_fp8" in times:
-        row["copy_fp8_speedup_vs_fastest_packed_fp32"] = min(packed32) / times["copy_fp8"]
+    packed = [times[a] for a in times if a.startswith("sglang_packed")]
+    for fmt in ("bf16", "fp8"):
+        if f"copy_{fmt}" not in times:
+            continue
+        t = times[f"copy_{fmt}"]
+        if fast_lp:
+            row[f"copy_{fmt}_vs_fastest_sglang_bf16"] = t / min(fast_lp)
+        if packed32:
+            row[f"copy_{fmt}_speedup_vs_fastest_packed_fp32"] = min(packed32) / t
+        if packed:
+            row[f"copy_{fmt}_speedup_vs_fastest_packed"] = min(packed) / t
+        if f"copy_{fmt}" in row["floor_us"]:
+            row[f"copy_{fmt}_x_floor"] = t / row["floor_us"][f"copy_{fmt}"]
     log(json.dumps({k: v for k, v in row.items() if not k.endswith("_sweep")}, default=str))
     return row
+
+
+def _args(cfg: tuple[int, ...]) -> tuple:
+    """A sweep entry as the launch helpers take it: Triton ``(bv, nw)`` spread, CUDA one tuple."""
+    return cfg if len(cfg) == 2 else (cfg,)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256, 512])
     ap.add_argument("--models", nargs="+", default=["gdn", "kda"])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--triton", action="store_true", help="also time the first Triton kernel (slow)")
     args = ap.parse_args(argv)
     sgl = None
     if args.sglang_root is not None:
@@ -216,6 +256,6 @@ def main(argv: list[str] | None = None) -> None:
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "L": L_RING, "rows": []}
     for model in args.models:
         for B in args.batches:
-            res["rows"].append(bench(model, B, sgl))
+            res["rows"].append(bench(model, B, sgl, args.triton))
             if args.json is not None:
                 args.json.write_text(json.dumps(res, indent=1, default=str))

@@ -163,10 +163,12 @@ def run_shared(inp: DriftInputs, fmt: CopyFormat) -> torch.Tensor:
 
 
 def run_copy(
-    inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = True, decode: Callable = read_copy_decode_torch
+    inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = True, decode: Callable = read_copy_decode_torch,
+    d_dtype: torch.dtype = torch.float32,
 ) -> DriftRun:
     """The read-copy decode over all steps, rows at staggered cursors (module docstring); ``decode``:
-    the torch reference or a fused kernel with its signature (run on ``inp``'s device)."""
+    the torch reference or a fused kernel with its signature (run on ``inp``'s device); ``d_dtype``:
+    the ``d~`` ring's dtype."""
     B, H, HV, K, V, kda = inp.B, inp.H, inp.HV, inp.K, inp.V, inp.is_kda
     n = B + 1
     state = torch.zeros(n, HV, V, K)
@@ -177,7 +179,7 @@ def run_copy(
     if scales is not None and sc is not None:
         scales.copy_(sc)
     nan = float("nan")
-    d_c = torch.full((n, HV, L, V), nan)
+    d_c = torch.full((n, HV, L, V), nan, dtype=d_dtype)
     k_c = torch.full((n, H, L, K), nan)
     g_c = torch.full((n, HV, L, K) if kda else (n, HV, L), nan)
     v_c = torch.full((n, HV, L, V), nan, dtype=torch.bfloat16)

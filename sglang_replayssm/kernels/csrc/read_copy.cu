@@ -1,0 +1,495 @@
+// Ring decode with a low-precision read copy (GDN and KDA) in CUDA, as two passes.
+//
+// Function: sglang_replayssm/kernels/read_copy_ref.py (module docstring). The non-flush pass
+// (one warp per (decode row, value head)) is ring_read.cu's non-flush pass with the checkpoint
+// rows read from the copy (bf16, or e4m3 times a per-row fp32 scale applied after the row sum),
+// each lane's 8 rows x 4 columns of a chunk prefetched RC_DEPTH chunks ahead in registers; it also
+// appends the raw records the exact flush replays (v in the io dtype, beta fp32). The flush pass
+// replays the fp32 recurrence from the fp32 checkpoint one record at a time (every d_j against the
+// exact state), 16 rows at a time in registers with the decay deferred (state = c . St), then this
+// token, and writes the checkpoint and its copy (fp8: amax / 448 per row). Each pass
+// leaves the other's rows alone, so the wrapper runs them concurrently.
+//
+// Layout: lane owns K columns 4*lane .. 4*lane+3 of every row (ring_read.cu's helpers, included).
+// Requirements (checked by read_copy_cuda.py): K = V = 128, L <= 16, checkpoint / ring / copy
+// contiguous within a slot, k / g / beta rings fp32, d~ and v rings in the io dtype.
+
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "ring_read.cu"
+
+#ifndef RC_DEPTH  // non-flush pass: chunks in flight ahead of the one being computed
+#define RC_DEPTH 3
+#endif
+#ifndef RC_MIN_BLOCKS  // non-flush pass register budget, blocks of 4 warps per SM
+#define RC_MIN_BLOCKS 4
+#endif
+static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
+
+namespace rc {
+
+constexpr int NCH = V / ROWS;  // 16 chunks of 8 rows
+
+// one chunk's raw copy values of one lane: 8 rows x 4 columns
+template <int CF> struct Raw;
+template <> struct Raw<1> { uint2 r[ROWS]; };     // bf16
+template <> struct Raw<2> { uint32_t r[ROWS]; };  // e4m3
+
+__device__ __forceinline__ float4 bf16x4(uint2 r) {
+  return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u), __uint_as_float(r.y << 16),
+                     __uint_as_float(r.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 e4m3x4(uint32_t r) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r & 0xffffu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r >> 16), __NV_E4M3);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ uint2 pack_bf16(float4 x) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+  return make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+}
+__device__ __forceinline__ uint32_t pack_e4m3(float4 x) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x.x, x.y), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x.z, x.w), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+__device__ __forceinline__ int64_t slot_of(const void* slots, bool idx64, int n) {
+  return idx64 ? static_cast<const int64_t*>(slots)[n] : static_cast<int64_t>(static_cast<const int32_t*>(slots)[n]);
+}
+__device__ __forceinline__ bool flush_of(const int32_t* write_pos, const int32_t* force_flush, int n, int L) {
+  return write_pos[n] == L - 1 || (force_flush != nullptr && force_flush[n] != 0);
+}
+__device__ __forceinline__ float4 fma4(float s, float4 a, float4 c) {
+  return make_float4(fmaf(s, a.x, c.x), fmaf(s, a.y, c.y), fmaf(s, a.z, c.z), fmaf(s, a.w, c.w));
+}
+
+// Reduce-scatter rounds over lanes whose register slots are pre-permuted: slot i of lane l holds
+// row i ^ r(l), r(l) being the row the lane ends with (the bits of `mask` over the rounds), so a
+// lane always keeps slots [0, HALF) and sends [HALF, 2 HALF) and no per-lane select is needed.
+template <int HALF>
+__device__ __forceinline__ void rs_perm(float* v, int mask) {
+#pragma unroll
+  for (int i = 0; i < HALF; ++i) v[i] += __shfl_xor_sync(FULL, v[i + HALF], mask);
+}
+// 16 slots (slot i = row i ^ (lane >> 1)) -> the warp total of row lane >> 1.
+__device__ __forceinline__ float rs_perm16(float (&v)[16]) {
+  rs_perm<8>(v, 16);
+  rs_perm<4>(v, 8);
+  rs_perm<2>(v, 4);
+  rs_perm<1>(v, 2);
+  return v[0] + __shfl_xor_sync(FULL, v[0], 1);
+}
+template <int HALF>
+__device__ __forceinline__ void rs_perm_max(float* v, int mask) {
+#pragma unroll
+  for (int i = 0; i < HALF; ++i) v[i] = fmaxf(v[i], __shfl_xor_sync(FULL, v[i + HALF], mask));
+}
+__device__ __forceinline__ float rs_perm_max16(float (&v)[16]) {
+  rs_perm_max<8>(v, 16);
+  rs_perm_max<4>(v, 8);
+  rs_perm_max<2>(v, 4);
+  rs_perm_max<1>(v, 2);
+  return fmaxf(v[0], __shfl_xor_sync(FULL, v[0], 1));
+}
+
+struct Args {
+  const void *qkv, *a, *b;
+  const float *A_log, *dt_bias;
+  void* out;
+  float* state;
+  void* copy;
+  float* scales;
+  void* d_ring;  // the io dtype T: d~ is read only by later non-flush folds (approximate anyway)
+  float *k_ring, *g_ring;
+  void* v_ring;
+  float* beta_ring;
+  const void* slots;
+  const int32_t *write_pos, *force_flush;
+  float scale;
+  int64_t s_qkv, s_a, s_b, s_state, s_d, s_k, s_g, s_copy, s_scales, s_v, s_beta;
+  int B, H, HV, L, parts;
+  bool idx64, l2n;
+};
+
+// ---- non-flush pass: one warp per (row, value head)
+template <typename T, bool KDA, int CF>
+__global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) {
+  const int lane = threadIdx.x & 31;
+  const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (pair >= p.B * p.HV) return;
+  const int HV = p.HV, H = p.H, L = p.L;
+  const int n = pair / HV, hv = pair - n * HV, i_h = hv / (HV / H);
+  const int64_t slot = slot_of(p.slots, p.idx64, n);
+  T* outp = static_cast<T*>(p.out) + (static_cast<int64_t>(n) * HV + hv) * V;
+  if (slot < 0) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) outp[4 * lane + c] = from_f<T>(0.f);
+    return;
+  }
+  if (flush_of(p.write_pos, p.force_flush, n, L)) return;
+  const int m = p.write_pos[n];  // < L - 1: records 0..m-1 live, this step's record goes to m
+  const int s = lane & 3, sigma = (lane >> 2) & 7;
+  const T* row = static_cast<const T*>(p.qkv) + n * p.s_qkv;
+  using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
+  const CT* cbase = static_cast<const CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K + 4 * lane;
+  const float* scp = p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V + sigma;
+  const T* dptr = static_cast<const T*>(p.d_ring) + slot * p.s_d + static_cast<int64_t>(hv) * L * V + (4 * s) * V + sigma;
+  const T* vptr = row + 2 * H * K + hv * V + sigma;
+  const int jt = m - 4 * s;  // records t < jt of this lane's four are live
+
+  Raw<CF> raw[RC_DEPTH];
+  float dd[RC_DEPTH][4], vv[RC_DEPTH], sc[RC_DEPTH];
+  auto load = [&](int b, int c) {
+    const int v0 = c * ROWS;
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      if constexpr (CF == 1)
+        raw[b].r[i] = __ldcs(reinterpret_cast<const uint2*>(cbase + static_cast<int64_t>(v0 + i) * K));
+      else
+        raw[b].r[i] = __ldcs(reinterpret_cast<const unsigned int*>(cbase + static_cast<int64_t>(v0 + i) * K));
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) dd[b][t] = (t < jt) ? to_f(dptr[t * V + v0]) : 0.f;
+    vv[b] = to_f(vptr[v0]);
+    sc[b] = CF == 2 ? scp[v0] : 1.f;
+  };
+#pragma unroll
+  for (int c = 0; c < RC_DEPTH; ++c) load(c, c);
+
+  Head h;
+  if (p.l2n)
+    head_setup<T, KDA, true, false>(h, row, static_cast<const T*>(p.a), static_cast<const T*>(p.b), p.A_log,
+                                    p.dt_bias, p.k_ring, p.g_ring, slot, n, hv, i_h, m, lane, p.scale, p.s_a, p.s_b,
+                                    p.s_k, p.s_g, H, L);
+  else
+    head_setup<T, KDA, false, false>(h, row, static_cast<const T*>(p.a), static_cast<const T*>(p.b), p.A_log,
+                                     p.dt_bias, p.k_ring, p.g_ring, slot, n, hv, i_h, m, lane, p.scale, p.s_a, p.s_b,
+                                     p.s_k, p.s_g, H, L);
+
+  // this step's records: gate, key (one value head per key head), v, beta (slot m: nothing reads it now)
+  if (!KDA) {
+    if (lane == 0) p.g_ring[slot * p.s_g + hv * L + m] = h.g_cur_s;
+  } else {
+    *reinterpret_cast<float4*>(p.g_ring + slot * p.s_g + (static_cast<int64_t>(hv) * L + m) * K + 4 * lane) = h.g_cur4;
+  }
+  if (hv % (HV / H) == 0)
+    *reinterpret_cast<float4*>(p.k_ring + slot * p.s_k + (static_cast<int64_t>(i_h) * L + m) * K + 4 * lane) = h.k;
+  {
+    T* vr = static_cast<T*>(p.v_ring) + slot * p.s_v + (static_cast<int64_t>(hv) * L + m) * V + 4 * lane;
+    const T* vs = row + 2 * H * K + hv * V + 4 * lane;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) vr[c] = vs[c];
+    if (lane == 0) p.beta_ring[slot * p.s_beta + hv * L + m] = h.beta;
+  }
+
+  T* optr = outp + sigma;
+  T* wptr = static_cast<T*>(p.d_ring) + slot * p.s_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    constexpr int D = RC_DEPTH;
+    const int b = c % D;
+    float4 sr[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      if constexpr (CF == 1)
+        sr[i] = bf16x4(raw[b].r[i]);
+      else
+        sr[i] = e4m3x4(raw[b].r[i]);
+    }
+    const float d0 = dd[b][0], d1 = dd[b][1], d2 = dd[b][2], d3 = dd[b][3], v = vv[b], scl = sc[b];
+    if (c + D < NCH) load(b, c + D);
+    float pq[ROWS], pk[ROWS];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) {
+      pq[i] = dot4(sr[i], h.qv);
+      pk[i] = dot4(sr[i], h.kv);
+    }
+    // (pre-permuted rows, as in the flush pass, measured slower here: the per-row addresses cost
+    // registers (spills) and as many instructions as the selects they save)
+    rs_round<4>(pq, lane, 16);
+    rs_round<4>(pk, lane, 16);
+    rs_round<2>(pq, lane, 8);
+    rs_round<2>(pk, lane, 8);
+    rs_round<1>(pq, lane, 4);
+    rs_round<1>(pk, lane, 4);
+    float rq = h.cqs[0] * d0, rk = h.cks[0] * d0;
+    rq = fmaf(h.cqs[1], d1, rq);
+    rk = fmaf(h.cks[1], d1, rk);
+    rq = fmaf(h.cqs[2], d2, rq);
+    rk = fmaf(h.cks[2], d2, rk);
+    rq = fmaf(h.cqs[3], d3, rq);
+    rk = fmaf(h.cks[3], d3, rk);
+    float sq = CF == 2 ? fmaf(pq[0], scl, rq) : pq[0] + rq;
+    float sk = CF == 2 ? fmaf(pk[0], scl, rk) : pk[0] + rk;
+    sq += __shfl_xor_sync(FULL, sq, 2);
+    sk += __shfl_xor_sync(FULL, sk, 2);
+    sq += __shfl_xor_sync(FULL, sq, 1);
+    sk += __shfl_xor_sync(FULL, sk, 1);
+    const float dcur = h.beta * (v - sk);
+    if (s == 0) {
+      optr[c * ROWS] = from_f<T>(fmaf(dcur, h.kq, sq));
+      wptr[c * ROWS] = from_f<T>(dcur);
+    }
+  }
+}
+
+// ---- flush pass: grid capped at the resident blocks (one warp each), items (row, head, part) by ballot
+// shared memory per warp: keys [16][32] float4, KDA decays [16][32] float4, v [16][V] fp32
+__host__ __device__ constexpr int flush_smem_f4(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4; }
+
+template <typename T, bool KDA, int CF>
+__device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem, int lane) {
+  const int HV = p.HV, H = p.H, L = p.L;
+  const int pair = item / p.parts, part = item - pair * p.parts;
+  const int n = pair / HV, hv = pair - n * HV, i_h = hv / (HV / H);
+  const int64_t slot = slot_of(p.slots, p.idx64, n);
+  const int m = p.write_pos[n];  // records 0..m-1 live (m <= L - 1); this token is step m
+  float4* ksm = smem;
+  float4* asm_ = smem + 16 * 32;
+  float* vsm = reinterpret_cast<float*>(smem + (KDA ? 2 : 1) * 16 * 32);
+  const T* row = static_cast<const T*>(p.qkv) + n * p.s_qkv;
+
+  // this token: normalised q (scaled), k, kq, beta, decay
+  float4 q = ld4(row + i_h * K + 4 * lane);
+  float4 k = ld4(row + H * K + i_h * K + 4 * lane);
+  float q_fac = p.scale, k_fac = 1.f;
+  if (p.l2n) {
+    q_fac = p.scale / sqrtf(warp_sum(dot4(q, q)) + 1e-6f);
+    k_fac = 1.f / sqrtf(warp_sum(dot4(k, k)) + 1e-6f);
+  }
+  q = mul4(q, q_fac);
+  k = mul4(k, k_fac);
+  const float kq = warp_sum(dot4(k, q));
+  const float a_decay = expf(p.A_log[hv]);
+  const T* bp = static_cast<const T*>(p.b);
+  const float beta = to_f(from_f<T>(1.f / (1.f + expf(-to_f(bp[n * p.s_b + hv])))));
+  const T* ap = static_cast<const T*>(p.a);
+  const float* kr = p.k_ring + slot * p.s_k + static_cast<int64_t>(i_h) * L * K + 4 * lane;
+  float alpha_reg = 0.f;
+  if (!KDA) {
+    const float x = to_f(ap[n * p.s_a + hv]) + p.dt_bias[hv];
+    const float alpha = expf(-a_decay * softplus(x));
+    alpha_reg = lane < m ? expf(p.g_ring[slot * p.s_g + hv * L + lane]) : (lane == m ? alpha : 0.f);
+  } else {
+    const float4 av = ld4(ap + n * p.s_a + static_cast<int64_t>(hv) * K + 4 * lane);
+    const float4 dv = ld4(p.dt_bias + static_cast<int64_t>(hv) * K + 4 * lane);
+    asm_[m * 32 + lane] = make_float4(expf(-a_decay * softplus(av.x + dv.x)), expf(-a_decay * softplus(av.y + dv.y)),
+                                      expf(-a_decay * softplus(av.z + dv.z)), expf(-a_decay * softplus(av.w + dv.w)));
+    const float* gp = p.g_ring + slot * p.s_g + static_cast<int64_t>(hv) * L * K + 4 * lane;
+    // records in two batches of 8, each batch's loads issued together (a loop over m would wait
+    // out one load latency per record)
+#pragma unroll
+    for (int jb = 0; jb < 16; jb += 8) {
+      float4 g[8];
+#pragma unroll
+      for (int t = 0; t < 8; ++t) g[t] = jb + t < m ? ld4(gp + (jb + t) * K) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+        if (jb + t < m) asm_[(jb + t) * 32 + lane] = make_float4(expf(g[t].x), expf(g[t].y), expf(g[t].z), expf(g[t].w));
+    }
+  }
+  const float beta_reg =
+      lane < m ? p.beta_ring[slot * p.s_beta + hv * L + lane] : (lane == m ? beta : 0.f);
+  const T* vr = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(hv) * L * V + 4 * lane;
+#pragma unroll
+  for (int jb = 0; jb < 16; jb += 8) {
+    float4 kk[8], vv[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const bool live = jb + t < m;
+      kk[t] = live ? ld4(kr + (jb + t) * K) : make_float4(0.f, 0.f, 0.f, 0.f);
+      vv[t] = live ? ld4(vr + (jb + t) * V) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      if (jb + t < m) {
+        ksm[(jb + t) * 32 + lane] = kk[t];
+        *reinterpret_cast<float4*>(vsm + (jb + t) * V + 4 * lane) = vv[t];
+      }
+    }
+  }
+  ksm[m * 32 + lane] = k;
+  *reinterpret_cast<float4*>(vsm + m * V + 4 * lane) = ld4(row + 2 * H * K + hv * V + 4 * lane);
+  __syncwarp();
+
+  float* sbase = p.state + slot * p.s_state + static_cast<int64_t>(hv) * V * K + 4 * lane;
+  using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
+  CT* cbase = static_cast<CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K + 4 * lane;
+  T* outp = static_cast<T*>(p.out) + (static_cast<int64_t>(n) * HV + hv) * V;
+  const int rows_per_part = V / p.parts;
+  const int lr = lane >> 1;  // the row (of 16) this lane's reduce-scatters end with; slot i holds row i ^ lr
+  constexpr float RENORM = 9.094947e-13f;  // 2**-40
+  // (staging the next 16 rows by cp.async during the replay measured slower: 8 KiB more shared
+  // memory per warp, fewer resident flush warps; notes/read-copy.md)
+  const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
+  for (int r0 = rbeg; r0 < rend; r0 += 16) {
+    // The decay is deferred: the state is c . St (c: GDN one scalar, KDA this lane's 4 columns),
+    // so a step costs one FMA per element for the row sums and one for the update; c is folded
+    // back into St (St <- c . St, c <- 1) before any product would fall under 2**-40.
+    float4 S[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
+    float cg = 1.f;                                // GDN
+    float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);  // KDA
+    // steps 0..m-1 replay the records, step m is this token (and its output)
+#pragma unroll 1
+    for (int j = 0; j <= m; ++j) {
+      const float4 kj = ksm[j * 32 + lane];
+      const float bj = __shfl_sync(FULL, beta_reg, j);
+      float4 kt, kh;  // KDA: row sums use c o k_j, the update k_j / c
+      if (KDA) {
+        const float4 aj = asm_[j * 32 + lane];
+        c4 = mul4(c4, aj);
+        const bool low = fminf(fminf(c4.x, c4.y), fminf(c4.z, c4.w)) < RENORM;
+        if (__any_sync(FULL, low)) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], c4);
+          c4 = make_float4(1.f, 1.f, 1.f, 1.f);
+        }
+        kt = mul4(c4, kj);
+        // c4 in [2**-40, 1]: the fast reciprocal (2 ulp) is enough for the update's scale
+        kh = make_float4(__fdividef(kj.x, c4.x), __fdividef(kj.y, c4.y), __fdividef(kj.z, c4.z), __fdividef(kj.w, c4.w));
+      } else {
+        cg *= __shfl_sync(FULL, alpha_reg, j);
+        if (cg < RENORM) {  // warp-uniform
+#pragma unroll
+          for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], cg);
+          cg = 1.f;
+        }
+        kt = kj;
+        kh = kj;
+      }
+      float pr[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], kt);
+      const float r = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
+      const float dj = bj * (vsm[j * V + r0 + lr] - r);
+      if (j == m) {  // warp-uniform: this token's output from the decayed state
+        const float4 qt = KDA ? mul4(c4, q) : q;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], qt);
+        const float oq = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
+        if ((lane & 1) == 0) outp[r0 + lr] = from_f<T>(fmaf(dj, kq, oq));
+      }
+      const float du = KDA ? dj : __fdividef(dj, cg);  // the update in St's scale (cg in [2**-40, 1])
+#pragma unroll
+      for (int i = 0; i < 16; ++i) S[i] = fma4(__shfl_sync(FULL, du, 2 * (i ^ lr)), kh, S[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) S[i] = KDA ? mul4(S[i], c4) : mul4(S[i], cg);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K), S[i]);
+    if constexpr (CF == 1) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        *reinterpret_cast<uint2*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_bf16(S[i]);
+    } else {
+      float am[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) am[i] = fmaxf(fmaxf(fabsf(S[i].x), fabsf(S[i].y)), fmaxf(fabsf(S[i].z), fabsf(S[i].w)));
+      const float amax = rs_perm_max16(am);
+      const float scl = amax > 0.f ? amax / 448.f : 1.f;
+      if ((lane & 1) == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + lr] = scl;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float si = __shfl_sync(FULL, scl, 2 * (i ^ lr));
+        const float4 x = make_float4(fminf(fmaxf(__fdiv_rn(S[i].x, si), -448.f), 448.f),
+                                     fminf(fmaxf(__fdiv_rn(S[i].y, si), -448.f), 448.f),
+                                     fminf(fmaxf(__fdiv_rn(S[i].z, si), -448.f), 448.f),
+                                     fminf(fmaxf(__fdiv_rn(S[i].w, si), -448.f), 448.f));
+        *reinterpret_cast<uint32_t*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_e4m3(x);
+      }
+    }
+  }
+  __syncwarp();  // the next item rewrites this warp's shared memory
+}
+
+constexpr int ROW_WINDOW = 512;  // rows whose flush items one round of the flush pass lists
+
+// Every warp lists the flush rows of a window of ROW_WINDOW rows in its shared memory (B / 32
+// ballots), then takes items it = warp, warp + warps, ... of that list's (row, head, part) items,
+// so every warp gets the same number of flush items to within one (a stride over all items put
+// all of a row's items, or every row of one stagger residue, on a few warps).
+template <typename T, bool KDA, int CF>
+__global__ void __launch_bounds__(32) flush_kernel(const Args p) {
+  extern __shared__ float4 rc_smem[];
+  __shared__ int rows[ROW_WINDOW];
+  const int lane = threadIdx.x;
+  const int tw = gridDim.x, per_row = p.HV * p.parts;
+  for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
+    const int wend = min(p.B, w0 + ROW_WINDOW);
+    int count = 0;
+    for (int r0 = w0; r0 < wend; r0 += 32) {
+      const int n = r0 + lane;
+      const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
+      const unsigned mask = __ballot_sync(FULL, fl);
+      if (fl) rows[count + __popc(mask & ((1u << lane) - 1u))] = n;
+      count += __popc(mask);
+    }
+    __syncwarp();
+    for (int it = blockIdx.x; it < count * per_row; it += tw) {
+      const int r = it / per_row, rest = it - r * per_row;
+      flush_item<T, KDA, CF>(p, rows[r] * per_row + rest, rc_smem, lane);
+    }
+    __syncwarp();  // the next window rewrites the row list
+  }
+}
+
+template <typename T, bool KDA, int CF>
+cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
+  if (!flush) {
+    const int pairs = p.B * p.HV;
+    read_kernel<T, KDA, CF><<<(pairs + 3) / 4, 128, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  auto kern = flush_kernel<T, KDA, CF>;
+  const size_t smem = flush_smem_f4(KDA) * sizeof(float4);
+  static int resident = 0;  // per instantiation, computed once (host queries only: safe under capture)
+  if (resident == 0) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    int dev = 0, sms = 0, per_sm = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32, smem);
+    if (e != cudaSuccess) return e;
+    resident = sms * (per_sm > 0 ? per_sm : 1);
+  }
+  const int64_t items = static_cast<int64_t>(p.B) * p.HV * p.parts;
+  int64_t grid = static_cast<int64_t>(waves > 0 ? waves : 1) * resident;
+  if (grid > items) grid = items;
+  kern<<<static_cast<int>(grid), 32, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_t(const Args& p, bool kda, int fmt, bool flush, int waves, cudaStream_t st) {
+  if (kda) return fmt == 2 ? launch<T, true, 2>(p, flush, waves, st) : launch<T, true, 1>(p, flush, waves, st);
+  return fmt == 2 ? launch<T, false, 2>(p, flush, waves, st) : launch<T, false, 1>(p, flush, waves, st);
+}
+
+}  // namespace rc
+
+// One pass of a read-copy decode step. strides: leading (slot / row) strides of qkv, a, b, state, d,
+// k, g, copy, scales, v, beta. copy_fmt: 1 = bf16, 2 = e4m3 with per-row scales. io_dtype: 0 fp32,
+// 1 bf16. flush: 0 = non-flush rows (+ padded rows zeroed), 1 = flush rows. parts: warps per flush
+// (row, head) (1, 2, 4 or 8), waves: the flush grid in resident sets. Returns a cudaError_t code.
+extern "C" int read_copy_launch(const void* qkv, const void* a, const void* b, const float* A_log,
+                                const float* dt_bias, void* out, float* state, void* copy, float* scales,
+                                void* d_ring, float* k_ring, float* g_ring, void* v_ring, float* beta_ring,
+                                const void* slots, const int32_t* write_pos, const int32_t* force_flush, float scale,
+                                const int64_t* strides, int B, int H, int HV, int L, int is_kda, int use_l2norm,
+                                int io_dtype, int idx64, int copy_fmt, int flush, int parts, int waves, void* stream) {
+  rc::Args p{qkv, a, b, A_log, dt_bias, out, state, copy, scales, d_ring, k_ring, g_ring, v_ring, beta_ring, slots,
+             write_pos, force_flush, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5],
+             strides[6], strides[7], strides[8], strides[9], strides[10], B, H, HV, L, parts, idx64 != 0,
+             use_l2norm != 0};
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  cudaError_t e = io_dtype == 1 ? rc::launch_t<__nv_bfloat16>(p, is_kda != 0, copy_fmt, flush != 0, waves, st)
+                                : rc::launch_t<float>(p, is_kda != 0, copy_fmt, flush != 0, waves, st);
+  return static_cast<int>(e);
+}

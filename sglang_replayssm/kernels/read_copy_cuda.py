@@ -1,0 +1,216 @@
+"""Build, load and launch ``csrc/read_copy.cu``: the read-copy decode step's two passes in CUDA.
+
+The function is :func:`.read_copy_ref.read_copy_decode_torch`'s (same arguments). The non-flush
+pass reads the copy (bf16, or e4m3 with per-row fp32 scales) instead of the fp32 checkpoint and
+appends the step's records (``d~`` and ``v`` in the io dtype, ``k``, ``g``, ``beta`` fp32; the flush
+replays ``k``, ``g``, ``v``, ``beta``, so ``d~``'s precision reaches only non-flush outputs);
+the flush pass replays the fp32 recurrence from the fp32 checkpoint over the window's raw records,
+one record at a time, then this token, and writes the checkpoint and its copy. The passes serve
+disjoint rows, so the flush pass runs on a side stream (two parallel nodes in a CUDA graph).
+
+Compiled once per (sources, architecture, build options) with ``nvcc`` into the cache directory
+of :mod:`.ring_decode_cuda` and loaded with ``ctypes``; launches go onto the current torch stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from .read_copy_ref import check_read_copy_args
+from .ring_decode_args import check_fused_layout, check_ring_decode_args, prepare_step
+from .ring_decode_cuda import CudaReadUnsupported, cache_dir
+
+__all__ = [
+    "DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "default_flush_parts", "read_copy_decode_cuda",
+    "read_copy_supports",
+]  # fmt: skip
+
+_DIR = Path(__file__).parent / "csrc"
+_SRC = _DIR / "read_copy.cu"
+_LOG = logging.getLogger("sglang_replayssm")
+_LIBS: dict[tuple[str, int, int], ctypes.CDLL] = {}
+_IO = {torch.float32: 0, torch.bfloat16: 1}
+#: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
+DEFAULT_READ_COPY_BUILD = (3, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadCopyCudaConfig:
+    """Launch choice: ``depth`` / ``min_blocks`` pick the build (:func:`build`); ``flush_parts``:
+    warps per flush (row, value head), each replaying ``V / flush_parts`` rows (None:
+    :func:`default_flush_parts`); ``flush_waves``:
+    the flush grid in resident sets of one-warp blocks; ``overlap``: the flush pass on a side
+    stream (``high_priority``: a high-priority one, so that its long items start first), else the
+    flush pass before the non-flush pass on the current stream."""
+
+    depth: int = DEFAULT_READ_COPY_BUILD[0]
+    min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
+    flush_parts: int | None = None
+    flush_waves: int = 1
+    overlap: bool = True
+    high_priority: bool = True
+
+
+def default_flush_parts(B: int, HV: int, L: int) -> int:
+    """Warps per flush (row, head) item: about 1024 flush warps for the ``B / L`` rows a staggered
+    step flushes, 1, 2 or 4 (the H200 table's best: 4 at B=64, 2 or 1 at B=256, 1 at B=512, HV=32)."""
+    pairs = max(1, B // max(L, 1)) * HV
+    return 4 if pairs <= 256 else 2 if pairs <= 512 else 1
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
+
+
+def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir: Path | None = None) -> Path:
+    """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path."""
+    if not 1 <= depth <= 6:
+        raise ValueError(f"depth must be 1..6 (got {depth})")
+    arch = arch or _arch()
+    src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
+    key = hashlib.sha256(src + f"{arch}:{depth}:{min_blocks}".encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir()
+    so = out_dir / f"read_copy_{arch}_d{depth}_m{min_blocks}_{key}.so"
+    if so.exists():
+        return so
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
+    tmp = so.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [
+        os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
+        "-shared", "-Xcompiler", "-fPIC", f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}",
+        str(_SRC), "-o", str(tmp),
+    ]  # fmt: skip
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise CudaReadUnsupported("the CUDA read copy needs nvcc on PATH (or $NVCC)") from e
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"nvcc failed on read_copy.cu:\n{e.stderr[-2000:]}") from e
+    tmp.replace(so)
+    return so
+
+
+def _lib(depth: int, min_blocks: int) -> ctypes.CDLL:
+    key = (_arch(), depth, min_blocks)
+    if key not in _LIBS:
+        lib = ctypes.CDLL(str(build(key[0], depth, min_blocks)))
+        lib.read_copy_launch.restype = ctypes.c_int
+        _LIBS[key] = lib
+    return _LIBS[key]
+
+
+def read_copy_supports(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    out: torch.Tensor, initial_state: torch.Tensor, read_copy: torch.Tensor, d_cache: torch.Tensor,
+    k_cache: torch.Tensor, g_cache: torch.Tensor, v_cache: torch.Tensor, beta_cache: torch.Tensor,
+    slots: torch.Tensor, K: int, V: int, L: int,
+) -> str | None:  # fmt: skip
+    """``None`` when ``read_copy.cu`` handles these inputs, else the reason it does not."""
+    if not mixed_qkv.is_cuda:
+        return "tensors are not on a CUDA device"
+    if (K, V) != (128, 128) or L > 16:
+        return f"compiled for K = V = 128 and L <= 16 (got K={K}, V={V}, L={L})"
+    io = mixed_qkv.dtype
+    if io not in _IO or any(t.dtype != io for t in (a, b, out, d_cache, v_cache)):
+        return "qkv, a, b, out and the d / v rings must share one dtype, fp32 or bf16"
+    if any(t.dtype != torch.float32 for t in (A_log, dt_bias, initial_state, k_cache, g_cache, beta_cache)):
+        return "A_log, dt_bias, the checkpoint and the k / g / beta rings must be fp32"
+    if slots.dtype not in (torch.int32, torch.int64):
+        return "ssm_state_indices must be int32 or int64"
+    if not (A_log.is_contiguous() and dt_bias.is_contiguous()):
+        return "A_log and dt_bias must be contiguous"
+    for name, t in (("read_copy", read_copy), ("v_cache", v_cache), ("beta_cache", beta_cache)):
+        if t.shape[0] and not t[0].is_contiguous():
+            return f"{name} must be contiguous within a slot"
+    return None
+
+
+def read_copy_decode_cuda(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    scale: float, initial_state: torch.Tensor, read_copy: torch.Tensor, read_copy_scales: torch.Tensor | None,
+    d_cache: torch.Tensor, k_cache: torch.Tensor, g_cache: torch.Tensor, v_cache: torch.Tensor,
+    beta_cache: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor, write_pos: torch.Tensor,
+    force_flush: torch.Tensor | None = None, use_qk_l2norm_in_kernel: bool = False, is_kda: bool = False,
+    *, config: ReadCopyCudaConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Arguments and effects of :func:`.read_copy_ref.read_copy_decode_torch`, fp8 scales per V row
+    for both models (:mod:`.read_copy_format`); ``CudaReadUnsupported`` outside what the source is
+    compiled for. No per-call range checks on cursors and slots (as for SGLang's kernel)."""
+    cfg = config or ReadCopyCudaConfig()
+    shape = check_ring_decode_args(
+        mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
+        ssm_state_indices, write_pos, force_flush, is_kda,
+    )  # fmt: skip
+    check_read_copy_args(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, shape.L, is_kda)
+    check_fused_layout(shape, mixed_qkv, a, b, dt_bias, initial_state, d_cache, k_cache, g_cache, out, is_kda)
+    step = prepare_step(shape, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache,
+                        out, ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda)  # fmt: skip
+    why = read_copy_supports(step.qkv, step.a, step.b, A_log, dt_bias, out, initial_state, read_copy, d_cache,
+                             k_cache, g_cache, v_cache, beta_cache, ssm_state_indices, shape.K, shape.V, shape.L)
+    if why is not None:
+        raise CudaReadUnsupported(why)
+    parts = cfg.flush_parts if cfg.flush_parts is not None else default_flush_parts(shape.B, shape.HV, shape.L)
+    if parts not in (1, 2, 4, 8):
+        raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {parts})")
+    lib = _lib(cfg.depth, cfg.min_blocks)
+    fp8 = read_copy_scales is not None
+    sc = read_copy_scales if read_copy_scales is not None else initial_state
+    strides = (*step.strides, read_copy.stride(0), sc.stride(0), v_cache.stride(0), beta_cache.stride(0))
+    vp = ctypes.c_void_p
+    st = (ctypes.c_int64 * 11)(*strides)
+    ff = step.force_flush
+    s = shape
+
+    def launch(flush: bool) -> None:
+        rc = lib.read_copy_launch(
+            vp(step.qkv.data_ptr()), vp(step.a.data_ptr()), vp(step.b.data_ptr()), vp(A_log.data_ptr()),
+            vp(dt_bias.data_ptr()), vp(out.data_ptr()), vp(initial_state.data_ptr()), vp(read_copy.data_ptr()),
+            vp(sc.data_ptr()), vp(d_cache.data_ptr()), vp(k_cache.data_ptr()), vp(g_cache.data_ptr()),
+            vp(v_cache.data_ptr()), vp(beta_cache.data_ptr()), vp(ssm_state_indices.data_ptr()),
+            vp(write_pos.data_ptr()), vp(ff.data_ptr() if ff is not None else 0), ctypes.c_float(step.scale), st,
+            ctypes.c_int(s.B), ctypes.c_int(s.H), ctypes.c_int(s.HV), ctypes.c_int(s.L), ctypes.c_int(int(is_kda)),
+            ctypes.c_int(int(use_qk_l2norm_in_kernel)), ctypes.c_int(_IO[mixed_qkv.dtype]),
+            ctypes.c_int(int(ssm_state_indices.dtype == torch.int64)), ctypes.c_int(2 if fp8 else 1),
+            ctypes.c_int(int(flush)), ctypes.c_int(parts), ctypes.c_int(cfg.flush_waves),
+            vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"read_copy_launch failed with cudaError {rc}")
+
+    if cfg.overlap:
+        main = torch.cuda.current_stream(mixed_qkv.device)
+        side, fork, join = _side_stream(mixed_qkv.device, cfg.high_priority)
+        fork.record(main)
+        side.wait_event(fork)
+        with torch.cuda.stream(side):
+            launch(True)
+        join.record(side)
+        launch(False)
+        main.wait_event(join)
+    else:
+        launch(True)
+        launch(False)
+    return out, initial_state
+
+
+_SIDE: dict[tuple[int, bool], tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]] = {}
+
+
+def _side_stream(device: torch.device, high: bool) -> tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
+    """The flush pass's side stream of this device (high or default priority) with its fork and
+    join events, created on first use and reused (as :func:`.ring_decode_cuda._side_stream`)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if (idx, high) not in _SIDE:
+        prio = -100 if high else 0  # lower is higher; torch maps out-of-range values to the highest priority
+        _SIDE[idx, high] = (torch.cuda.Stream(device=idx, priority=prio), torch.cuda.Event(), torch.cuda.Event())
+    return _SIDE[idx, high]

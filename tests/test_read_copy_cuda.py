@@ -1,0 +1,120 @@
+"""read_copy_decode_cuda == read_copy_decode_torch step by step, and its flushes == the fp64 oracle (GPU);
+its launch defaults and refusals (CPU).
+
+The shapes the CUDA source is compiled for (K = V = 128, L = 16), bf16 io, rows at staggered
+cursors with forced flushes in the first window (flush and non-flush rows in every step), NaN in
+every ring record not yet valid, GDN (two value heads per key head) and KDA, bf16 and fp8 copies,
+each flush pass split over 1 and 4 warps per (row, head), with and without the side stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
+from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
+from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nvcc builds the source)")
+
+L = 16
+
+
+def _bf16_io(fn: Any, **extra: object) -> Any:
+    """``fn`` with ``a`` and ``out`` in bf16 (the CUDA passes take one io dtype); the same wrapper runs the reference."""
+
+    def run(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *rest: Any, **kw: Any) -> None:
+        out = rest[11]  # after A_log, dt_bias, scale, state, copy, scales and the five rings
+        o = torch.empty_like(out, dtype=torch.bfloat16)
+        fn(qkv, a.to(torch.bfloat16), b, *rest[:11], o, *rest[12:], **kw, **extra)
+        out.copy_(o.float())
+
+    return run
+
+
+@pytest.fixture
+def _on_cuda() -> Any:
+    torch.set_default_device("cuda")
+    yield
+    torch.set_default_device("cpu")
+
+
+def test_default_flush_parts_follow_the_flush_rows() -> None:
+    from sglang_replayssm.kernels.read_copy_cuda import default_flush_parts
+
+    assert [default_flush_parts(B, 32, 16) for B in (1, 64, 256, 512, 4096)] == [4, 4, 2, 1, 1]
+
+
+def test_cpu_tensors_refused_with_the_reason() -> None:
+    from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
+    from sglang_replayssm.kernels.ring_decode_cuda import CudaReadUnsupported
+
+    inp = make_inputs(1, 2, 2, 4, 128, 128, False)
+    n, HV = 3, 4
+    copy, _ = alloc_read_copy(n, HV, 128, 128, "bf16", False, device="cpu")
+    rings = [torch.zeros(n, HV, L, 128, dtype=torch.bfloat16), torch.zeros(n, 2, L, 128), torch.zeros(n, HV, L),
+             torch.zeros(n, HV, L, 128, dtype=torch.bfloat16), torch.zeros(n, HV, L)]  # fmt: skip
+    with pytest.raises(CudaReadUnsupported, match="not on a CUDA device"):
+        read_copy_decode_cuda(inp.qkv[0].cpu(), inp.a[0].cpu().to(torch.bfloat16), inp.b[0].cpu(), inp.A_log.cpu(),
+                              inp.dt_bias.cpu(), 0.25, torch.zeros(n, HV, 128, 128), copy, None, *rings,
+                              torch.zeros(2, 1, HV, 128, dtype=torch.bfloat16), torch.tensor([1, 2], dtype=torch.int32),
+                              torch.zeros(2, dtype=torch.int32))  # fmt: skip
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("parts,overlap", [(1, False), (4, True)])
+def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, overlap: bool) -> None:
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+
+    H, HV = (4, 4) if is_kda else (2, 4)
+    inp = make_inputs(2 * L + 3, 20, H, HV, 128, 128, is_kda, seed=5)
+    inp.a = inp.a.to(torch.bfloat16).float()  # what the bf16-io kernel sees, for the oracle too
+    bf = torch.bfloat16  # the d~ ring in the io dtype
+    ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
+    cfg = ReadCopyCudaConfig(flush_parts=parts, overlap=overlap)
+    got = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
+    err = rel(got.out, ref.out, (3,))  # [T, B, HV]
+    flush = torch.zeros(err.shape[:2], dtype=torch.bool)
+    for t, r, _ in ref.flushed:
+        flush[t, r] = True
+    # bf16 outputs: one bf16 rounding apart at most
+    assert float(err[flush].max()) <= 8e-3
+    assert float(err[~flush].median()) <= 8e-3
+    assert float(err[~flush].max()) <= (1.2e-2 if fmt == "bf16" else 4e-2)
+    assert len(got.flushed) == len(ref.flushed) >= 2 * 20
+    _, oracle = run_oracle(inp, states_at={t for t, _, _ in ref.flushed})
+    for (t, r, c), (t2, r2, c2) in zip(got.flushed, ref.flushed, strict=True):
+        assert (t, r) == (t2, r2)
+        assert float(rel(c, c2)) <= 1e-5, (t, r)  # fp32, reassociated
+        assert float(rel(c, oracle[t][r])) <= 1e-5, (t, r)  # fp32 decode's own distance to fp64
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_padding_rows_zero_and_untouched(fmt: str) -> None:
+    from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
+
+    inp = make_inputs(1, 2, 2, 4, 128, 128, False)
+    n, HV = 3, 4
+    state = torch.randn(n, HV, 128, 128)
+    copy, scales = alloc_read_copy(n, HV, 128, 128, fmt, False, device="cuda")  # type: ignore[arg-type]
+    rings = [torch.full((n, HV, L, 128), float("nan"), dtype=torch.bfloat16), torch.full((n, 2, L, 128), float("nan")),
+             torch.full((n, HV, L), float("nan")), torch.full((n, HV, L, 128), float("nan"), dtype=torch.bfloat16),
+             torch.full((n, HV, L), float("nan"))]  # fmt: skip
+    before = [t.clone() for t in (state, copy, *rings)]
+    out = torch.full((2, 1, HV, 128), 7.0, dtype=torch.bfloat16)
+    slots = torch.tensor([-1, -1], dtype=torch.int32)
+    wp = torch.tensor([0, L - 1], dtype=torch.int32)
+    read_copy_decode_cuda(inp.qkv[0], inp.a[0].to(torch.bfloat16), inp.b[0], inp.A_log, inp.dt_bias, 0.25, state,
+                          copy, scales, *rings, out, slots, wp, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.all(out == 0)
+    for x, y in zip((state, copy, *rings), before, strict=True):
+        assert torch.equal(x.float().nan_to_num(1.5), y.float().nan_to_num(1.5))
