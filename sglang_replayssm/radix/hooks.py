@@ -296,26 +296,24 @@ for _name, _target, _at in (
     _hook(_target, "AFTER", at=_at, fix="record_hits")(_no_record_on_alloc(_name))
 
 
-@_hook(f"{_GDN_BACKEND}.forward_extend", "AROUND",
-       at="sglang/srt/layers/attention/linear/gdn_backend.py:948", fix="record_hits")
-def capture_extend_records(original: Callable[..., Any], backend: Any, layer: Any, forward_batch: Any,
-                           mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
-    """Store the layer's prefill inputs for the batch's new tokens, then SGLang's extend."""
-    from sglang_replayssm.radix.record_capture import capture
+def _capture_records(name: str, what: str) -> Callable[..., Any]:
+    def hook(original: Callable[..., Any], backend: Any, layer: Any, forward_batch: Any,
+             mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
+        from sglang_replayssm.radix.record_capture import capture
 
-    capture(backend, layer, forward_batch, mixed_qkv, a, b)
-    return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        capture(backend, layer, forward_batch, mixed_qkv, a, b)
+        return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__doc__ = f"Store the layer's {what} inputs for the batch's new tokens, then SGLang's {what}."
+    return hook
 
 
-@_hook(f"{_GDN_BACKEND}.forward_decode", "AROUND",
-       at="sglang/srt/layers/attention/linear/gdn_backend.py:678", fix="record_hits")
-def capture_decode_records(original: Callable[..., Any], backend: Any, layer: Any, forward_batch: Any,
-                           mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
-    """Store the layer's decode inputs for the batch's new tokens, then SGLang's decode."""
-    from sglang_replayssm.radix.record_capture import capture
-
-    capture(backend, layer, forward_batch, mixed_qkv, a, b)
-    return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+for _name, _method, _at, _what in (
+    ("capture_extend_records", "forward_extend", "sglang/srt/layers/attention/linear/gdn_backend.py:948", "extend"),
+    ("capture_decode_records", "forward_decode", "sglang/srt/layers/attention/linear/gdn_backend.py:678", "decode"),
+):
+    _hook(f"{_GDN_BACKEND}.{_method}", "AROUND", at=_at, fix="record_hits")(_capture_records(_name, _what))
 
 
 @_hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AROUND",
