@@ -35,7 +35,7 @@ logger = logging.getLogger("sglang_replayssm")
 
 PREFIX = "sglang-replayssm CPU runtime:"
 #: Attention backends the CPU runtime can run (torch_native in torch, triton under TRITON_INTERPRET).
-CPU_ATTENTION = ("torch_native", "triton")
+CPU_ATTENTION = ("torch_native", "triton", "intel_amx")
 
 
 class CPURuntimeArgsError(SystemExit):
