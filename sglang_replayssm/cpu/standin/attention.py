@@ -46,8 +46,8 @@ def extend_attention_cpu(q, k, v, o, key_buffer, value_buffer, key_scale, value_
     _refuse("extend_attention_cpu", logit_cap, is_cross, window, sinks, tree_mask)
     if key_scale not in (None, 1.0) or value_scale not in (None, 1.0):
         raise NotImplementedError("extend_attention_cpu: scaled (fp8) KV is not served by the CPU runtime")
-    for b, (req, total, ext, start) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(),
-                                                      extend_seq_lens.tolist(), extend_start_loc.tolist())):
+    for req, total, ext, start in zip(req_pool_indices.tolist(), seq_lens.tolist(),
+                                      extend_seq_lens.tolist(), extend_start_loc.tolist()):
         if ext <= 0:
             continue
         prefix = total - ext

@@ -84,7 +84,7 @@ def verify_tree_greedy_cpu(*, predicts, accept_index, accept_token_num, candidat
         last = idx[b][0]
         accept_index[b, 0] = last
         accepted, cur = 0, 0
-        for j in range(1, steps):
+        for _ in range(1, steps):
             cur = nxt[b][cur]
             want = target[last]
             while cur != -1 and cand[b][cur] != want:
