@@ -3,6 +3,7 @@
 * :meth:`SpecRing.fold` equals an fp64 recurrence over the row's circular records (with and without
   lo parts) and SGLang's own compact commit (``commit_gdn_replayssm_circular``, run with the flush
   forced on; interpreted on CPU), and leaves the row's ring empty with the same state.
+* D1 (no_buffer finish donation, reachable on CPU: tests/test_spec_e2e.py) at unit level.
 * D2 (CPU retraction backup, reachable only on a PD decode server, not on CPU): SGLang's
   ``Req.offload_kv_cache`` backs up ``temporal`` alone, so the backup lags by the row's pending
   records; with ``spec_retract_backup`` the backup is the full state.
@@ -125,6 +126,24 @@ def _req(slot: int, row: int) -> SimpleNamespace:
 def _req_pool(pool: SimpleNamespace) -> SimpleNamespace:
     return SimpleNamespace(mamba_pool=pool, translate_mamba_indices=lambda x: x,
                            get_mamba_indices=lambda rows: torch.as_tensor(rows) + 1)
+
+
+@pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
+def test_d1_finish_donation_is_the_full_state_only_with_the_fix(fix_on: bool) -> None:
+    pool = _pool()
+    want = _oracle(pool, 4, 3)
+    donated = []
+
+    def prepare(component, req, insert_params, token_ids_len, is_finished):  # SGLang keys temporal[slot]
+        donated.append(component.cache.req_to_token_pool.mamba_pool.mamba_cache.temporal[:, 4].clone())
+
+    component = SimpleNamespace(cache=SimpleNamespace(enable_mamba_extra_buffer=False, req_to_token_pool=_req_pool(pool)))
+    with config.override(spec_finish_donation=fix_on):
+        hooks.spec_finish_donation(prepare, component, _req(4, 3), None, 64, False)  # unfinished: no fold
+        assert int(pool.replayssm_spec_write_pos[3]) == 12
+        hooks.spec_finish_donation(prepare, component, _req(4, 3), None, 64, True)
+    assert (_rel(donated[1], want) <= 1e-5) == fix_on
+    assert (int(pool.replayssm_spec_write_pos[3]) == 0) == fix_on
 
 
 @pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
