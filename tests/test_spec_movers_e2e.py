@@ -102,6 +102,7 @@ def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     for name, (flags, env) in arms.items():
         with cpu_server(model, flags, logs / f"{name}.log", env=env, timeout_s=600) as url:
             out[name] = _workload(url)
+    (logs / "runs.json").write_text(json.dumps(out))
     yield out
 
 
