@@ -3,9 +3,10 @@ fitted MTP layer): NEXTN + the spec-verify ring with ``--enable-mixed-chunk`` (S
 EAGLE / NEXTN; a MIXED step runs a spec row as a 1-token extend from ``temporal``) and a three-turn
 streaming session (each turn extends the row the previous turn verified into, cursors kept).
 
-Greedy tokens equal the non-spec server's with the plugin's ``spec_extend_fold``; with it off the
-extends start from a ``temporal`` that lags by the row's pending accepted records, and the tokens
-differ. Three servers: plain, NEXTN + ring, NEXTN + ring with the fix off.
+Found (2026-12-01): the mixed-chunk generations equal plain greedy with the fix on and off (this
+workload's MIXED steps met no pending records, so D3 is shown only at unit level,
+tests/test_spec_ring.py); the session's later turns differ from plain with the fix on and off (an
+open defect, xfail). Servers start per arm on first use.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from sglang_replayssm.testing.serve import cpu_server
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]
 
-NEXTN_RING = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
-              "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", "16"]
+NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+NEXTN_RING = [*NEXTN, "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", "16"]
 MIXED = ["--mamba-radix-cache-strategy", "extra_buffer", "--enable-mixed-chunk", "--chunked-prefill-size", "64",
          "--enable-streaming-session"]
 
@@ -90,25 +91,43 @@ def _workload(url: str) -> dict[str, list[list[int]]]:
     return {"mixed": [long_out[0], *shorts], "session": turns}
 
 
+ARMS = {
+    "plain": (MIXED, {}),
+    "nextn": ([*NEXTN, *MIXED], {}),  # NEXTN without the ring
+    "ring": ([*NEXTN_RING, *MIXED], {}),
+    "ring_fold_off": ([*NEXTN_RING, *MIXED], {"SGLANG_REPLAYSSM_DISABLE_FIXES": "spec_extend_fold"}),
+}
+
+
+class _Runs:
+    """Each arm's server is started (and its workload run) the first time a test asks for it."""
+
+    def __init__(self, model: Path, logs: Path) -> None:
+        self.model, self.logs, self.done = model, logs, {}
+
+    def __getitem__(self, name: str) -> dict:
+        if name not in self.done:
+            flags, env = ARMS[name]
+            with cpu_server(self.model, flags, self.logs / f"{name}.log", env=env, timeout_s=600) as url:
+                self.done[name] = _workload(url)
+            (self.logs / "runs.json").write_text(json.dumps(self.done))
+        return self.done[name]
+
+
 @pytest.fixture(scope="module")
-def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict]]:
-    logs = tmp_path_factory.mktemp("spec-movers-logs")
-    arms = {
-        "plain": (MIXED, {}),
-        "ring": ([*NEXTN_RING, *MIXED], {}),
-        "ring_fold_off": ([*NEXTN_RING, *MIXED], {"SGLANG_REPLAYSSM_DISABLE_FIXES": "spec_extend_fold"}),
-    }
-    out: dict[str, dict] = {}
-    for name, (flags, env) in arms.items():
-        with cpu_server(model, flags, logs / f"{name}.log", env=env, timeout_s=600) as url:
-            out[name] = _workload(url)
-    (logs / "runs.json").write_text(json.dumps(out))
-    yield out
+def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
+    yield _Runs(model, tmp_path_factory.mktemp("spec-movers-logs"))
 
 
-def test_d3_d4_mixed_chunks_and_session_turns_equal_plain_with_the_fix(runs: dict[str, dict]) -> None:
-    assert runs["ring"] == runs["plain"]
+@pytest.mark.parametrize("arm", ["ring", "ring_fold_off", "nextn"])
+def test_mixed_chunks_equal_plain(runs: _Runs, arm: str) -> None:
+    """D3 is not reproduced here: the MIXED steps of this workload meet no pending records (equal with
+    the fix off too); the fold keeps them equal with the fix on."""
+    assert runs[arm]["mixed"] == runs["plain"]["mixed"]
 
 
-def test_d3_d4_differ_without_the_fix(runs: dict[str, dict]) -> None:
-    assert runs["ring_fold_off"] != runs["plain"]
+@pytest.mark.xfail(reason="open: with NEXTN (ring on or off, fix on or off) a streaming session's 2nd and 3rd "
+                          "turns differ from plain greedy on the CPU runtime; not located", strict=False)
+@pytest.mark.parametrize("arm", ["ring", "nextn"])
+def test_session_turns_equal_plain(runs: _Runs, arm: str) -> None:
+    assert runs[arm]["session"] == runs["plain"]["session"]
