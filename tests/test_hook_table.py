@@ -18,14 +18,15 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_replayssm import hook_table
 from sglang_replayssm.cpu import hooks as cpu_hooks
-from sglang_replayssm.cpu import hooks_dtype, hooks_hicache, hooks_kda, hooks_launch
+from sglang_replayssm.cpu import hooks_dtype, hooks_hicache, hooks_kda, hooks_launch, hooks_spec
 from sglang_replayssm.hook_table import Hook, Patch
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix import hooks as radix_hooks
 
-CPU_TABLES = ("sglang_replayssm.cpu.hooks", "sglang_replayssm.cpu.hooks_kda", "sglang_replayssm.cpu.hooks_hicache")
+CPU_TABLES = ("sglang_replayssm.cpu.hooks", "sglang_replayssm.cpu.hooks_kda", "sglang_replayssm.cpu.hooks_hicache",
+              "sglang_replayssm.cpu.hooks_spec")
 ALL_HOOKS: tuple[Hook, ...] = (radix_hooks.HOOKS + cpu_hooks.HOOKS + hooks_kda.HOOKS + hooks_hicache.HOOKS
-                               + hooks_dtype.HOOKS + hooks_launch.HOOKS)
+                               + hooks_dtype.HOOKS + hooks_launch.HOOKS + hooks_spec.HOOKS)
 ALL_PATCHES: tuple[Patch, ...] = cpu_hooks.PATCHES + hooks_kda.PATCHES
 SGLANG_ROOT = Path(sglang.__file__).parent.parent
 
@@ -108,7 +109,7 @@ def test_cpu_install_is_idempotent_and_sets_every_patch() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    n_hooks = len(cpu_hooks.HOOKS) + len(hooks_kda.HOOKS) + len(hooks_hicache.HOOKS)
+    n_hooks = len(cpu_hooks.HOOKS) + len(hooks_kda.HOOKS) + len(hooks_hicache.HOOKS) + len(hooks_spec.HOOKS)
     assert result["counts"] == [1] * n_hooks
     assert result["patched"] == [True] * len(ALL_PATCHES)
 

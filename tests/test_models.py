@@ -166,6 +166,10 @@ def test_checkpoint_names(built: dict[str, Path]) -> None:
         lm_head = f.get_tensor("lm_head.weight")
     assert "model.layers.0.linear_attn.in_proj_qkv.weight" in names
     assert "model.layers.1.self_attn.q_proj.weight" in names
+    # the MTP draft layer (models/mtp.py), as Qwen3.5 checkpoints ship it
+    assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+            "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.down_proj.weight"} <= names
+    assert _config(built["tiny-gdn"])["mtp_num_hidden_layers"] == 1
     assert lm_head[: len(M.SPECIAL_TOKENS)].abs().sum() == 0 and lm_head[len(M.SPECIAL_TOKENS):].abs().min() >= 0
 
 
@@ -239,6 +243,7 @@ mc = adjust_config_with_unaligned_cpu_tp(mc, lc, 1)
 model = get_model(model_config=mc, load_config=lc, device_config=DeviceConfig("cpu"))
 sd = load_file(path + "/model.safetensors")
 got = [sum(float(p.detach().double().abs().sum()) for p in model.parameters()), sum(p.numel() for p in model.parameters())]
+sd = {k: t for k, t in sd.items() if not k.startswith("mtp.")}  # the MTP draft layer: not the main model's
 want = [sum(float(t.double().abs().sum()) for t in sd.values()), sum(t.numel() for t in sd.values())]
 print("RESULT" + json.dumps([got, want]))
 """

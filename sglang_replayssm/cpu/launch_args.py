@@ -35,7 +35,7 @@ logger = logging.getLogger("sglang_replayssm")
 
 PREFIX = "sglang-replayssm CPU runtime:"
 #: Attention backends the CPU runtime can run (torch_native in torch, triton under TRITON_INTERPRET).
-CPU_ATTENTION = ("torch_native", "triton")
+CPU_ATTENTION = ("torch_native", "triton", "intel_amx")
 
 
 class CPURuntimeArgsError(SystemExit):
@@ -118,6 +118,44 @@ def _attention(done: Completed, mla: bool) -> None:
         done.add(["--decode-attention-backend", "torch_native"], "MLA decode in torch")
 
 
+#: What the CPU runtime serves speculative decoding (EAGLE / NEXTN chain drafts) with: SGLang's intel_amx
+#: attention backend over the stand-in's torch ops (it derives the verify extend lengths; torch_native
+#: has no EAGLE draft backend), for the target and the draft.
+SPEC_ATTENTION = ["--prefill-attention-backend", "intel_amx", "--decode-attention-backend", "intel_amx",
+                  "--speculative-draft-attention-backend", "intel_amx"]
+
+
+def _speculative(done: Completed, mla: bool) -> bool:
+    """Defaults / refusals for ``--speculative-algorithm``; True when it applies (attention is then set)."""
+    argv = done.argv
+    algo = flag_value(argv, "--speculative-algorithm")
+    if algo is None:
+        return False
+    if mla:
+        raise CPURuntimeArgsError(
+            f"--speculative-algorithm {algo}: SGLang 0.5.23 has no draft source for Kimi-Linear (no MTP layer, "
+            "no EAGLE head) the CPU runtime can serve; run it without speculative decoding.")
+    if algo.upper() not in ("NEXTN", "EAGLE"):
+        raise CPURuntimeArgsError(f"--speculative-algorithm {algo} is not served by the CPU runtime (use NEXTN).")
+    topk = flag_value(argv, "--speculative-eagle-topk")
+    if topk is not None and int(topk) != 1:
+        raise CPURuntimeArgsError(f"--speculative-eagle-topk {topk}: the CPU runtime serves chain drafts only "
+                                  "(pass --speculative-eagle-topk 1).")
+    for flag in ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend",
+                 "--speculative-draft-attention-backend"):
+        value = flag_value(argv, flag)
+        if value is not None and value != "intel_amx":
+            raise CPURuntimeArgsError(f"{flag} {value}: speculative decoding on the CPU runtime runs on intel_amx "
+                                      f"attention (pass {' '.join(SPEC_ATTENTION)}, or no attention flag).")
+    missing = [SPEC_ATTENTION[i:i + 2] for i in range(0, len(SPEC_ATTENTION), 2)
+               if flag_value(argv, SPEC_ATTENTION[i]) is None]
+    if missing:
+        done.add([tok for pair in missing for tok in pair], "speculative decoding runs on intel_amx attention")
+    if topk is None:
+        done.add(["--speculative-eagle-topk", "1"], "the CPU runtime serves chain drafts")
+    return True
+
+
 def complete(argv: Sequence[str]) -> Completed:
     """``argv`` (flags only, as SGLang's parser takes them) with the CPU runtime's defaults appended;
     raises CPURuntimeArgsError for a flag the CPU runtime cannot serve."""
@@ -134,7 +172,8 @@ def complete(argv: Sequence[str]) -> Completed:
             "differ from transformers' bfloat16 ones here; pass --dtype float16 or --dtype float32.")
     if not passed(argv, "--disable-cuda-graph"):
         done.add(["--disable-cuda-graph"], "no CUDA graphs without CUDA")
-    _attention(done, model_uses_mla(model))
+    if not _speculative(done, model_uses_mla(model)):
+        _attention(done, model_uses_mla(model))
     strategy = flag_value(argv, "--mamba-radix-cache-strategy")
     if strategy == "no_buffer" and not passed(argv, "--disable-overlap-schedule"):
         done.add(["--disable-overlap-schedule"], "SGLang's no_buffer strategy requires it")

@@ -51,6 +51,11 @@ def _build_into(spec: ModelSpec, dest: Path) -> dict[str, Any]:
     cfg = model_config(spec, vocab)
     model = _hf_model(spec, cfg)
     sd = _checkpoint_state_dict(spec, model)
+    if spec.mtp:
+        from sglang_replayssm.models.mtp import mtp_config, mtp_state_dict
+
+        sd.update(mtp_state_dict(spec, cfg, model))
+        cfg = {**cfg, **mtp_config(cfg)}
     save_file({k: sd[k] for k in sorted(sd)}, str(dest / WEIGHTS_FILE), metadata={"format": "pt"})
     _write_json(dest / "config.json", cfg)
     _write_json(dest / "generation_config.json", generation_config())

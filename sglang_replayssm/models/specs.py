@@ -40,14 +40,15 @@ class ModelSpec:
     shape: dict[str, Any] = field(default_factory=dict)
     init_std: float = 0.02
     norm_noise: float = 0.1  # std of noise added to norm weights / router bias (so wrong norms show)
+    mtp: bool = False  # an MTP draft layer under mtp.* (models/mtp.py), for NEXTN speculative decoding
 
     def spec_hash(self) -> str:
-        blob = json.dumps(
-            {"builder": BUILDER_VERSION, "name": self.name, "family": self.family, "seed": self.seed,
-             "shape": self.shape, "init_std": self.init_std, "norm_noise": self.norm_noise,
-             "tokenizer": [TOKENIZER_VOCAB, CORPUS_SEED, CORPUS_SENTENCES, list(SPECIAL_TOKENS), CHAT_TEMPLATE]},
-            sort_keys=True,
-        )
+        fields = {"builder": BUILDER_VERSION, "name": self.name, "family": self.family, "seed": self.seed,
+                  "shape": self.shape, "init_std": self.init_std, "norm_noise": self.norm_noise,
+                  "tokenizer": [TOKENIZER_VOCAB, CORPUS_SEED, CORPUS_SENTENCES, list(SPECIAL_TOKENS), CHAT_TEMPLATE]}
+        if self.mtp:  # only then: the other models keep their hashes (and their built copies)
+            fields["mtp"] = 1
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -57,6 +58,7 @@ SPECS: dict[str, ModelSpec] = {
         family="gdn",
         seed=1001,
         init_std=0.08,
+        mtp=True,
         shape={
             "hidden_size": 64,
             "intermediate_size": 128,

@@ -60,6 +60,15 @@ FIXES: dict[str, str] = {
     "deepest state above it (GDN, with the decode ring)",
     "end_state": "extra_buffer finish: donate the exact state at the request's full depth (the "
     "working slot, pending records folded) instead of the last tracked state",
+    # the spec-verify ring (--enable-linear-replayssm-spec, GDN; radix/spec_ring.py)
+    "spec_finish_donation": "spec ring, no_buffer finish: fold the row's pending accepted records before "
+    "SGLang donates the slot (D1)",
+    "spec_retract_backup": "spec ring: fold the row's pending accepted records before Req.offload_kv_cache "
+    "backs the slot up to CPU (D2)",
+    "spec_extend_fold": "spec ring: before an extend or MIXED forward, fold every row's pending accepted "
+    "records (mixed-chunk decode rows, streaming-session turns; D3, D4)",
+    "spec_ring_check": "refuse a GDN spec ring whose length is not a power of two or is < 2 x draft "
+    "tokens at startup, in one line (D5)",
 }
 
 _state: dict[str, bool] | None = None

@@ -365,6 +365,52 @@ def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_re
     return charge_decode_ring(original, configurator, total_rest_memory)
 
 
+# ---- the spec-verify ring (radix/spec_ring.py) -------------------------------------------------
+
+
+@_hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND",
+       at="sglang/srt/arg_groups/attention_hook.py:281", fix="spec_ring_check")
+def check_spec_ring(original: Callable[..., Any], server_args: Any) -> Any:
+    """D5: refuse a GDN spec ring length SGLang checks only in a kernel assert."""
+    from sglang_replayssm.radix.spec_ring import check_spec_ring_args
+
+    result = original(server_args)
+    check_spec_ring_args(server_args)
+    return result
+
+
+@_hook(f"{_MAMBA_COMPONENT}.prepare_for_caching_req", "AROUND",
+       at="sglang/srt/mem_cache/unified_cache/components/mamba.py:604", fix="spec_finish_donation")
+def spec_finish_donation(
+    original: Callable[..., Any], component: Any, req: Any, insert_params: Any, token_ids_len: int, is_finished: bool
+) -> Any:
+    """D1: fold the spec row before SGLang donates a finishing no_buffer slot."""
+    from sglang_replayssm.radix.spec_ring import fold_before_finish
+
+    fold_before_finish(component, req, is_finished)
+    return original(component, req, insert_params, token_ids_len, is_finished)
+
+
+@_hook("sglang.srt.managers.schedule_batch.Req.offload_kv_cache", "AROUND",
+       at="sglang/srt/managers/schedule_batch.py:2109", fix="spec_retract_backup")
+def spec_offload_backup(original: Callable[..., Any], req: Any, req_to_token_pool: Any, *args: Any) -> Any:
+    """D2: fold the spec row before its CPU retraction backup."""
+    from sglang_replayssm.radix.spec_ring import fold_before_offload
+
+    fold_before_offload(req, req_to_token_pool)
+    return original(req, req_to_token_pool, *args)
+
+
+@_hook("sglang.srt.model_executor.model_runner.ModelRunner._maybe_execute_deferred_mamba_cow_and_clear", "AROUND",
+       at="sglang/srt/model_executor/model_runner.py:1915", fix="spec_extend_fold")
+def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
+    """D3 / D4: fold every spec row before an extend forward reads the pool."""
+    from sglang_replayssm.radix.spec_ring import fold_before_extend
+
+    fold_before_extend(runner, forward_batch)
+    return original(runner, forward_batch)
+
+
 # ---- registration ---------------------------------------------------------------------------------
 
 #: Every hook of the radix adapter, in definition order.

@@ -63,7 +63,9 @@ def submodule(target: str, alias: str) -> types.ModuleType:
     return module
 
 
+from sglang_replayssm.cpu.standin import attention as _attention  # noqa: E402, F401  (intel_amx attention)
 from sglang_replayssm.cpu.standin import ops as _ops  # noqa: E402  (registers torch.ops.sgl_kernel.*)
+from sglang_replayssm.cpu.standin import spec as _spec  # noqa: E402, F401  (EAGLE / NEXTN functions)
 
 _ops.register_all()
 logger.warning(

@@ -12,6 +12,15 @@ def causal_conv1d_fn_cpu(x, weight, bias, activation, conv_states, has_initial_s
 
 
 def causal_conv1d_update_cpu(x, conv_states, weight, bias, activation, conv_state_indices, **unused):
+    if unused.get("intermediate_conv_window") is not None:  # speculative verify (cpu/spec_standin.py)
+        from sglang_replayssm.cpu import spec_standin
+
+        tree = {k: unused.pop(k, None) for k in ("retrieve_next_token", "retrieve_next_sibling",
+                                                  "retrieve_parent_token")}
+        spec_standin._refuse_tree("causal_conv1d_update_cpu", **tree)
+        return spec_standin.conv_update_verify(x, conv_states, weight, bias, activation == "silu",
+                                               conv_state_indices, unused.pop("intermediate_conv_window"),
+                                               unused.pop("intermediate_state_indices"))
     if any(v is not None for v in unused.values()):
         raise NotImplementedError(f"causal_conv1d_update_cpu: unsupported arguments {sorted(unused)}")
     return ops.causal_conv1d_update_cpu(x, conv_states, weight, bias, activation == "silu", None,

@@ -155,6 +155,15 @@ def fused_sigmoid_gating_delta_rule_update_cpu(A_log, dt_bias, q, k, v, a, b, in
                                                use_qk_l2norm_in_kernel=True, softplus_beta=1.0,
                                                softplus_threshold=20.0, scale=None, **unused):
     """Decode (one token per sequence): gates from a/b, state pool updated in place; o [1,B,HV,V]."""
+    if unused.get("disable_state_update") and not unused.get("is_kda"):  # GDN verify (cpu/spec_standin.py)
+        from sglang_replayssm.cpu import spec_standin
+
+        spec_standin._refuse_tree("fused_sigmoid_gating_delta_rule_update_cpu",
+                                  retrieve_parent_token=unused.get("retrieve_parent_token"))
+        return spec_standin.gdn_verify(A_log, dt_bias, q, k, v, a, b, initial_state_source, initial_state_indices,
+                                       cu_seqlens, unused["intermediate_states_buffer"],
+                                       unused["intermediate_state_indices"], unused["cache_steps"],
+                                       use_qk_l2norm_in_kernel, softplus_beta, softplus_threshold, scale)
     if unused.get("disable_state_update") or unused.get("is_kda"):
         raise NotImplementedError("target-verify / KDA variants are not used by the CPU runtime")
     n = initial_state_indices.shape[0]
