@@ -12,6 +12,10 @@ HOOKS: tuple[Hook, ...] = (
     # sglang serve); the CPU runtime's defaults are appended before it parses.
     Hook("sglang.srt.server_args.prepare_server_args", "BEFORE", launch_args.before_prepare_server_args,
          "sglang/srt/server_args.py:668", "launch-defaults"),
+    # resolve_once() resolves every ServerArgs, also one built from keyword arguments
+    # (sglang.Engine(**kwargs), no command line): the same defaults on its fields.
+    Hook("sglang.srt.server_args.ServerArgs.resolve_once", "BEFORE", launch_args.before_resolve_once,
+         "sglang/srt/server_args.py:244", "engine-defaults"),
 )
 
 

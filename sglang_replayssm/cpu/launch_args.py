@@ -153,6 +153,60 @@ def _merged_config(argv: list[str]) -> list[str]:
     return list(ConfigArgumentMerger(parser).merge_config_with_args(argv))
 
 
+#: The flags complete() reads or adds, as ServerArgs fields (what ``sglang.Engine(**kwargs)`` sets).
+_VALUE_FIELDS = {"--model-path": "model_path", "--device": "device", "--dtype": "dtype",
+                 "--attention-backend": "attention_backend",
+                 "--prefill-attention-backend": "prefill_attention_backend",
+                 "--decode-attention-backend": "decode_attention_backend",
+                 "--mamba-radix-cache-strategy": "mamba_radix_cache_strategy"}
+_SWITCH_FIELDS = {"--disable-cuda-graph": "disable_cuda_graph", "--disable-overlap-schedule": "disable_overlap_schedule"}
+
+
+def fields_argv(server_args: object) -> list[str]:
+    """The ServerArgs fields complete() looks at, written as the command line that would set them."""
+    argv: list[str] = []
+    for flag, name in _VALUE_FIELDS.items():
+        value = getattr(server_args, name, None)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + [flag for flag, name in _SWITCH_FIELDS.items() if getattr(server_args, name, False)]
+
+
+def complete_fields(server_args: object) -> list[str]:
+    """complete() on a ServerArgs record: the defaults are set on its fields; returns the notes."""
+    argv = fields_argv(server_args)
+    done = complete(argv)
+    added, i = done.argv[len(argv):], 0
+    while i < len(added):
+        if added[i] in _SWITCH_FIELDS:
+            setattr(server_args, _SWITCH_FIELDS[added[i]], True)
+            i += 1
+        else:
+            setattr(server_args, _VALUE_FIELDS[added[i]], added[i + 1])
+            i += 2
+    return done.notes
+
+
+def before_resolve_once(server_args: object) -> None:
+    """BEFORE hook body for ``ServerArgs.resolve_once``: the same defaults and refusals for a record
+    built without a command line (``sglang.Engine(**kwargs)``), and the CPU runtime's environment for
+    the processes it spawns (cpu/launch_env.py). A record from the command line already went through
+    before_prepare_server_args and gets nothing more; a resolved one (a child's copy) is left alone."""
+    from sglang_replayssm.cpu import launch_env
+
+    if getattr(server_args, "_resolution_finished", False) or getattr(server_args, "_input_frozen", False):
+        return None
+    notes = complete_fields(server_args)
+    model = getattr(server_args, "model_path", None)
+    for name, value in sorted(launch_env.wanted(["--model-path", str(model)]).items()):
+        if name not in os.environ:
+            os.environ[name] = value
+            notes.append(f"{name}={value} (not set; set by the package for the processes it spawns)")
+    for note in notes:
+        logger.warning("%s %s", PREFIX, note)
+    return None
+
+
 def before_prepare_server_args(argv: list[str], *args: object, **kwargs: object) -> tuple[tuple, dict]:
     """BEFORE hook body for `prepare_server_args(argv)`: the completed argv, defaults logged once."""
     from sglang_replayssm.cpu import launch_env
