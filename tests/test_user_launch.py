@@ -10,7 +10,11 @@ model, each crash of SGLang 0.5.23 + the plugin before the package applied the C
 * tiny-kda at float32: `Expected size for first two dimensions of batch2 tensor to be: [4, 64] but got:
   [4, 288]` (SGLang's torch_native MLA extend, the CPU default attention backend).
 
-bfloat16 is refused in one line (served bf16 tokens differ from transformers' bf16: cpu/launch_args.py).
+* tiny-gdn at bfloat16: served, ReplaySSM on vs off within bf16's tolerance (bf16 was refused before
+  the Triton interpreter's bf16 dot was fixed, cpu/interpret_bf16.py; its unit tests are
+  tests/test_interpret_bf16.py, the KDA bf16 servers are in the matrix);
+* a user-set SGLANG_MAMBA_CONV_DTYPE that disagrees with the served dtype under extra_buffer: refused in
+  one line (it crashed at the first tracked prefill).
 Each server serves its prompts once (module-scoped fixture) and is stopped before the next starts.
 """
 
@@ -58,6 +62,16 @@ def gdn_fp32_extra_ring(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gdn_bf16_extra_ring(models, tmp_path_factory):
+    return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", True, "bfloat16"))
+
+
+@pytest.fixture(scope="module")
+def gdn_bf16_extra_plain(models, tmp_path_factory):
+    return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", False, "bfloat16"))
+
+
+@pytest.fixture(scope="module")
 def kda_fp16_no_buffer_ring(models, tmp_path_factory):
     return _served(models, tmp_path_factory, "tiny-kda", user_flags("no_buffer", True))
 
@@ -90,6 +104,14 @@ def test_gdn_fp32_extra_buffer_ring_equals_hf(models, gdn_fp32_extra_ring):
     """Crash 1 at float32 (`... and Float for the source`): served, and token-exact against HF."""
     assert [r["output_ids"] for r in gdn_fp32_extra_ring] == _hf(models["tiny-gdn"])
     assert gdn_fp32_extra_ring[1]["cached_tokens"] >= 256
+
+
+@pytest.mark.server
+def test_gdn_bf16_serves_and_replayssm_on_off_agree_within_bf16(gdn_bf16_extra_ring, gdn_bf16_extra_plain):
+    """bfloat16 used to be refused at startup; now served, with prefix hits, on within bf16 of off."""
+    assert [len(r["output_ids"]) for r in gdn_bf16_extra_ring] == [12, 12]
+    assert gdn_bf16_extra_ring[1]["cached_tokens"] >= 256
+    assert differences(gdn_bf16_extra_ring, gdn_bf16_extra_plain, TOLERANCE["bfloat16"]) == []
 
 
 @pytest.mark.server

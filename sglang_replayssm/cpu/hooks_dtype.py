@@ -133,6 +133,9 @@ HOOKS: tuple[Hook, ...] = (
 
 
 def register() -> list[str]:
-    """Register the dtype hooks; returns their short names for the load log line."""
+    """Register the dtype hooks and set the Triton interpreter's bf16 patches (cpu/interpret_bf16.py;
+    used wherever TRITON_INTERPRET=1 runs a kernel); returns their short names for the load log line."""
+    from sglang_replayssm.cpu import interpret_bf16
+
     hook_table.register(HOOKS)
-    return [h.name for h in HOOKS]
+    return [h.name for h in HOOKS] + hook_table.apply_patches(interpret_bf16.PATCHES)

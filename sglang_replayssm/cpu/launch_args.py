@@ -13,10 +13,6 @@ Applied in the server's main process to the command line SGLang is about to pars
   cannot be interpreted. A backend the CPU runtime cannot run is refused naming the flag;
 * ``--disable-overlap-schedule`` with ``--mamba-radix-cache-strategy no_buffer`` (SGLang asserts
   otherwise);
-* no bfloat16: served at bfloat16 (GDN and KDA alike) the CPU runtime's greedy tokens differ from
-  transformers' at bfloat16 from the first token on (transformers' bf16 and fp32 agree; float16 and
-  float32 match), a defect not yet located (suspect: a Triton kernel interpreted in bf16), so
-  ``--dtype bfloat16`` (or auto on a bf16 checkpoint) is refused.
 
 Every default is logged once, in one line each. Flags inside a ``--config`` YAML count as passed.
 """
@@ -83,14 +79,6 @@ def model_uses_mla(model_dir: str | None) -> bool:
     return bool(cfg.get("kv_lora_rank")) or any("KimiLinear" in a for a in cfg.get("architectures", []))
 
 
-def _serves_bf16(argv: Sequence[str], model_dir: str | None) -> bool:
-    dtype = flag_value(argv, "--dtype") or "auto"
-    if dtype != "auto":
-        return dtype == "bfloat16"
-    cfg = _config(model_dir)
-    return (cfg.get("dtype") or cfg.get("torch_dtype")) == "bfloat16"
-
-
 def _attention(done: Completed, mla: bool) -> None:
     argv = done.argv
     attn = flag_value(argv, "--attention-backend")
@@ -128,10 +116,6 @@ def complete(argv: Sequence[str]) -> Completed:
     elif device != "cpu":
         raise CPURuntimeArgsError(f"--device {device} needs a driver this machine lacks (pass --device cpu).")
     model = flag_value(argv, "--model-path") or flag_value(argv, "--model")
-    if _serves_bf16(argv, model):
-        raise CPURuntimeArgsError(
-            "--dtype bfloat16 (or auto on a bfloat16 checkpoint) is unsupported: served bfloat16 greedy tokens "
-            "differ from transformers' bfloat16 ones here; pass --dtype float16 or --dtype float32.")
     if not passed(argv, "--disable-cuda-graph"):
         done.add(["--disable-cuda-graph"], "no CUDA graphs without CUDA")
     _attention(done, model_uses_mla(model))
