@@ -4,7 +4,7 @@ cpu/launch_args.py, applied to the command line in the server's main process."""
 from __future__ import annotations
 
 from sglang_replayssm import hook_table
-from sglang_replayssm.cpu import launch_args
+from sglang_replayssm.cpu import launch_args, launch_tp
 from sglang_replayssm.hook_table import Hook
 
 HOOKS: tuple[Hook, ...] = (
@@ -16,6 +16,9 @@ HOOKS: tuple[Hook, ...] = (
     # (sglang.Engine(**kwargs), no command line): the same defaults on its fields.
     Hook("sglang.srt.server_args.ServerArgs.resolve_once", "BEFORE", launch_args.before_resolve_once,
          "sglang/srt/server_args.py:244", "engine-defaults"),
+    # Every process group asks for PyNccl, which needs a CUDA device (--tp/--dp on CPU: gloo).
+    Hook("sglang.srt.distributed.parallel_state.GroupCoordinator.__init__", "BEFORE", launch_tp.no_pynccl,
+         "sglang/srt/distributed/parallel_state.py:295", "tp-no-pynccl"),
 )
 
 

@@ -182,7 +182,11 @@ def before_resolve_once(server_args: object) -> None:
         return None
     notes = complete_fields(server_args)
     model = getattr(server_args, "model_path", None)
-    for name, value in sorted(launch_env.wanted(["--model-path", str(model)]).items()):
+    ranks = [f"--{name.replace('_', '-')}={getattr(server_args, name, 1) or 1}"
+             for name in ("tp_size", "pp_size", "dp_size")]
+    if getattr(server_args, "enable_dp_attention", False):
+        ranks.append("--enable-dp-attention")
+    for name, value in sorted(launch_env.wanted(["--model-path", str(model), *ranks]).items()):
         if name not in os.environ:
             os.environ[name] = value
             notes.append(f"{name}={value} (not set; set by the package for the processes it spawns)")

@@ -52,7 +52,9 @@ def wanted(argv: Sequence[str]) -> dict[str, str]:
     model = flag_value(argv, "--model-path") or flag_value(argv, "--model")
     if model is not None and os.path.isdir(model):
         env["HF_HUB_OFFLINE"] = "1"  # a local model directory: never wait on the hub (no network here)
-    return env
+    from sglang_replayssm.cpu import launch_tp
+
+    return {**env, **launch_tp.wanted(argv)}
 
 
 def plugin_selected(environ: dict[str, str] | os._Environ[str]) -> bool:
