@@ -65,3 +65,16 @@ def test_tp_flags_reach_the_environment_the_package_sets(monkeypatch):
     want = launch_env.wanted(["python", "-m", "sglang.launch_server", "--model-path", str(Path("/nonexistent")),
                               "--tp", "2"])
     assert want["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
+
+
+def test_dp_attention_patch_names_the_sglang_line_that_calls_it():
+    import sglang
+
+    from sglang_replayssm.cpu import hooks_launch
+
+    (patch,) = hooks_launch.PATCHES
+    attr = patch.target.rsplit(".", 1)[1]
+    path, line = patch.at.rsplit(":", 1)
+    source = (Path(sglang.__file__).parent.parent / path).read_text().splitlines()
+    assert attr in source[int(line) - 1], patch.at
+    assert launch_tp.cpu_graph_seq_len_fill_value(None) == 1

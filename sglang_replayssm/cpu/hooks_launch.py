@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sglang_replayssm import hook_table
 from sglang_replayssm.cpu import launch_args, launch_tp
-from sglang_replayssm.hook_table import Hook
+from sglang_replayssm.hook_table import Hook, Patch
 
 HOOKS: tuple[Hook, ...] = (
     # prepare_server_args(argv) parses the launcher's command line (python -m sglang.launch_server,
@@ -22,7 +22,16 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
+#: What HookRegistry cannot express (a method the class lacks), set directly.
+PATCHES: tuple[Patch, ...] = (
+    # DP attention's batch padding asks the attention backend for its CPU fill value.
+    Patch("sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.get_cpu_graph_seq_len_fill_value",
+          launch_tp.cpu_graph_seq_len_fill_value, "sglang/srt/model_executor/forward_batch_info.py:2014",
+          "dp-attention-fill-value"),
+)
+
+
 def register() -> list[str]:
-    """Register this part's hooks; returns their short names for the load log line."""
+    """Register this part's hooks and set its patches; returns their short names for the load log line."""
     hook_table.register(HOOKS)
-    return [h.name for h in HOOKS]
+    return [h.name for h in HOOKS] + hook_table.apply_patches(PATCHES)

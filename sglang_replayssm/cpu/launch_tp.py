@@ -11,6 +11,9 @@ user cannot guess, applied by the package.
   CPUs this process may run on into one contiguous group per rank (``0|1`` on two cores; ranks share
   CPUs round-robin when there are fewer CPUs than ranks). SGLang's CPU engine only pins OpenMP threads
   with its AMX kernels, which the CPU runtime does not report, so the groups only satisfy the check.
+* DP attention pads each rank's batch (``prepare_mlp_sync_batch``) with a seq-len fill value that on CPU
+  only SGLang's AMX attention backend defines (``get_cpu_graph_seq_len_fill_value``); the torch backend
+  gets the same value (1).
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ def wanted(argv: Sequence[str]) -> dict[str, str]:
     if ranks <= numa_nodes():
         return {}
     return {"SGLANG_CPU_OMP_THREADS_BIND": threads_bind(ranks, sorted(os.sched_getaffinity(0)))}
+
+
+def cpu_graph_seq_len_fill_value(self: Any) -> int:
+    """The seq-len SGLang pads DP-attention batches with on CPU (IntelAMXAttnBackend's value, 1): the
+    torch attention backends the CPU runtime uses lack the method (forward_batch_info.py:2014)."""
+    return 1
 
 
 def no_pynccl(*args: Any, **kwargs: Any) -> tuple[tuple, dict]:
