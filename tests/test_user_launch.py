@@ -62,6 +62,11 @@ def gdn_fp32_extra_ring(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gdn_fp32_extra_ring_tp2(models, tmp_path_factory):
+    return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", True, "float32", ["--tp", "2"]))
+
+
+@pytest.fixture(scope="module")
 def gdn_bf16_extra_ring(models, tmp_path_factory):
     return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", True, "bfloat16"))
 
@@ -112,6 +117,14 @@ def test_gdn_bf16_serves_and_replayssm_on_off_agree_within_bf16(gdn_bf16_extra_r
     assert [len(r["output_ids"]) for r in gdn_bf16_extra_ring] == [12, 12]
     assert gdn_bf16_extra_ring[1]["cached_tokens"] >= 256
     assert differences(gdn_bf16_extra_ring, gdn_bf16_extra_plain, TOLERANCE["bfloat16"]) == []
+
+
+@pytest.mark.server
+def test_gdn_tp2_serves_the_tp1_tokens_and_prefix_hits(gdn_fp32_extra_ring, gdn_fp32_extra_ring_tp2):
+    """`--tp 2` as typed (cpu/launch_tp.py; before: PyNccl `Expected a cuda device, but got: cpu`, then
+    SGLang's thread-binding assert on a 1-NUMA box): the TP=1 server's tokens and cached tokens."""
+    assert [r["output_ids"] for r in gdn_fp32_extra_ring_tp2] == [r["output_ids"] for r in gdn_fp32_extra_ring]
+    assert [r["cached_tokens"] for r in gdn_fp32_extra_ring_tp2] == [r["cached_tokens"] for r in gdn_fp32_extra_ring]
 
 
 @pytest.mark.server

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+#: ``flag_value(argv, flag)``: the value of a flag in a command line (cpu/launch_env.py's).
+FlagValue = Callable[[Sequence[str], str], "str | None"]
 
-def _int_flag(argv: Sequence[str], flags: tuple[str, ...]) -> int:
-    from sglang_replayssm.cpu.launch_env import flag_value
 
+def _int_flag(argv: Sequence[str], flags: tuple[str, ...], flag_value: FlagValue) -> int:
     for flag in flags:
         value = flag_value(argv, flag)
         if value is not None:
@@ -34,12 +35,12 @@ def _int_flag(argv: Sequence[str], flags: tuple[str, ...]) -> int:
     return 1
 
 
-def world_size(argv: Sequence[str]) -> int:
+def world_size(argv: Sequence[str], flag_value: FlagValue) -> int:
     """Scheduler ranks of one server: tp * pp, times dp unless DP attention runs inside the TP group."""
-    tp = _int_flag(argv, ("--tp-size", "--tp", "--tensor-parallel-size"))
-    pp = _int_flag(argv, ("--pp-size", "--pp", "--pipeline-parallel-size"))
-    dp = _int_flag(argv, ("--dp-size", "--dp", "--data-parallel-size"))
-    dp_attention = "--enable-dp-attention" in argv or _int_flag(argv, ("--attn-dp-size",)) > 1
+    tp = _int_flag(argv, ("--tp-size", "--tp", "--tensor-parallel-size"), flag_value)
+    pp = _int_flag(argv, ("--pp-size", "--pp", "--pipeline-parallel-size"), flag_value)
+    dp = _int_flag(argv, ("--dp-size", "--dp", "--data-parallel-size"), flag_value)
+    dp_attention = "--enable-dp-attention" in argv or _int_flag(argv, ("--attn-dp-size",), flag_value) > 1
     return tp * pp * (1 if dp_attention else dp)
 
 
@@ -63,9 +64,9 @@ def threads_bind(ranks: int, cpus: Sequence[int]) -> str:
     return "|".join(groups)
 
 
-def wanted(argv: Sequence[str]) -> dict[str, str]:
+def wanted(argv: Sequence[str], flag_value: FlagValue) -> dict[str, str]:
     """SGLANG_CPU_OMP_THREADS_BIND for a multi-rank server on fewer NUMA nodes than ranks, else nothing."""
-    ranks = world_size(argv)
+    ranks = world_size(argv, flag_value)
     if ranks <= numa_nodes():
         return {}
     return {"SGLANG_CPU_OMP_THREADS_BIND": threads_bind(ranks, sorted(os.sched_getaffinity(0)))}
