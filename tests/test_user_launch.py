@@ -10,7 +10,11 @@ model, each crash of SGLang 0.5.23 + the plugin before the package applied the C
 * tiny-kda at float32: `Expected size for first two dimensions of batch2 tensor to be: [4, 64] but got:
   [4, 288]` (SGLang's torch_native MLA extend, the CPU default attention backend).
 
-bfloat16 is refused in one line (served bf16 tokens differ from transformers' bf16: cpu/launch_args.py).
+* tiny-gdn at bfloat16: served, ReplaySSM on vs off within bf16's tolerance (bf16 was refused before
+  the Triton interpreter's bf16 dot was fixed, cpu/interpret_bf16.py; its unit tests are
+  tests/test_interpret_bf16.py, the KDA bf16 servers are in the matrix);
+* a user-set SGLANG_MAMBA_CONV_DTYPE that disagrees with the served dtype under extra_buffer: refused in
+  one line (it crashed at the first tracked prefill).
 Each server serves its prompts once (module-scoped fixture) and is stopped before the next starts.
 """
 
@@ -58,6 +62,21 @@ def gdn_fp32_extra_ring(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gdn_fp32_extra_ring_tp2(models, tmp_path_factory):
+    return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", True, "float32", ["--tp", "2"]))
+
+
+@pytest.fixture(scope="module")
+def gdn_bf16_extra_ring(models, tmp_path_factory):
+    return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", True, "bfloat16"))
+
+
+@pytest.fixture(scope="module")
+def gdn_bf16_extra_plain(models, tmp_path_factory):
+    return _served(models, tmp_path_factory, "tiny-gdn", user_flags("extra_buffer", False, "bfloat16"))
+
+
+@pytest.fixture(scope="module")
 def kda_fp16_no_buffer_ring(models, tmp_path_factory):
     return _served(models, tmp_path_factory, "tiny-kda", user_flags("no_buffer", True))
 
@@ -93,6 +112,22 @@ def test_gdn_fp32_extra_buffer_ring_equals_hf(models, gdn_fp32_extra_ring):
 
 
 @pytest.mark.server
+def test_gdn_bf16_serves_and_replayssm_on_off_agree_within_bf16(gdn_bf16_extra_ring, gdn_bf16_extra_plain):
+    """bfloat16 used to be refused at startup; now served, with prefix hits, on within bf16 of off."""
+    assert [len(r["output_ids"]) for r in gdn_bf16_extra_ring] == [12, 12]
+    assert gdn_bf16_extra_ring[1]["cached_tokens"] >= 256
+    assert differences(gdn_bf16_extra_ring, gdn_bf16_extra_plain, TOLERANCE["bfloat16"]) == []
+
+
+@pytest.mark.server
+def test_gdn_tp2_serves_the_tp1_tokens_and_prefix_hits(gdn_fp32_extra_ring, gdn_fp32_extra_ring_tp2):
+    """`--tp 2` as typed (cpu/launch_tp.py; before: PyNccl `Expected a cuda device, but got: cpu`, then
+    SGLang's thread-binding assert on a 1-NUMA box): the TP=1 server's tokens and cached tokens."""
+    assert [r["output_ids"] for r in gdn_fp32_extra_ring_tp2] == [r["output_ids"] for r in gdn_fp32_extra_ring]
+    assert [r["cached_tokens"] for r in gdn_fp32_extra_ring_tp2] == [r["cached_tokens"] for r in gdn_fp32_extra_ring]
+
+
+@pytest.mark.server
 def test_kda_fp16_serves(kda_fp16_no_buffer_ring):
     """Crash 2 (`expected scalar type Float but found Half`): the server starts (warmup) and serves."""
     assert [len(r["output_ids"]) for r in kda_fp16_no_buffer_ring] == [12, 12]
@@ -106,20 +141,22 @@ def test_kda_fp32_extra_buffer_equals_hf(models, kda_fp32_extra_plain):
 
 
 REFUSED = [
-    ("tiny-kda", ["--attention-backend", "torch_native"], "--attention-backend triton"),
-    ("tiny-gdn", ["--dtype", "bfloat16"], "--dtype float16 or --dtype float32"),
-    ("tiny-kda", ["--dtype", "bfloat16"], "--dtype float16 or --dtype float32"),
+    ("tiny-kda", ["--attention-backend", "torch_native"], {}, "an MLA model", "--attention-backend triton"),
+    # Before the refusal this server started and crashed at the first prompt past the chunk grid
+    # (`Index put requires the source and destination dtypes match`).
+    ("tiny-gdn", ["--mamba-radix-cache-strategy", "extra_buffer"], {"SGLANG_MAMBA_CONV_DTYPE": "bfloat16"},
+     "SGLANG_MAMBA_CONV_DTYPE=bfloat16 differs from the served dtype float16", "set it to float16"),
 ]
 
 
 @pytest.mark.server
-@pytest.mark.parametrize(("model", "flags", "fix"), REFUSED, ids=["kda-torch-native-mla", "gdn-bf16", "kda-bf16"])
-def test_unservable_flag_is_refused_in_one_line(models, model, flags, fix):
+@pytest.mark.parametrize(("model", "flags", "env", "what", "fix"), REFUSED, ids=["kda-torch-native-mla", "gdn-conv-dtype"])
+def test_unservable_flag_is_refused_in_one_line(models, model, flags, env, what, fix):
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(models[model]), *flags]
-    proc = subprocess.run(cmd, env=user_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=user_env(env=env), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("sglang-replayssm CPU runtime:") and fix in last, proc.stderr[-2000:]
+    assert last.startswith("sglang-replayssm") and what in last and fix in last, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 
@@ -203,3 +240,30 @@ def test_conv_pool_and_batched_linear_follow_the_serving_dtype(monkeypatch):
     y = hooks_dtype.batched_linear_forward(None, Batched(), x)
     assert y.dtype == torch.float16
     assert torch.allclose(y.float(), torch.bmm(x.float(), Batched.weight.transpose(-1, -2)), rtol=2e-3, atol=2e-3)
+
+
+def test_conv_dtype_refusal_only_where_sglang_would_crash():
+    import torch
+
+    refuse = hooks_dtype.conv_dtype_refusal
+    assert refuse(None, "extra_buffer", torch.float16) is None  # the package picks the serving dtype
+    assert refuse("float16", "extra_buffer", torch.float16) is None
+    assert refuse("bfloat16", "no_buffer", torch.float16) is None  # conv kernels cast on write
+    message = refuse("bfloat16", "extra_buffer_lazy", torch.float32)
+    assert message is not None and "set it to float32" in message and "\n" not in message
+
+
+def test_engine_fields_get_the_same_defaults_as_the_command_line(models):
+    class Record:  # the ServerArgs fields complete_fields reads, at SGLang's defaults
+        model_path, device, dtype, mamba_radix_cache_strategy = str(models["tiny-kda"]), None, "auto", "no_buffer"
+        attention_backend = prefill_attention_backend = decode_attention_backend = None
+        disable_cuda_graph = disable_overlap_schedule = False
+
+    record = Record()
+    notes = launch_args.complete_fields(record)
+    assert (record.device, record.attention_backend, record.decode_attention_backend) == ("cpu", "triton", "torch_native")
+    assert record.disable_cuda_graph and record.disable_overlap_schedule and len(notes) == 5
+    assert launch_args.complete_fields(record) == []  # a completed record gets nothing more
+    record.decode_attention_backend = "triton"
+    with pytest.raises(launch_args.CPURuntimeArgsError, match="--decode-attention-backend torch_native"):
+        launch_args.complete_fields(record)

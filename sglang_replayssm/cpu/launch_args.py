@@ -13,10 +13,6 @@ Applied in the server's main process to the command line SGLang is about to pars
   cannot be interpreted. A backend the CPU runtime cannot run is refused naming the flag;
 * ``--disable-overlap-schedule`` with ``--mamba-radix-cache-strategy no_buffer`` (SGLang asserts
   otherwise);
-* no bfloat16: served at bfloat16 (GDN and KDA alike) the CPU runtime's greedy tokens differ from
-  transformers' at bfloat16 from the first token on (transformers' bf16 and fp32 agree; float16 and
-  float32 match), a defect not yet located (suspect: a Triton kernel interpreted in bf16), so
-  ``--dtype bfloat16`` (or auto on a bf16 checkpoint) is refused.
 
 Every default is logged once, in one line each. Flags inside a ``--config`` YAML count as passed.
 """
@@ -81,14 +77,6 @@ def model_uses_mla(model_dir: str | None) -> bool:
     """Whether the model's config.json declares MLA attention (Kimi-Linear / DeepSeek style)."""
     cfg = _config(model_dir)
     return bool(cfg.get("kv_lora_rank")) or any("KimiLinear" in a for a in cfg.get("architectures", []))
-
-
-def _serves_bf16(argv: Sequence[str], model_dir: str | None) -> bool:
-    dtype = flag_value(argv, "--dtype") or "auto"
-    if dtype != "auto":
-        return dtype == "bfloat16"
-    cfg = _config(model_dir)
-    return (cfg.get("dtype") or cfg.get("torch_dtype")) == "bfloat16"
 
 
 def _attention(done: Completed, mla: bool) -> None:
@@ -166,10 +154,6 @@ def complete(argv: Sequence[str]) -> Completed:
     elif device != "cpu":
         raise CPURuntimeArgsError(f"--device {device} needs a driver this machine lacks (pass --device cpu).")
     model = flag_value(argv, "--model-path") or flag_value(argv, "--model")
-    if _serves_bf16(argv, model):
-        raise CPURuntimeArgsError(
-            "--dtype bfloat16 (or auto on a bfloat16 checkpoint) is unsupported: served bfloat16 greedy tokens "
-            "differ from transformers' bfloat16 ones here; pass --dtype float16 or --dtype float32.")
     if not passed(argv, "--disable-cuda-graph"):
         done.add(["--disable-cuda-graph"], "no CUDA graphs without CUDA")
     if not _speculative(done, model_uses_mla(model)):
@@ -190,6 +174,64 @@ def _merged_config(argv: list[str]) -> list[str]:
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     return list(ConfigArgumentMerger(parser).merge_config_with_args(argv))
+
+
+#: The flags complete() reads or adds, as ServerArgs fields (what ``sglang.Engine(**kwargs)`` sets).
+_VALUE_FIELDS = {"--model-path": "model_path", "--device": "device", "--dtype": "dtype",
+                 "--attention-backend": "attention_backend",
+                 "--prefill-attention-backend": "prefill_attention_backend",
+                 "--decode-attention-backend": "decode_attention_backend",
+                 "--mamba-radix-cache-strategy": "mamba_radix_cache_strategy"}
+_SWITCH_FIELDS = {"--disable-cuda-graph": "disable_cuda_graph", "--disable-overlap-schedule": "disable_overlap_schedule"}
+
+
+def fields_argv(server_args: object) -> list[str]:
+    """The ServerArgs fields complete() looks at, written as the command line that would set them."""
+    argv: list[str] = []
+    for flag, name in _VALUE_FIELDS.items():
+        value = getattr(server_args, name, None)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + [flag for flag, name in _SWITCH_FIELDS.items() if getattr(server_args, name, False)]
+
+
+def complete_fields(server_args: object) -> list[str]:
+    """complete() on a ServerArgs record: the defaults are set on its fields; returns the notes."""
+    argv = fields_argv(server_args)
+    done = complete(argv)
+    added, i = done.argv[len(argv):], 0
+    while i < len(added):
+        if added[i] in _SWITCH_FIELDS:
+            setattr(server_args, _SWITCH_FIELDS[added[i]], True)
+            i += 1
+        else:
+            setattr(server_args, _VALUE_FIELDS[added[i]], added[i + 1])
+            i += 2
+    return done.notes
+
+
+def before_resolve_once(server_args: object) -> None:
+    """BEFORE hook body for ``ServerArgs.resolve_once``: the same defaults and refusals for a record
+    built without a command line (``sglang.Engine(**kwargs)``), and the CPU runtime's environment for
+    the processes it spawns (cpu/launch_env.py). A record from the command line already went through
+    before_prepare_server_args and gets nothing more; a resolved one (a child's copy) is left alone."""
+    from sglang_replayssm.cpu import launch_env
+
+    if getattr(server_args, "_resolution_finished", False) or getattr(server_args, "_input_frozen", False):
+        return None
+    notes = complete_fields(server_args)
+    model = getattr(server_args, "model_path", None)
+    ranks = [f"--{name.replace('_', '-')}={getattr(server_args, name, 1) or 1}"
+             for name in ("tp_size", "pp_size", "dp_size")]
+    if getattr(server_args, "enable_dp_attention", False):
+        ranks.append("--enable-dp-attention")
+    for name, value in sorted(launch_env.wanted(["--model-path", str(model), *ranks]).items()):
+        if name not in os.environ:
+            os.environ[name] = value
+            notes.append(f"{name}={value} (not set; set by the package for the processes it spawns)")
+    for note in notes:
+        logger.warning("%s %s", PREFIX, note)
+    return None
 
 
 def before_prepare_server_args(argv: list[str], *args: object, **kwargs: object) -> tuple[tuple, dict]:

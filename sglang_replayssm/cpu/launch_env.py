@@ -15,6 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from sglang_replayssm.cpu import launch_tp
+
 #: Always set on the CPU runtime: SGLang's CPU engine (`is_cpu()`), and Triton kernels interpreted
 #: (KDA's MLA prefill runs SGLang's Triton extend attention; no compiled Triton without a GPU).
 ALWAYS: dict[str, str] = {"SGLANG_USE_CPU_ENGINE": "1", "TRITON_INTERPRET": "1"}
@@ -52,7 +54,7 @@ def wanted(argv: Sequence[str]) -> dict[str, str]:
     model = flag_value(argv, "--model-path") or flag_value(argv, "--model")
     if model is not None and os.path.isdir(model):
         env["HF_HUB_OFFLINE"] = "1"  # a local model directory: never wait on the hub (no network here)
-    return env
+    return {**env, **launch_tp.wanted(argv, flag_value)}
 
 
 def plugin_selected(environ: dict[str, str] | os._Environ[str]) -> bool:
