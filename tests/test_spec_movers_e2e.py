@@ -26,7 +26,14 @@ from sglang_replayssm.models.mtp import fit_prompts
 from sglang_replayssm.models.specs import SPECS
 from sglang_replayssm.testing.serve import cpu_server
 
-pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]
+# Opt-in (CI time): this workload shows no D3 difference and D4 is an open defect (xfail); the D1 server
+# test and the D2-D5 unit tests run in `make test`.
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.timeout(1800),
+    pytest.mark.skipif(os.environ.get("SGLANG_REPLAYSSM_SLOW") != "1",
+                       reason="opt-in: SGLANG_REPLAYSSM_SLOW=1 pytest tests/test_spec_movers_e2e.py"),
+]
 
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
 NEXTN_RING = [*NEXTN, "--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", "16"]
