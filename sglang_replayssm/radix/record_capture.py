@@ -117,6 +117,8 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
         if pool is None:
             detach(req_pool)
             return
+    if not pool.capture_decode and forward_batch.forward_mode.is_decode():
+        return  # decode tokens were never assigned a slot (CUDA): nothing to write on the hot path
     n = loc.numel()
     if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.shape[0] < n or a.shape[0] < n:
         pool.invalidate(loc)
