@@ -18,15 +18,13 @@ import ctypes
 import dataclasses
 import hashlib
 import logging
-import os
-import subprocess
 from pathlib import Path
 
 import torch
 
 from .read_copy_ref import check_read_copy_args
 from .ring_decode_args import check_fused_layout, check_ring_decode_args, prepare_step
-from .ring_decode_cuda import CudaReadUnsupported, cache_dir
+from .ring_decode_cuda import CudaReadUnsupported, cache_dir, nvcc_shared
 
 __all__ = [
     "DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "default_flush_parts", "read_copy_decode_cuda",
@@ -84,20 +82,7 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
     _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
-    tmp = so.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [
-        os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
-        "-shared", "-Xcompiler", "-fPIC", f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}",
-        str(_SRC), "-o", str(tmp),
-    ]  # fmt: skip
-    try:
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-    except FileNotFoundError as e:
-        raise CudaReadUnsupported("the CUDA read copy needs nvcc on PATH (or $NVCC)") from e
-    except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"nvcc failed on read_copy.cu:\n{e.stderr[-2000:]}") from e
-    tmp.replace(so)
-    return so
+    return nvcc_shared(_SRC, so, arch, [f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}"])
 
 
 def _lib(depth: int, min_blocks: int) -> ctypes.CDLL:

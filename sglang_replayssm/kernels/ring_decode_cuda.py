@@ -29,7 +29,8 @@ from .ring_decode_args import RingStep
 from .ring_decode_config import RingDecodeConfig
 
 __all__ = [
-    "DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "run_passes", "supports",
+    "DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "nvcc_shared", "run_passes",
+    "supports",
 ]  # fmt: skip
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
@@ -92,19 +93,26 @@ def build(
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
     _LOG.info("sglang-replayssm: building ring_read.cu for sm_%s into %s (once)", arch, out_dir)
+    defines = [f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
+               f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}",
+               f"-DRR_FLUSH_BULK={int(flush_bulk)}"]
+    return nvcc_shared(_SRC, so, arch, defines)
+
+
+def nvcc_shared(src: Path, so: Path, arch: str, flags: list[str]) -> Path:
+    """Compile ``src`` into the shared library ``so`` for ``sm_{arch}`` (atomically: a temporary file
+    per process, then a rename); ``CudaReadUnsupported`` without nvcc, RuntimeError on its errors."""
     tmp = so.with_suffix(f".{os.getpid()}.tmp")
     cmd = [
         os.environ.get("NVCC", "nvcc"), f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17",
-        "-shared", "-Xcompiler", "-fPIC", f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
-        f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}",
-        f"-DRR_FLUSH_BULK={int(flush_bulk)}", str(_SRC), "-o", str(tmp),
+        "-shared", "-Xcompiler", "-fPIC", *flags, str(src), "-o", str(tmp),
     ]  # fmt: skip
     try:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     except FileNotFoundError as e:
-        raise CudaReadUnsupported("engine='cuda' needs nvcc on PATH (or $NVCC) to build ring_read.cu") from e
+        raise CudaReadUnsupported(f"building {src.name} needs nvcc on PATH (or $NVCC)") from e
     except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"nvcc failed on ring_read.cu:\n{e.stderr[-2000:]}") from e
+        raise RuntimeError(f"nvcc failed on {src.name}:\n{e.stderr[-2000:]}") from e
     tmp.replace(so)
     return so
 
