@@ -17,7 +17,7 @@ models: env
 	@$(PY) -m sglang_replayssm.cli make-models --out $(MODELS)
 
 test: env lint
-	@$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	@$(PY) -m pytest -q -ra --durations=40 $(PYTEST_ARGS)
 
 # The whole user-launch matrix (GDN, KDA x dtype x mamba strategy x ReplaySSM off/on, prompts up to
 # 2,048 tokens): opt-in, about 2 hours on a quiet 2-core machine.

@@ -58,8 +58,9 @@ def test_multi_turn_sends_history_plus_answer() -> None:
                                                        max_concurrency=None, seed=0))
     turns = convs[0].turns
     assert [r.prompt_tokens for r in records] == [34, 34 + 5 + 4, 34 + 5 + 4 + 5 + 4]
-    # Each later turn reuses the whole previous prompt and its answer.
-    assert [r.cached_tokens for r in records] == [0, 39, 48]
+    # Each later turn reuses the whole previous prompt and its answer but the answer's last token
+    # (sampled, never forwarded: it has no KV yet), as SGLang reports it.
+    assert [r.cached_tokens for r in records] == [0, 34 + 5 - 1, 34 + 5 + 4 + 5 - 1]
     prompt1 = list(turns[0].new_ids) + records[0].output_ids + list(turns[1].new_ids)
     assert records[1].output_ids == fake_output(prompt1, 5, 1000)
 
