@@ -130,3 +130,41 @@ def test_prometheus_counter_counts_lost_hit_tokens():
     assert value() - before == 8
     assert metrics.process_total() - total == 8
     assert metrics.PROMETHEUS_NAME == "sglang:replayssm_mamba_lost_hit_tokens_total"
+
+
+def test_record_metrics_count_rebuilds_folds_and_the_pool():
+    """Rebuilt hits, their folded records, the record pool's bytes and its evictions, in SGLang's
+    Prometheus registry (labels of the collector) and the prefill log line."""
+    import torch
+    from prometheus_client import REGISTRY
+
+    from sglang_replayssm.radix.records import RecordPool, attach
+
+    labels = {"model_name": "replayssm-records-test", "engine_type": "unified"}
+    reporter = _reporter(True, SimpleNamespace(labels=labels))
+    pool = RecordPool(kv_size=50, capacity=4, device=torch.device("cpu"))
+    reporter.scheduler.req_to_token_pool = SimpleNamespace()
+    attach(reporter.scheduler.req_to_token_pool, pool)
+
+    def value(name):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    names = (metrics.REBUILT_PROMETHEUS_NAME, metrics.HITS_PROMETHEUS_NAME, metrics.FOLDED_PROMETHEUS_NAME,
+             metrics.EVICTED_PROMETHEUS_NAME)
+    before = [value(n) for n in names]
+    pool.assign(torch.arange(3))
+    pool.assign(torch.arange(3, 6))  # 6 tokens into 4 slots: the 2 oldest records are dropped
+    reqs = [SimpleNamespace(_replayssm_rebuilt_tokens=(100, 7)), SimpleNamespace(_replayssm_rebuilt_tokens=(30, 30)),
+            SimpleNamespace()]
+    stats = SimpleNamespace()
+    metrics.collect_for_prefill(stats, reqs)
+    seen = []
+    with config.override(True):
+        hooks.report_lost_hit(lambda *a, **k: seen.append(metrics._pending.get()), reporter, None, stats, False)
+    assert seen == [(0, 130, 37)]
+    assert [value(n) - b for n, b in zip(names, before)] == [130, 2, 37, 2]
+    assert value(metrics.POOL_BYTES_PROMETHEUS_NAME) == pool.nbytes > 0
+    pool.assign(torch.arange(6, 8))
+    with config.override(True):
+        hooks.report_lost_hit(lambda *a, **k: None, reporter, None, SimpleNamespace(), False)
+    assert value(metrics.EVICTED_PROMETHEUS_NAME) - before[3] == 4  # counted once each

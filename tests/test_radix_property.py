@@ -36,8 +36,9 @@ CONFIGS = [
     SimConfig(kind="kda", strategy="extra_buffer", track_interval=3),
     SimConfig(kind="kda", strategy="extra_buffer_lazy", track_interval=8),
     # Records (prefix hits at any depth, rebuilt from stored inputs): a pool that holds every
-    # token, and one of 40 tokens whose first-in-first-out eviction makes hits fall back.
-    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True),
+    # token with a prefill state kept every 4 tokens (rebuilds start from the deepest one), and
+    # one of 40 tokens whose first-in-first-out eviction makes hits fall back.
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, state_interval=4),
     SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, records=True, record_tokens=40),
 ]
 FAMILIES = [
@@ -46,7 +47,7 @@ FAMILIES = [
     [5, 4, 3, 2, 1, 5, 4, 3],
 ]
 MAX_RUNNING = 4
-_steps_run = {"count": 0, "rebuilds": 0}
+_steps_run = {"count": 0, "rebuilds": 0, "state_rebuilds": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,6 +125,7 @@ def _run(cfg: SimConfig, stream: list[tuple], apply=None, setup=None) -> None:
             sim.check()
     finally:
         _steps_run["rebuilds"] += getattr(sim, "rebuilds", 0)
+        _steps_run["state_rebuilds"] += getattr(sim, "state_rebuilds", 0)
         if sim.cache.cache_controller is not None:
             sim.cache.release_host_resources()
 
@@ -131,7 +133,7 @@ def _run(cfg: SimConfig, stream: list[tuple], apply=None, setup=None) -> None:
 @pytest.mark.parametrize(
     "cfg", CONFIGS,
     ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
-    + (f"-records{c.record_tokens}" if c.records else ""),
+    + (f"-records{c.record_tokens}" if c.records else "") + (f"-states{c.state_interval}" if c.state_interval else ""),
 )
 def test_every_cached_and_live_state_is_exact(cfg):
     @settings(
@@ -154,6 +156,7 @@ def test_the_suite_ran_enough_steps():
     """Runs after the parametrised cases (file order); 8 x 34 x 50 = 13,600 steps."""
     assert _steps_run["count"] >= 10_000, _steps_run["count"]
     assert _steps_run["rebuilds"] >= 100, _steps_run  # the records configurations plant and rebuild
+    assert _steps_run["state_rebuilds"] >= 20, _steps_run  # ... some from a kept prefill state
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

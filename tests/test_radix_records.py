@@ -146,3 +146,140 @@ def test_rebuild_matches_the_fp64_recurrence(spans, radix_adapter):
             assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
             window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
             assert torch.equal(cache.conv[0][job.dst[0]], window.T), (n, layer.layer_id)
+
+
+def test_kept_positions_follow_the_chunk_grid():
+    from sglang_replayssm.radix.interval_states import kept_positions
+
+    # One 1,088-token prompt from the root: chunk starts 64..1024; the state interval 256 keeps
+    # depths 256, 512, 768, 1024 (after tokens 255, 511, 767, 1023; chunks 4, 8, 12, 16).
+    assert kept_positions([0], [1088], 256) == ([255, 511, 767, 1023], [4, 8, 12, 16])
+    # Unaligned prefix 100: chunk starts at depths 164, 228, 292, ...; the first past 256 is 292.
+    tokens, chunks = kept_positions([100], [300], 256)
+    assert tokens == [191] and chunks == [3]
+    # Two sequences: the second's tokens and chunks are offset by the first's (70 tokens, 2 chunks).
+    assert kept_positions([0, 0], [70, 300], 128) == ([70 + 127, 70 + 255], [2 + 2, 2 + 4])
+    # No interior chunk start, or states off.
+    assert kept_positions([0], [64], 64) == ([], []) and kept_positions([0], [1000], 0) == ([], [])
+
+
+def test_interval_states_first_in_first_out_and_invalidate():
+    from sglang_replayssm.radix.interval_states import IntervalStates
+
+    st = IntervalStates(kv_size=20, capacity=2, interval=64, device=torch.device("cpu"))
+    st.assign(torch.tensor([4, 9]))
+    assert st.deepest(torch.tensor([1, 4, 5, 9, 6])) == (3, 1)
+    st.invalidate(torch.tensor([9]))
+    assert st.deepest(torch.tensor([1, 4, 5, 9, 6])) == (1, 0)
+    st.assign(torch.tensor([11, 12]))  # slots 0, 1: key 4 loses its state
+    assert st.deepest(torch.tensor([4, 5])) is None and st.deepest(torch.tensor([12, 3])) == (0, 1)
+    st.write(0, torch.tensor([11, 3]), torch.arange(3.0).view(3, 1, 1, 1), torch.tensor([2, 1]), torch.float32)
+    assert st.ssm[0][:, 0, 0, 0].tolist() == [2.0, 0.0, 1.0]  # key 3 has no slot: the sink row
+    st.write(1, torch.tensor([11]), torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16), torch.tensor([0]), torch.float32)
+    assert 1 in st.skipped and not st.usable([0, 1]) and 1 not in st.ssm
+
+
+def _setup_rebuild(T: int, seed: int = 7):
+    cfg = SimConfig(kind="gdn", strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
+    model = ToyModel(cfg)
+    _, _, req_pool = build_fixture(cfg, model)
+    gen = torch.Generator().manual_seed(seed)
+    layers = [_layer(model, i, gen) for i in range(cfg.mamba_layers)]
+    backend = _backend()
+    pool = RecordPool(kv_size=512, capacity=320, device=torch.device("cpu"))
+    kv = torch.randperm(500, generator=gen)[:T]
+    pool.assign(kv)
+    inputs = []
+    for layer in layers:
+        x = torch.randn(T, model.qkv_dim, generator=gen)
+        a, b = 0.5 * torch.randn(T, model.HV, generator=gen), torch.randn(T, model.HV, generator=gen)
+        pool.write(layer, backend, kv, x, a, b)
+        inputs.append((x, a, b))
+    return model, req_pool, layers, backend, pool, kv, inputs
+
+
+def _check(model, req_pool, layers, inputs, jobs, want):
+    for job, n in zip(jobs, want):
+        for layer, (x, a, b) in zip(layers, inputs):
+            cache = req_pool.mamba2_layer_cache(layer.layer_id)
+            ref = _oracle(layer, model, x, a, b, n)
+            got = cache.temporal[job.dst[0]].double()
+            assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
+            window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
+            assert torch.equal(cache.conv[0][job.dst[0]], window.T), (n, layer.layer_id)
+
+
+def test_rebuild_from_interval_states_matches_the_fp64_recurrence(radix_adapter):
+    """Interval-state starts (lead records make the conv window; spans of 0, 1, many records), batched
+    with a start from a tree state and one from the root."""
+    from sglang_replayssm.radix.interval_states import IntervalStates
+
+    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300)
+    lead = model.win
+    assert pool.conv_lead == lead
+    pool.states = IntervalStates(kv_size=512, capacity=8, interval=64, device=torch.device("cpu"))
+    alloc = req_pool.mamba_allocator
+    starts = {64: 0, 128: 1, 5: 2, 256: 3}  # depth -> state slot
+    for depth, slot in starts.items():
+        pool.states.owner[slot] = kv[depth - 1]
+        pool.states.state_of[kv[depth - 1]] = slot
+        for layer, (x, a, b) in zip(layers, inputs):
+            ssm = pool.states.ssm.setdefault(layer.layer_id, torch.zeros(9, model.HV, model.V, model.K))
+            ssm[slot] = _oracle(layer, model, x, a, b, depth).float()
+    jobs, want = [], []
+    for t, n in ((64, 64), (64, 65), (128, 191), (5, 299), (256, 300)):
+        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=pool.slots(kv[t - lead:n]), state=starts[t],
+                            lead=lead))
+        want.append(n)
+    jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=pool.slots(kv[:40])))
+    want.append(40)
+    rebuild(pool, req_pool, jobs)
+    _check(model, req_pool, layers, inputs, jobs, want)
+
+
+def test_kept_chunk_states_are_the_prefill_states(radix_adapter, monkeypatch):
+    """A prefill through the CPU extend kernel keeps its chunk states (``keep_chunk_states``) at the
+    interval; a match's rebuild from them equals the fp64 recurrence of the path."""
+    from sglang_replayssm.radix import record_capture
+    from sglang_replayssm.radix.interval_states import IntervalStates, kept_positions
+    from sglang_replayssm.radix.record_match import _from_interval_state
+
+    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=3)
+    pool.states = IntervalStates(kv_size=512, capacity=8, interval=128, device=torch.device("cpu"))
+    # Two prefills in one batch: tokens [0, 90) from the root, then [90, 300) after a 90-token prefix.
+    prefix, lens = [0, 90], [90, 210]
+    loc = torch.cat([kv[:90], kv[90:300]])
+    tokens, _ = kept_positions(prefix, lens, 128)
+    pool.states.assign(loc[torch.tensor(tokens)])
+    fb = types.SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens, out_cache_loc=loc)
+    alloc = req_pool.mamba_allocator
+    seqs = [alloc.alloc(1), alloc.alloc(1)]
+    for layer, (x, a, b) in zip(layers, inputs):
+        cache = req_pool.mamba2_layer_cache(layer.layer_id)
+        cache.temporal[seqs[0]] = 0
+        cache.temporal[seqs[1]] = _oracle(layer, model, x, a, b, 90).float()
+        conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
+        w = layer.conv_weights
+        mixed = torch.stack([(conv[t:t + model.win + 1].T * w).sum(-1) for t in range(300)]) + layer.bias
+        mixed = torch.nn.functional.silu(mixed)
+        q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        g, beta = backend._prefill_gates(layer, a, b)
+        result = backend.kernel_dispatcher.extend(
+            q=q.reshape(1, 300, model.H, model.K), k=k.reshape(1, 300, model.H, model.K),
+            v=v.reshape(1, 300, model.HV, model.V), g=g, beta=beta, ssm_states=cache.temporal,
+            cache_indices=torch.cat(seqs).to(torch.int32), query_start_loc=torch.tensor([0, 90, 300]))
+        monkeypatch.setattr(record_capture, "_extending", (pool, layer, fb))
+        record_capture.keep_chunk_states(result, cache.temporal)
+    monkeypatch.setattr(record_capture, "_extending", None)
+    # Kept: depth 128 (first chunk start past 128 of the second prefill: 90 + 64 = 154), 282.
+    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
+    jobs, want = [], []
+    for n in (160, 154, 299):
+        start = _from_interval_state(pool, kv[:n])
+        assert start is not None
+        state, lead, slots = start
+        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=slots, state=state, lead=lead))
+        want.append(n)
+    assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
+    rebuild(pool, req_pool, jobs)
+    _check(model, req_pool, layers, inputs, jobs, want)

@@ -302,7 +302,12 @@ def _capture_records(name: str, what: str) -> Callable[..., Any]:
         from sglang_replayssm.radix.record_capture import capture
 
         capture(backend, layer, forward_batch, mixed_qkv, a, b)
-        return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if what != "extend":
+            return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        from sglang_replayssm.radix.record_capture import extending
+
+        with extending(backend, layer, forward_batch):
+            return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
 
     hook.__name__ = hook.__qualname__ = name
     hook.__doc__ = f"Store the layer's {what} inputs for the batch's new tokens, then SGLang's {what}."
@@ -314,6 +319,17 @@ for _name, _method, _at, _what in (
     ("capture_decode_records", "forward_decode", "sglang/srt/layers/attention/linear/gdn_backend.py:678", "decode"),
 ):
     _hook(f"{_GDN_BACKEND}.{_method}", "AROUND", at=_at, fix="record_hits")(_capture_records(_name, _what))
+
+
+@_hook("sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.extend", "AROUND",
+       at="sglang/srt/layers/attention/linear/gdn_backend.py:441", fix="record_hits")
+def keep_interval_states(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
+    """A forward's own GDN extend: keep its per-chunk states at the state interval."""
+    from sglang_replayssm.radix.record_capture import keep_chunk_states
+
+    result = original(dispatcher, *args, **kwargs)
+    keep_chunk_states(result, kwargs.get("ssm_states"))
+    return result
 
 
 @_hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AROUND",

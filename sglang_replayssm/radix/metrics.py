@@ -12,8 +12,12 @@ recorded value is moved into that batch's ``PrefillStats``; ``report_prefill_sta
 * with ``--enable-metrics`` increments the Prometheus counter
   ``sglang:replayssm_mamba_lost_hit_tokens_total`` with the collector's labels.
 
-Beside it, the tokens of the admitted hits that were rebuilt from records (:mod:`record_match`):
-``#mamba-rebuilt-token: R`` in the same line and ``sglang:replayssm_record_rebuilt_tokens_total``.
+Beside it, the admitted hits that were rebuilt from records (:mod:`record_match`): their tokens
+``#mamba-rebuilt-token: R`` and the records their rebuilds folded ``#mamba-folded-record: F`` in the
+same line; Prometheus ``sglang:replayssm_record_rebuilt_tokens_total``,
+``sglang:replayssm_record_rebuilt_hits_total``, ``sglang:replayssm_record_folded_total``, and for the
+record pool ``sglang:replayssm_record_pool_bytes`` (gauge) and
+``sglang:replayssm_record_evicted_tokens_total`` (records dropped, oldest first, for newer tokens).
 
 A request is counted once per admission (a chunked prefill's later chunks do not re-match; a
 retracted request that is re-admitted is counted again, as SGLang counts its hit tokens again).
@@ -44,15 +48,21 @@ PROMETHEUS_NAME = "sglang:replayssm_mamba_lost_hit_tokens_total"
 LOG_KEY = "#mamba-lost-hit-token"
 REBUILT_PROMETHEUS_NAME = "sglang:replayssm_record_rebuilt_tokens_total"
 REBUILT_LOG_KEY = "#mamba-rebuilt-token"
+FOLDED_LOG_KEY = "#mamba-folded-record"
+HITS_PROMETHEUS_NAME = "sglang:replayssm_record_rebuilt_hits_total"
+FOLDED_PROMETHEUS_NAME = "sglang:replayssm_record_folded_total"
+POOL_BYTES_PROMETHEUS_NAME = "sglang:replayssm_record_pool_bytes"
+EVICTED_PROMETHEUS_NAME = "sglang:replayssm_record_evicted_tokens_total"
 _REQ_ATTR = "_replayssm_mamba_lost_hit_tokens"
 _STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
-_REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"
+_REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"  # (tokens, hits, folded records)
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
-_pending: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
+_pending: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
 _lock = threading.Lock()
 _total = 0
 _counters: dict[str, Any] = {}
+_evicted_reported: dict[int, int] = {}  # id(record pool) -> evictions already counted
 _filter_installed = False
 _CACHED_RE = re.compile(r"(#cached-token: \d+, )")
 
@@ -74,14 +84,15 @@ def record_match(params: Any, result: Any) -> None:
 
 def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
     """Move the recorded lost hits of the newly admitted ``reqs`` onto ``stats``; return the sum."""
-    from sglang_replayssm.radix.record_match import rebuilt_tokens
+    from sglang_replayssm.radix.record_match import rebuild_of
 
-    n = rebuilt = 0
+    n = tokens = hits = folded = 0
     for req in reqs:
         n += int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
-        rebuilt += rebuilt_tokens(req)
+        t, f = rebuild_of(req)
+        tokens, hits, folded = tokens + t, hits + (t > 0), folded + f
     setattr(stats, _STATS_ATTR, n)
-    setattr(stats, _REBUILT_STATS_ATTR, rebuilt)
+    setattr(stats, _REBUILT_STATS_ATTR, (tokens, hits, folded))
     return n
 
 
@@ -96,8 +107,8 @@ class _AppendLostHit(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         pending = _pending.get()
         if pending is not None and isinstance(record.msg, str) and record.msg.startswith("Prefill batch"):
-            n, rebuilt = pending
-            keys = f"{LOG_KEY}: {n}, {REBUILT_LOG_KEY}: {rebuilt}"
+            n, rebuilt, folded = pending
+            keys = f"{LOG_KEY}: {n}, {REBUILT_LOG_KEY}: {rebuilt}, {FOLDED_LOG_KEY}: {folded}"
             text, hits = _CACHED_RE.subn(rf"\g<1>{keys}, ", record.msg, count=1)
             record.msg = text if hits else f"{record.msg}, {keys}"
         return True
@@ -116,16 +127,34 @@ _DOCS = {
     "that depth (recomputed instead), sglang-replayssm.",
     REBUILT_PROMETHEUS_NAME: "Prompt tokens of prefix hits whose mamba state was rebuilt from stored "
     "layer inputs (records) instead of recomputed, sglang-replayssm.",
+    HITS_PROMETHEUS_NAME: "Prefix hits whose mamba state was rebuilt from records, sglang-replayssm.",
+    FOLDED_PROMETHEUS_NAME: "Records folded by those rebuilds (from the deepest kept state), sglang-replayssm.",
+    POOL_BYTES_PROMETHEUS_NAME: "Bytes held by the record pool (records, interval states, maps), sglang-replayssm.",
+    EVICTED_PROMETHEUS_NAME: "Records dropped, oldest first, to make room for newer tokens, sglang-replayssm.",
 }
 
 
-def _prometheus_counter(name: str, labelnames: list[str]) -> Any:
+def _prometheus_counter(name: str, labelnames: list[str], kind: str = "Counter") -> Any:
     with _lock:
         if name not in _counters:
-            from prometheus_client import Counter
+            import prometheus_client
 
-            _counters[name] = Counter(name=name, documentation=_DOCS[name], labelnames=labelnames)
+            cls = getattr(prometheus_client, kind)
+            _counters[name] = cls(name=name, documentation=_DOCS[name], labelnames=labelnames)
         return _counters[name]
+
+
+def _record_pool_values(reporter: Any) -> tuple[int, int] | None:
+    """``(pool bytes, evictions since the last report)`` of the scheduler's record pool, if any."""
+    from sglang_replayssm.radix.records import pool_of
+
+    pool = pool_of(getattr(getattr(reporter, "scheduler", None), "req_to_token_pool", None))
+    if pool is None:
+        return None
+    with _lock:
+        new = pool.evicted - _evicted_reported.get(id(pool), 0)
+        _evicted_reported[id(pool)] = pool.evicted
+    return pool.nbytes, new
 
 
 def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,18 +162,24 @@ def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kw
     global _total
     stats = kwargs.get("prefill_stats", args[1] if len(args) > 1 else None)
     n = int(getattr(stats, _STATS_ATTR, 0) or 0)
-    rebuilt = int(getattr(stats, _REBUILT_STATS_ATTR, 0) or 0)
+    rebuilt, hits, folded = getattr(stats, _REBUILT_STATS_ATTR, None) or (0, 0, 0)
     with _lock:
         _total += n
     collector = getattr(reporter, "metrics_collector", None)
     if getattr(reporter, "current_scheduler_metrics_enabled", False) and collector is not None:
         labels = dict(getattr(collector, "labels", {}) or {})
-        for name, value in ((PROMETHEUS_NAME, n), (REBUILT_PROMETHEUS_NAME, rebuilt)):
+        pool = _record_pool_values(reporter)
+        evicted = 0 if pool is None else pool[1]
+        for name, value in ((PROMETHEUS_NAME, n), (REBUILT_PROMETHEUS_NAME, rebuilt), (HITS_PROMETHEUS_NAME, hits),
+                            (FOLDED_PROMETHEUS_NAME, folded), (EVICTED_PROMETHEUS_NAME, evicted)):
             if value:
                 counter = _prometheus_counter(name, list(labels))
                 (counter.labels(**labels) if labels else counter).inc(value)
+        if pool is not None:
+            gauge = _prometheus_counter(POOL_BYTES_PROMETHEUS_NAME, list(labels), "Gauge")
+            (gauge.labels(**labels) if labels else gauge).set(pool[0])
     _install_filter()
-    token = _pending.set((n, rebuilt))
+    token = _pending.set((n, rebuilt, folded))
     try:
         return original(reporter, *args, **kwargs)
     finally:

@@ -12,6 +12,11 @@ that cannot capture (a fused decode path passing a tuple, a target-verify forwar
 of its tokens instead, so an assigned slot always holds its token's inputs before any rebuild reads
 it (rebuilds run at the start of the next forward, :mod:`record_rebuild`).
 
+Interval states (:mod:`interval_states`): ``prepare_for_extend`` also gives the chunk states the
+prefill keeps a state slot (keyed by the KV index of their last token), and the extend kernel's
+per-chunk states ``h`` are written to them as each layer's ``GDNKernelDispatcher.extend`` returns
+(:func:`keep_chunk_states`; only inside a forward's own extend, never inside a rebuild's).
+
 The pool exists only with the ReplaySSM decode ring on and a radix cache; it is created by the first
 GDN forward, which also assigns its own tokens. On CUDA only prefill tokens are captured (a decode
 step replayed from a CUDA graph could not be captured); decode tokens keep the deepest state.
@@ -24,6 +29,12 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.radix.interval_states import (
+    INTERVAL_ENV,
+    IntervalStates,
+    interval_from_env,
+    kept_positions,
+)
 from sglang_replayssm.radix.records import (
     CAPACITY_ENV,
     RecordPool,
@@ -35,7 +46,7 @@ from sglang_replayssm.radix.records import (
 from sglang_replayssm.radix.records import OFF_ATTR as _OFF_ATTR
 from sglang_replayssm.radix.ring_pool import ring_pool
 
-__all__ = ["assign_batch", "capture", "invalidate_allocated"]
+__all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states"]
 
 logger = logging.getLogger(__name__)
 _ALLOCATOR_ATTR = "_replayssm_record_pool"
@@ -63,7 +74,20 @@ def assign_batch(batch: Any, *, decode: bool) -> None:
         setattr(allocator, _ALLOCATOR_ATTR, pool)
     if decode and not pool.capture_decode:
         return
-    pool.assign(getattr(batch, "out_cache_loc", None))
+    loc = getattr(batch, "out_cache_loc", None)
+    pool.assign(loc)
+    if not decode:
+        _assign_states(pool, loc, getattr(batch, "prefix_lens", None), getattr(batch, "extend_lens", None))
+
+
+def _assign_states(pool: RecordPool, loc: Any, prefix_lens: Any, extend_lens: Any) -> None:
+    """State slots for the chunk states a prefill of these lengths keeps."""
+    states = pool.states
+    if states is None or loc is None or prefix_lens is None or extend_lens is None:
+        return
+    tokens, _ = kept_positions(list(prefix_lens), list(extend_lens), states.interval, states.chunk)
+    if tokens and max(tokens) < loc.numel():
+        states.assign(loc[torch.tensor(tokens, device=loc.device)])
 
 
 def _wanted(backend: Any, forward_batch: Any) -> bool:
@@ -92,10 +116,18 @@ def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
     device = forward_batch.out_cache_loc.device
     pool = RecordPool(kv_size=kv_size, capacity=capacity, device=device)
     pool.capture_decode = device.type == "cpu"
+    interval = interval_from_env()
+    if interval > 0:
+        pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,
+                                     device=device)
     attach(backend.req_to_token_pool, pool)
-    logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change)",
-                capacity, CAPACITY_ENV)
+    logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change), "
+                "a prefill state every %s (%s=N, 0 = none)", capacity, CAPACITY_ENV,
+                f"{interval} tokens" if interval else "- (off)", INTERVAL_ENV)
     pool.assign(forward_batch.out_cache_loc)  # the first forward's own tokens
+    if forward_batch.forward_mode.is_extend():
+        _assign_states(pool, forward_batch.out_cache_loc, forward_batch.extend_prefix_lens_cpu,
+                       forward_batch.extend_seq_lens_cpu)
     return pool
 
 
@@ -124,3 +156,58 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
         pool.invalidate(loc)
         return
     pool.write(layer, backend, loc, mixed_qkv[:n], a[:n], b[:n])
+
+
+#: (pool, layer, forward_batch) while a forward's own ``forward_extend`` runs (the forward thread).
+_extending: tuple[RecordPool, Any, Any] | None = None
+
+
+class extending:  # noqa: N801 - a context manager named for what it marks
+    """Marks a GDN layer's ``forward_extend``: the dispatcher's extend inside it is the forward's own."""
+
+    def __init__(self, backend: Any, layer: Any, forward_batch: Any) -> None:
+        pool = pool_of(backend.req_to_token_pool)
+        wanted = pool is not None and pool.states is not None and _wanted(backend, forward_batch)
+        self.ctx = (pool, layer, forward_batch) if wanted and pool is not None else None
+
+    def __enter__(self) -> None:
+        global _extending
+        _extending = self.ctx
+
+    def __exit__(self, *exc: object) -> None:
+        global _extending
+        _extending = None
+
+
+_KEPT_ATTR = "_replayssm_kept_chunk_states"
+
+
+def keep_chunk_states(result: Any, ssm_states: Any) -> None:
+    """After the dispatcher's extend inside a forward: keep the chunk states of this layer's ``h``
+    (``result[2]``, ``[1, NT, *state]``) that the batch assigned state slots to."""
+    ctx = _extending
+    if ctx is None or not isinstance(result, tuple) or len(result) < 3 or not isinstance(result[2], torch.Tensor):
+        return
+    pool, layer, forward_batch = ctx
+    states = pool.states
+    if states is None or not isinstance(ssm_states, torch.Tensor):
+        return
+    kept = getattr(forward_batch, _KEPT_ATTR, None)
+    if kept is None:
+        prefix, lens = forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
+        tokens, chunk_ids = ([], []) if prefix is None or lens is None else kept_positions(
+            list(prefix), list(lens), states.interval, states.chunk)
+        loc = forward_batch.out_cache_loc
+        total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
+        kept = (loc[torch.tensor(tokens, device=loc.device, dtype=torch.int64)],
+                torch.tensor(chunk_ids, dtype=torch.int64), total) if tokens else ()
+        setattr(forward_batch, _KEPT_ATTR, kept)
+    if not kept:
+        return
+    keys, chunks, total = kept
+    shape = tuple(ssm_states.shape[1:])
+    h = result[2]
+    if h.numel() != total * ssm_states[0].numel() or tuple(h.shape[-len(shape):]) != shape:
+        states.skipped.add(layer.layer_id)  # not the per-chunk states of this batch: keep none
+        return
+    states.write(layer.layer_id, keys, h.reshape(total, *shape), chunks, ssm_states.dtype)

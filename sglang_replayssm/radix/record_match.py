@@ -8,7 +8,9 @@ SGLang's tree-core API only, so the Python and the Rust tree cores behave alike:
   the deepest state (``best_match_node``, depth ``device_prefix_len``; the root's zero state
   included) down to the node the walk ended on (depth ``full_kv_hit_length``; the walk split the
   node there);
-* if records cover the whole span, that node gets a fresh mamba slot now (the tree owns it:
+* the rebuild starts from the deepest kept interval state in the span (:mod:`interval_states`)
+  whose conv window's records exist, else from the deepest state itself;
+* if records cover the span from that start, that node gets a fresh mamba slot now (the tree owns it:
   SGLang's lock, LRU and eviction apply as to any state) and its rebuild is queued: the deepest
   state plus the span's records, folded at the start of the next forward (:mod:`record_rebuild`),
   before SGLang's deferred copy-on-write copies the planted state into the request's slot. The
@@ -26,18 +28,24 @@ import torch
 
 from sglang_replayssm.radix.records import RecordPool, pool_of
 
-__all__ = ["Rebuild", "plant_and_match", "rebuilt_tokens"]
+__all__ = ["Rebuild", "plant_and_match", "rebuild_of", "rebuilt_tokens"]
 
 _REQ_ATTR = "_replayssm_rebuilt_tokens"
 
 
 @dataclass(frozen=True)
 class Rebuild:
-    """Fold ``slots`` (record slots, token order) into ``src``'s state (None: zero) as ``dst``."""
+    """Fold ``slots[lead:]`` (record slots, token order) into a start state as ``dst``.
+
+    The start is the interval state ``state`` when given (then ``slots[:lead]`` are the records of
+    the ``lead`` tokens before it, which only make the conv window), else ``src``'s tree state
+    (None: the zero state; ``lead`` is 0 and the conv window is ``src``'s)."""
 
     dst: torch.Tensor  # logical mamba slot, shape [1]
     src: torch.Tensor | None  # logical mamba slot of the deepest state above, shape [1]
-    slots: torch.Tensor  # [n] record slots
+    slots: torch.Tensor  # [lead + n] record slots
+    state: int | None = None  # interval state slot (radix/interval_states.py)
+    lead: int = 0
 
 
 def _hicache(component: Any) -> bool:
@@ -60,6 +68,22 @@ def _alloc_slot(component: Any, node_id: Any) -> torch.Tensor | None:
     return slot
 
 
+def _from_interval_state(pool: RecordPool, span: torch.Tensor) -> tuple[int, int, torch.Tensor] | None:
+    """``(state slot, lead, record slots)`` for a rebuild from the deepest interval state of
+    ``span`` whose conv window's records and every later record exist; None if there is none."""
+    states, lead = pool.states, pool.conv_lead
+    if states is None or not pool.layers or not states.usable(list(pool.layers)):
+        return None
+    found = states.deepest(span)
+    if found is None or found[0] + 1 < lead:
+        return None
+    j, state = found
+    tail = span[j + 1 - lead:]
+    if not pool.covered(tail):
+        return None
+    return state, lead, pool.slots(tail).clone()
+
+
 def plant_and_match(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """Extend an admission match to its KV depth through records, then run SGLang's finalizer."""
     pool: RecordPool | None = pool_of(component.cache.req_to_token_pool)
@@ -77,25 +101,38 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         return original(component, params, result)
     tree, ct = component.tree_core, component.component_type
     anchor = result.best_match_node
-    src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
-    if depth > 0 and src is None:
-        return original(component, params, result)
     span = tree.collect_full_device_indices(target, anchor)
-    if depth + span.numel() != full or not pool.covered(span):
+    if depth + span.numel() != full:
         return original(component, params, result)
+    start = _from_interval_state(pool, span)
+    if start is None:
+        src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
+        if (depth > 0 and src is None) or not pool.covered(span):
+            return original(component, params, result)
     slot = _alloc_slot(component, target)
     if slot is None:
         return original(component, params, result)
     tree.set_component_device_value(target, ct, slot.reshape(1).clone())
-    pool.pending.append(Rebuild(dst=slot.reshape(1).clone(),
-                                src=None if src is None else src.reshape(1).clone(),
-                                slots=pool.slots(span).clone()))
-    setattr(params.req, _REQ_ATTR, int(span.numel()))
+    if start is not None:
+        state, lead, slots = start
+        job = Rebuild(dst=slot.reshape(1).clone(), src=None, slots=slots, state=state, lead=lead)
+    else:
+        job = Rebuild(dst=slot.reshape(1).clone(), src=None if src is None else src.reshape(1).clone(),
+                      slots=pool.slots(span).clone())
+    pool.pending.append(job)
+    setattr(params.req, _REQ_ATTR, (int(span.numel()), int(job.slots.numel()) - job.lead))
     extended = result._replace(device_prefix_len=full, last_device_node=target, last_host_node=target,
                                best_match_node=target, mamba_branching_seqlen=None)
     return original(component, params, extended)
 
 
+def rebuild_of(req: Any) -> tuple[int, int]:
+    """``(hit tokens, records folded)`` of ``req``'s last admission match's rebuild, (0, 0) without
+    one (popped: counted once)."""
+    found = req.__dict__.pop(_REQ_ATTR, None)
+    return (0, 0) if found is None else (int(found[0]), int(found[1]))
+
+
 def rebuilt_tokens(req: Any) -> int:
     """Tokens of ``req``'s last admission match that were rebuilt from records (popped)."""
-    return int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+    return rebuild_of(req)[0]

@@ -1,9 +1,10 @@
 """Rebuild planted states from records, at the start of the next forward (before SGLang's
 deferred copy-on-write reads them).
 
-For each queued :class:`record_match.Rebuild` (``dst`` a fresh tree slot, ``src`` the ancestor's
-state or the zero state, ``slots`` the records of the span): ``dst`` gets ``src``'s state (an exact
-copy, :func:`snapshot.copy_from_exact`), then every GDN layer runs SGLang's own prefill kernels over
+For each queued :class:`record_match.Rebuild` (``dst`` a fresh tree slot, its start: an interval
+state, or ``src`` the ancestor's state or the zero state; ``slots`` the records of the span): ``dst``
+gets the start state (an exact copy, :func:`snapshot.copy_from_exact`, or the kept interval state,
+whose conv window the first ``lead`` records make), then every GDN layer runs SGLang's own prefill kernels over
 the stored inputs, all rebuilds of the step batched as one varlen sequence set: ``causal_conv1d_fn``
 with ``dst``'s conv window as the initial window, the layer's gates, and the extend kernel of its
 backend (``GDNKernelDispatcher.extend``), which leaves the state after the span in ``temporal[dst]``
@@ -41,29 +42,72 @@ def run_pending(runner: Any) -> int:
 
 
 def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
-    """Write into each job's ``dst`` the state of ``src`` followed by the job's records."""
+    """Write into each job's ``dst`` its start state followed by the job's records."""
     if not jobs:
         return
     translate = req_pool.translate_mamba_indices
     copied = [j for j in jobs if j.src is not None]
-    zeroed = [j for j in jobs if j.src is None]
+    zeroed = [j for j in jobs if j.src is None and j.state is None]
     if copied:
         req_pool.copy_mamba_state(translate(torch.cat([j.src for j in copied])),  # type: ignore[misc]
                                   translate(torch.cat([j.dst for j in copied])))
     if zeroed:
         req_pool.mamba_pool.clear_slots(translate(torch.cat([j.dst for j in zeroed])))
     device = pool.device
-    lens = [int(j.slots.numel()) for j in jobs]
-    slots = torch.cat([j.slots for j in jobs]).to(device)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    dst = translate(torch.cat([j.dst for j in jobs])).to(device=device, dtype=torch.int32)
-    has_state = torch.tensor([j.src is not None for j in jobs], dtype=torch.bool, device=device)
+    from_state = [j for j in jobs if j.state is not None]
+    state_dst = state_src = None
+    if from_state:
+        state_dst = translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64)
+        state_src = torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device)
+    plan = _Plan.of(jobs, device, translate)
     for layer_id in sorted(pool.layers):
-        _fold_gdn_layer(pool.layers[layer_id], req_pool, slots, cu, lens, dst, has_state)
+        if state_dst is not None and state_src is not None and pool.states is not None:
+            temporal = req_pool.mamba2_layer_cache(layer_id).temporal
+            temporal[state_dst] = pool.states.ssm[layer_id][state_src].to(temporal.dtype)
+        _fold_gdn_layer(pool.layers[layer_id], req_pool, plan)
 
 
-def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, slots: torch.Tensor, cu: torch.Tensor,
-                    lens: list[int], dst: torch.Tensor, has_state: torch.Tensor) -> None:
+class _Plan:
+    """One step's rebuilds as varlen batches: the conv runs over every job's records (lead
+    included), the extend over the records past each job's lead (jobs with none are left out)."""
+
+    def __init__(self, slots: torch.Tensor, conv_cu: torch.Tensor, conv_lens: list[int], dst: torch.Tensor,
+                 conv_init: torch.Tensor, keep: torch.Tensor | None, ext_cu: torch.Tensor, ext_lens: list[int],
+                 ext_dst: torch.Tensor, ext_init: torch.Tensor) -> None:
+        self.slots, self.conv_cu, self.conv_lens, self.dst, self.conv_init = slots, conv_cu, conv_lens, dst, conv_init
+        self.keep, self.ext_cu, self.ext_lens, self.ext_dst, self.ext_init = keep, ext_cu, ext_lens, ext_dst, ext_init
+
+    @classmethod
+    def of(cls, jobs: list[Rebuild], device: torch.device, translate: Any) -> _Plan:
+        def cu(lens: list[int]) -> torch.Tensor:
+            return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+        conv_lens = [int(j.slots.numel()) for j in jobs]
+        dst = translate(torch.cat([j.dst for j in jobs])).to(device=device, dtype=torch.int32)
+        keep_rows: list[int] = []
+        start = 0
+        for j, n in zip(jobs, conv_lens):
+            keep_rows += range(start + j.lead, start + n)
+            start += n
+        ext = [i for i, (j, n) in enumerate(zip(jobs, conv_lens)) if n > j.lead]
+        ext_lens = [conv_lens[i] - jobs[i].lead for i in ext]
+        leads = any(j.lead for j in jobs)
+        return cls(
+            slots=torch.cat([j.slots for j in jobs]).to(device),
+            conv_cu=cu(conv_lens),
+            conv_lens=conv_lens,
+            dst=dst,
+            conv_init=torch.tensor([j.src is not None for j in jobs], dtype=torch.bool, device=device),
+            keep=torch.tensor(keep_rows, dtype=torch.int64, device=device) if leads else None,
+            ext_cu=cu(ext_lens),
+            ext_lens=ext_lens,
+            ext_dst=dst[torch.tensor(ext, dtype=torch.int64, device=device)],
+            ext_init=torch.tensor([jobs[i].src is not None or jobs[i].state is not None for i in ext],
+                                  dtype=torch.bool, device=device),
+        )
+
+
+def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
     from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
     from sglang.srt.utils import is_cpu
 
@@ -75,12 +119,15 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, slots: torch.Tensor, cu: t
         and not is_cpu()
         and (not conv_states.is_contiguous() or not ssm_states.is_contiguous())
     )
+    dst = plan.dst
     if gather:  # as SGLang's forward_extend: kernels that need a contiguous slot layout
         conv_work, ssm_work = conv_states[dst.long()].contiguous(), ssm_states[dst.long()].contiguous()
         idx = torch.arange(dst.numel(), device=dst.device, dtype=dst.dtype)
+        rows = {int(d): i for i, d in enumerate(dst.tolist())}
+        ext_idx = torch.tensor([rows[int(d)] for d in plan.ext_dst.tolist()], dtype=dst.dtype, device=dst.device)
     else:
-        conv_work, ssm_work, idx = conv_states, ssm_states, dst
-    x, a, b = rec.x[slots], rec.a[slots], rec.b[slots]
+        conv_work, ssm_work, idx, ext_idx = conv_states, ssm_states, dst, plan.ext_dst
+    x, a, b = rec.x[plan.slots], rec.a[plan.slots], rec.b[plan.slots]
     total = x.shape[0]
     mixed = gdn_backend.causal_conv1d_fn(
         x.transpose(0, 1),
@@ -88,30 +135,34 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, slots: torch.Tensor, cu: t
         layer.bias,
         activation=layer.activation,
         conv_states=conv_work,
-        has_initial_state=has_state,
+        has_initial_state=plan.conv_init,
         cache_indices=idx,
-        query_start_loc=cu,
-        seq_lens_cpu=lens,
+        query_start_loc=plan.conv_cu,
+        seq_lens_cpu=plan.conv_lens,
     ).transpose(0, 1)[:total]
-    q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
-    q = q.reshape(1, total, layer.num_q_heads, layer.head_q_dim)
-    k = k.reshape(1, total, layer.num_k_heads, layer.head_k_dim)
-    v = v.reshape(1, total, layer.num_v_heads, layer.head_v_dim)
-    g, beta = backend._prefill_gates(layer, a, b)
-    backend.kernel_dispatcher.extend(
-        q=q, k=k, v=v, g=g, beta=beta,
-        ssm_states=ssm_work,
-        cache_indices=idx,
-        query_start_loc=cu,
-        state_checkpoint_cu_starts=None,
-        num_state_checkpoints=0,
-        state_checkpoint_every_n_tokens=0,
-        output=None,
-        layer_id=layer.layer_id,
-        extend_prefix_lens=has_state.to(torch.int32),
-        track_state=None,
-        track_chunk_idx=None,
-    )
+    if plan.keep is not None:  # drop the lead rows: they only made the conv window
+        mixed, a, b = mixed[plan.keep], a[plan.keep], b[plan.keep]
+    n = mixed.shape[0]
+    if n > 0:
+        q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        q = q.reshape(1, n, layer.num_q_heads, layer.head_q_dim)
+        k = k.reshape(1, n, layer.num_k_heads, layer.head_k_dim)
+        v = v.reshape(1, n, layer.num_v_heads, layer.head_v_dim)
+        g, beta = backend._prefill_gates(layer, a, b)
+        backend.kernel_dispatcher.extend(
+            q=q, k=k, v=v, g=g, beta=beta,
+            ssm_states=ssm_work,
+            cache_indices=ext_idx,
+            query_start_loc=plan.ext_cu,
+            state_checkpoint_cu_starts=None,
+            num_state_checkpoints=0,
+            state_checkpoint_every_n_tokens=0,
+            output=None,
+            layer_id=layer.layer_id,
+            extend_prefix_lens=plan.ext_init.to(torch.int32),
+            track_state=None,
+            track_chunk_idx=None,
+        )
     if gather:
         conv_states[dst.long()] = conv_work
         ssm_states[dst.long()] = ssm_work

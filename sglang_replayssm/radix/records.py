@@ -98,9 +98,12 @@ class RecordPool:
     slot_of: torch.Tensor = field(init=False)
     owner: torch.Tensor = field(init=False)
     head: int = 0
+    used: int = 0  # slots ever assigned, at most the capacity
+    evicted: int = 0  # assignments that took a slot from an older token (first in, first out)
     capture_decode: bool = True  # decode tokens get records too (False: only prefill tokens)
     layers: dict[int, LayerRecords] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)  # rebuilds to run at the next forward
+    states: Any = None  # IntervalStates: kept prefill states (radix/interval_states.py), or None
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -115,6 +118,8 @@ class RecordPool:
         if kv is None or kv.numel() == 0:
             return
         self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)] = -1
+        if self.states is not None:
+            self.states.invalidate(kv)
 
     def assign(self, kv: torch.Tensor | None) -> None:
         """Give every token of ``kv`` (freshly allocated KV indices, in order) a record slot, the
@@ -130,6 +135,8 @@ class RecordPool:
         self.slot_of[kv] = slots
         self.owner[slots] = kv
         self.head = (self.head + n) % self.capacity
+        self.evicted += max(0, self.used + n - self.capacity)
+        self.used = min(self.capacity, self.used + n)
 
     def covered(self, kv: torch.Tensor | None) -> bool:
         """Whether every token of ``kv`` has a record (an empty span is covered)."""
@@ -138,6 +145,13 @@ class RecordPool:
         if kv.numel() == 0:
             return True
         return bool((self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)] >= 0).all())
+
+    @property
+    def conv_lead(self) -> int:
+        """Records before a depth that make its conv window (``width - 1``; 3 for SGLang's GDN)."""
+        for rec in self.layers.values():
+            return int(rec.layer.conv_weights.shape[-1]) - 1
+        return 0
 
     def slots(self, kv: torch.Tensor) -> torch.Tensor:
         """The record slots of ``kv`` (each >= 0 where :meth:`covered`)."""
@@ -175,7 +189,8 @@ class RecordPool:
     def nbytes(self) -> int:
         """Bytes held: the records of every layer seen so far, plus the two index maps."""
         maps = (self.slot_of.numel() + self.owner.numel()) * self.slot_of.element_size()
-        return maps + sum(rec.nbytes for rec in self.layers.values())
+        states = 0 if self.states is None else self.states.nbytes
+        return maps + states + sum(rec.nbytes for rec in self.layers.values())
 
 
 def pool_of(req_to_token_pool: Any) -> RecordPool | None:

@@ -116,6 +116,7 @@ class Sim(SimInvariants):
         new = self.allocator.alloc(n_new)
         if self.cfg.records:
             simulate_records.assign(self, new)
+            simulate_records.assign_states(self, new, req.prefix_len)
         row = req.kv.req_pool_idx
         if prefix is not None:
             self.req_pool.write((row, slice(0, req.prefix_len)), prefix)
@@ -189,14 +190,24 @@ class Sim(SimInvariants):
         # SGLang's extend kernels), writing the final state and, when planned, the track state.
         slot = int(req.kv.mamba_pool_idx)
         tokens = list(req.full_untruncated_fill_ids[: req.extend_end])
-        self._run_extend(slot, tokens, req.prefix_len, track)
+        keep = simulate_records.kept_depths(self, req.prefix_len, req.extend_end - req.prefix_len) \
+            if self.cfg.records else []
+        kept = self._run_extend(slot, tokens, req.prefix_len, track, keep)
+        if keep:
+            new = self.req_pool.req_to_token[req.kv.req_pool_idx, req.prefix_len:req.extend_end]
+            simulate_records.capture_states(self, new, req.prefix_len, kept)
 
-    def _run_extend(self, slot: int, tokens: list[int], start: int, track: tuple[Any, int] | None) -> None:
+    def _run_extend(self, slot: int, tokens: list[int], start: int, track: tuple[Any, int] | None,
+                    keep: Sequence[int] = ()) -> list[list[torch.Tensor]]:
+        """The extend "kernel" over ``tokens[start:]``; returns the states after each depth of ``keep``."""
         m = self.model
         states = [self.temporal[li, slot].to(torch.float64) for li in range(self.cfg.mamba_layers)]
         windows = [self.conv[li, slot].clone() for li in range(self.cfg.mamba_layers)]
+        kept = []
         for pos in range(start, len(tokens)):
             states = m._step(states, tokens[pos])
+            if pos + 1 in keep:
+                kept.append(states)
             windows = [m.extend_conv(w, li, [tokens[pos]]) for li, w in enumerate(windows)]
             if track is not None and pos + 1 == track[1]:
                 dst = int(track[0])
@@ -206,6 +217,7 @@ class Sim(SimInvariants):
         for li in range(self.cfg.mamba_layers):
             self.temporal[li, slot] = states[li].to(self.temporal.dtype)
             self.conv[li, slot] = windows[li]
+        return kept
 
     def decode_until_pending(self, sreq: SimReq, min_steps: int = 1, max_steps: int = 40) -> int:
         """Decode ``sreq`` alone until its ring holds records (after at least ``min_steps`` steps);

@@ -56,6 +56,9 @@ class SimConfig:
     records: bool = False
     #: Record-pool capacity in tokens (first in, first out).
     record_tokens: int = 4096
+    #: Keep a prefill state every this many tokens (``radix/interval_states.py``; 0 = none), on the
+    #: grid of ``chunk`` (the simulated extend kernel's chunk length).
+    state_interval: int = 0
 
     @property
     def extra_buffer(self) -> bool:

@@ -10,6 +10,8 @@ and the property checks then compare every planted node with the fp64 oracle of 
 * :func:`assign`: after an allocation, the new tokens get slots.
 * :func:`run_pending`: at the start of a simulated forward, the queued rebuilds.
 * :func:`capture`: then the forward's tokens' inputs.
+* :func:`kept_depths` / :func:`assign_states` / :func:`capture_states`: with ``cfg.state_interval``,
+  the prefill states the product keeps (:mod:`interval_states`), on the grid of ``cfg.chunk``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,21 @@ from unittest import mock
 import torch
 
 from sglang_replayssm.radix import record_rebuild
+from sglang_replayssm.radix.interval_states import IntervalStates, kept_positions
 from sglang_replayssm.radix.records import RecordPool, pool_of
 from sglang_replayssm.radix.records import attach as attach_pool
 
-__all__ = ["assign", "attach", "capture", "cpu_engine_backend", "run_pending", "toy_layer"]
+__all__ = [
+    "assign",
+    "assign_states",
+    "attach",
+    "capture",
+    "capture_states",
+    "cpu_engine_backend",
+    "kept_depths",
+    "run_pending",
+    "toy_layer",
+]
 
 
 def cpu_engine_backend() -> types.SimpleNamespace:
@@ -61,6 +74,9 @@ def toy_layer(model: Any, layer_id: int) -> types.SimpleNamespace:
 def attach(sim: Any) -> RecordPool:
     """Give the simulation's pool a record pool linked to its KV allocator, as a server's first forward."""
     pool = RecordPool(kv_size=sim.allocator.size + 2, capacity=sim.cfg.record_tokens, device=torch.device("cpu"))
+    if sim.cfg.state_interval > 0:
+        pool.states = IntervalStates(kv_size=pool.kv_size, capacity=sim.cfg.record_tokens // sim.cfg.state_interval + 2,
+                                     interval=sim.cfg.state_interval, device=pool.device, chunk=sim.cfg.chunk)
     attach_pool(sim.req_pool, pool)
     sim.allocator._replayssm_record_pool = pool  # what record_capture.assign_batch links
     sim.record_layers = [toy_layer(sim.model, li) for li in range(sim.cfg.mamba_layers)]
@@ -87,12 +103,46 @@ def capture(sim: Any, locs: torch.Tensor, tokens: Sequence[int]) -> None:
         pool.write(layer, sim.record_backend, locs, x, a, b)
 
 
+def kept_depths(sim: Any, prefix_len: int, n_new: int) -> list[int]:
+    """Depths (from the root) of the prefill states a prefill of ``n_new`` tokens after
+    ``prefix_len`` keeps (none without interval states)."""
+    pool = pool_of(sim.req_pool)
+    if pool is None or pool.states is None:
+        return []
+    tokens, _ = kept_positions([prefix_len], [n_new], pool.states.interval, pool.states.chunk)
+    return [prefix_len + t + 1 for t in tokens]
+
+
+def assign_states(sim: Any, locs: torch.Tensor, prefix_len: int) -> None:
+    """State slots for the kept prefill states of the new tokens ``locs`` (``prepare_for_extend``)."""
+    pool = pool_of(sim.req_pool)
+    depths = kept_depths(sim, prefix_len, locs.numel())
+    if pool is not None and pool.states is not None and depths:
+        pool.states.assign(locs[torch.tensor([d - prefix_len - 1 for d in depths])])
+
+
+def capture_states(sim: Any, locs: torch.Tensor, prefix_len: int, states: list[list[torch.Tensor]]) -> None:
+    """The prefill's kept states (``states[i][layer]`` at ``kept_depths(...)[i]``), as the extend
+    kernel's per-chunk states reach :meth:`IntervalStates.write`."""
+    pool = pool_of(sim.req_pool)
+    depths = kept_depths(sim, prefix_len, locs.numel())
+    if pool is None or pool.states is None or not depths:
+        return
+    keys = locs[torch.tensor([d - prefix_len - 1 for d in depths])]
+    for li in range(sim.cfg.mamba_layers):
+        h = torch.stack([s[li] for s in states]).to(sim.temporal.dtype)
+        pool.states.write(li, keys, h, torch.arange(len(depths)), sim.temporal.dtype)
+
+
 def run_pending(sim: Any) -> int:
     """The queued rebuilds, with the CPU engine's conv (what ``gdn_backend.causal_conv1d_fn`` is there)."""
     from sgl_kernel.mamba import causal_conv1d_fn_cpu
     from sglang.srt.layers.attention.linear import gdn_backend
 
+    pool = pool_of(sim.req_pool)
+    from_state = 0 if pool is None else sum(job.state is not None for job in pool.pending)
     with mock.patch.object(gdn_backend, "causal_conv1d_fn", causal_conv1d_fn_cpu):
         n = record_rebuild.run_pending(types.SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False))
     sim.rebuilds = getattr(sim, "rebuilds", 0) + n
+    sim.state_rebuilds = getattr(sim, "state_rebuilds", 0) + (from_state if n else 0)
     return n

@@ -1,0 +1,173 @@
+"""Interval states: exact GDN states every ``interval`` tokens of a prefill, keyed by KV slot.
+
+A rebuild from records (:mod:`record_rebuild`) folds every record between the deepest kept state
+and the matched depth; with only the tree's states that is up to a whole shared prefix (a second
+visitor of a 1,024-token system prompt folds 1,024 records, about half a prefill). The extend
+kernel already computes the state before each of its 64-token chunks (``h``, the per-chunk states
+SGLang's extra_buffer tracking reads); keeping one of them per ``interval`` tokens bounds every
+rebuild to fewer than ``interval + 64`` records, for ``1 / interval`` of a state per token.
+
+A kept state is the state *after* one token of a prefill; it is keyed by that token's KV index,
+like a record, so node splits are free and a reused KV index never inherits a state (the allocator
+choke point invalidates both, :meth:`IntervalStates.invalidate`). The conv window at that depth is
+the last ``width - 1`` records before it, so a state is usable while those records exist.
+
+Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
+
+* ``state_of [KV + 1]`` int64: the state slot holding the state after the token at that KV index,
+  or -1 (the last entry is a sink that stays -1);
+* ``owner [M + 1]`` int64: the KV index a state slot was assigned to;
+* per GDN layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink.
+
+Exactness: only per-chunk states in the pool's own state dtype are kept (fp32 on the CPU runtime's
+fp32 models). SGLang's kernels round ``h`` to the activation dtype (bf16 serving), which would make
+a rebuild inexact; there the layer keeps no interval state and a rebuild folds from the tree's
+deepest state (exact, longer).
+
+Which chunk states a prefill keeps (:func:`kept_positions`): for a sequence with ``p`` cached and
+``L`` new tokens, the extend kernel's chunk ``c`` starts at depth ``p + 64 c``; the first chunk start
+at or past each multiple of ``interval`` (``0 < 64 c < L``) is kept. Scheduler (slot assignment at
+``prepare_for_extend``) and forward (the write) compute the same list from the same lengths.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "CHUNK",
+    "DEFAULT_INTERVAL",
+    "INTERVAL_ENV",
+    "IntervalStates",
+    "interval_from_env",
+    "kept_positions",
+]
+
+#: Interval in tokens between kept prefill states (``0`` keeps none); a multiple of :data:`CHUNK`.
+INTERVAL_ENV = "SGLANG_REPLAYSSM_STATE_INTERVAL"
+#: Default: one state per 256 tokens (a rebuild folds < 320 records; 1/256 of a state per token).
+DEFAULT_INTERVAL = 256
+#: Chunk length of SGLang's chunked prefill kernels: the grid of the per-chunk states ``h``.
+CHUNK = 64
+
+
+def interval_from_env() -> int:
+    """``SGLANG_REPLAYSSM_STATE_INTERVAL`` (tokens, a multiple of 64; 0 = off), else the default."""
+    text = os.environ.get(INTERVAL_ENV, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{INTERVAL_ENV}={text!r}: expected a number of tokens (0 keeps no state)") from None
+    if value < 0 or value % CHUNK:
+        raise ValueError(f"{INTERVAL_ENV}={value}: expected 0 or a positive multiple of {CHUNK} tokens")
+    return value
+
+
+def kept_positions(prefix_lens: list[int], extend_lens: list[int], interval: int,
+                   chunk: int = CHUNK) -> tuple[list[int], list[int]]:
+    """The chunk states one extend keeps: ``(token, chunk)`` lists, where ``token`` indexes the
+    batch's new tokens (the state is the one after that token) and ``chunk`` indexes the kernel's
+    per-chunk states ``h`` (sequences concatenated, ``ceil(L / chunk)`` each, the j-th before chunk j)."""
+    tokens: list[int] = []
+    chunks: list[int] = []
+    if interval <= 0:
+        return tokens, chunks
+    start = chunk0 = 0
+    for p, n in zip(prefix_lens, extend_lens):
+        last = p // interval
+        for c in range(1, (n - 1) // chunk + 1):
+            depth = p + c * chunk
+            if depth // interval > last:
+                last = depth // interval
+                tokens.append(start + c * chunk - 1)
+                chunks.append(chunk0 + c)
+        start += n
+        chunk0 += (n + chunk - 1) // chunk if n > 0 else 0
+    return tokens, chunks
+
+
+@dataclass
+class IntervalStates:
+    """Kept prefill states (see the module docstring)."""
+
+    kv_size: int
+    capacity: int
+    interval: int
+    device: torch.device
+    chunk: int = CHUNK  # the extend kernel's chunk length (the grid of its per-chunk states)
+    state_of: torch.Tensor = field(init=False)
+    owner: torch.Tensor = field(init=False)
+    head: int = 0
+    ssm: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [M + 1, *state]
+    skipped: set[int] = field(default_factory=set)  # layers whose chunk states are not exact
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or self.interval < self.chunk or self.interval % self.chunk:
+            raise ValueError(f"interval states need capacity >= 1 and an interval that is a multiple of "
+                             f"{self.chunk}, got {self.capacity}, {self.interval}")
+        self.state_of = torch.full((self.kv_size + 1,), -1, dtype=torch.int64, device=self.device)
+        self.owner = torch.full((self.capacity + 1,), -1, dtype=torch.int64, device=self.device)
+
+    # ---- bookkeeping (scheduler side) ---------------------------------------------------------
+
+    def invalidate(self, kv: torch.Tensor) -> None:
+        """KV indices a new token will own carry no state."""
+        self.state_of[kv.reshape(-1).to(self.state_of.device, torch.int64)] = -1
+
+    def assign(self, keys: torch.Tensor) -> None:
+        """Give every key (the KV index of a kept state's last token) a state slot, oldest first."""
+        keys = keys.reshape(-1).to(self.state_of.device, torch.int64)[-self.capacity:]
+        n = keys.numel()
+        if n == 0:
+            return
+        slots = (self.head + torch.arange(n, device=self.device)) % self.capacity
+        old = self.owner[slots]
+        held = (old >= 0) & (self.state_of[old.clamp(min=0)] == slots)
+        self.state_of[torch.where(held, old, self.kv_size)] = -1
+        self.state_of[keys] = slots
+        self.owner[slots] = keys
+        self.head = (self.head + n) % self.capacity
+
+    def deepest(self, span: torch.Tensor) -> tuple[int, int] | None:
+        """``(j, slot)``: the last token ``span[j]`` of ``span`` (KV indices, path order) with a kept
+        state, and its slot; None when no token of ``span`` has one."""
+        if span.numel() == 0:
+            return None
+        found = self.state_of[span.reshape(-1).to(self.state_of.device, torch.int64)]
+        hits = (found >= 0).nonzero()
+        if hits.numel() == 0:
+            return None
+        j = int(hits[-1])
+        return j, int(found[j])
+
+    # ---- data (forward side) -------------------------------------------------------------------
+
+    def write(self, layer_id: int, keys: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
+              state_dtype: torch.dtype) -> None:
+        """Store ``h[chunks]`` (per-chunk states ``[NT, *state]``) as the states of ``keys`` (KV
+        indices); keys without a slot go to the sink row. A layer whose ``h`` is not in the pool's
+        state dtype keeps nothing (not exact). No host sync."""
+        if h.dtype != state_dtype:
+            self.skipped.add(layer_id)
+            return
+        ssm = self.ssm.get(layer_id)
+        if ssm is None:
+            ssm = self.ssm[layer_id] = torch.zeros((self.capacity + 1, *h.shape[1:]), dtype=state_dtype,
+                                                   device=h.device)
+        slots = self.state_of[keys.to(self.state_of.device, torch.int64)]
+        dest = torch.where(slots >= 0, slots, self.capacity).to(ssm.device)
+        ssm.index_copy_(0, dest, h.index_select(0, chunks.to(h.device)))
+
+    def usable(self, layer_ids: list[int]) -> bool:
+        """Every GDN layer keeps states (one that does not makes a rebuild from a state impossible)."""
+        return not self.skipped and all(i in self.ssm for i in layer_ids)
+
+    @property
+    def nbytes(self) -> int:
+        maps = (self.state_of.numel() + self.owner.numel()) * self.state_of.element_size()
+        return maps + sum(t.numel() * t.element_size() for t in self.ssm.values())
