@@ -135,6 +135,12 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
     assert per_token == (model.qkv_dim + 2 * model.HV) * 4 * cfg.mamba_layers
     monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
+    # with interval states (the default, one per 256 tokens): each costs every layer's fp32 state
+    state = budget.interval_state_bytes(params)
+    assert state == model.HV * model.V * model.K * 4 * cfg.mamba_layers
+    gib = budget._record_reservation_gib(configurator, 1.0)
+    assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385 + (16384 // 256 + 3) * state
+    monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")  # records only, from here
     # default: 16,384 tokens when they fit in half the rest ...
     gib = budget._record_reservation_gib(configurator, 1.0)
     assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385

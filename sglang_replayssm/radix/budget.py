@@ -11,8 +11,9 @@ slot, which SGLang already adds to every slot's price (both the auto-fit solve a
 ``--max-mamba-cache-size`` charge), scaled to the rank's pipeline stage.
 
 Records (``record_hits``, GDN): the record pool (:mod:`records`, ``capacity`` tokens of every GDN
-layer's pre-conv row and two gate rows in the serving dtype) is reserved out of the memory left
-for the KV cache, as a fixed amount (:func:`record_bytes`).
+layer's pre-conv row and two gate rows in the serving dtype, plus one interval state per
+``interval`` tokens, :mod:`interval_states`) is reserved out of the memory left for the KV cache, as
+a fixed amount (:func:`record_bytes`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["charge_decode_ring", "decode_ring_bytes_per_slot", "record_bytes", "record_bytes_per_token"]
+__all__ = [
+    "charge_decode_ring",
+    "decode_ring_bytes_per_slot",
+    "interval_state_bytes",
+    "record_bytes",
+    "record_bytes_per_token",
+]
 logger = logging.getLogger(__name__)
 
 _FP32_BYTES = 4
@@ -78,9 +85,17 @@ def record_bytes_per_token(cache_params: Any, itemsize: int) -> int:
     return (conv_dim + 2 * hv) * itemsize * len(cache_params.layers)
 
 
-def record_bytes(cache_params: Any, itemsize: int, capacity: int) -> int:
-    """Bytes of a record pool of ``capacity`` tokens (one sink row more)."""
-    return record_bytes_per_token(cache_params, itemsize) * (capacity + 1)
+def interval_state_bytes(cache_params: Any) -> int:
+    """Bytes of one interval state: every GDN layer's SSM state in the pool's state dtype."""
+    hv, v_dim, k_dim = cache_params.shape.temporal
+    return hv * v_dim * k_dim * cache_params.dtype.temporal.itemsize * len(cache_params.layers)
+
+
+def record_bytes(cache_params: Any, itemsize: int, capacity: int, interval: int = 0) -> int:
+    """Bytes of a record pool of ``capacity`` tokens (one sink row more) and, with ``interval``, its
+    ``capacity // interval + 2`` interval states (one sink more)."""
+    states = (capacity // interval + 3) * interval_state_bytes(cache_params) if interval > 0 else 0
+    return record_bytes_per_token(cache_params, itemsize) * (capacity + 1) + states
 
 
 #: The default record pool takes at most this share of the memory left for the KV cache.
@@ -95,6 +110,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     one chunk of 64 tokens), logged either way.
     """
     from sglang_replayssm.radix import config
+    from sglang_replayssm.radix.interval_states import interval_from_env
     from sglang_replayssm.radix.records import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
 
     if not config.enabled("record_hits") or getattr(configurator, "hybrid_gdn_config", None) is None:
@@ -102,13 +118,16 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
     itemsize = getattr(dtype, "itemsize", 4)
     params = configurator.mambaish_config.mamba2_cache_params
+    interval = interval_from_env()
     per_token = record_bytes_per_token(params, itemsize)
+    if interval > 0:
+        per_token += -(-interval_state_bytes(params) // interval)
     explicit = bool(os.environ.get(CAPACITY_ENV, "").strip())
     capacity = capacity_from_env()
     if not explicit:
         capacity = min(capacity, int(DEFAULT_RECORD_SHARE * rest_gib * (1 << 30)) // per_token - 1)
         capacity = capacity if capacity >= 64 else 0
-    nbytes = record_bytes(params, itemsize, capacity) if capacity > 0 else 0
+    nbytes = record_bytes(params, itemsize, capacity, interval) if capacity > 0 else 0
     if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
         raise ValueError(
             f"{CAPACITY_ENV}={capacity}: the record pool needs {nbytes / (1 << 30):.2f} GiB but only "
