@@ -3,9 +3,8 @@
 Real servers on the CPU runtime, tiny fp32 models. A shared-prefix stream (3 groups x 3 prompts,
 sent one at a time) must get the same greedy tokens as the ReplaySSM-off extra_buffer server, with
 ring lengths that do (4) and do not (5) divide the 64-token track interval, and per request at least
-its `cached_tokens`. GDN keeps its records (issue 12), so every GDN hit reaches the attention-only
-ceiling (the whole shared prefix, not its 64-token grid floor); KDA has no records yet and equals
-ReplaySSM off.
+its `cached_tokens`. With records (issue 12) every hit reaches the attention-only ceiling (the whole
+shared prefix, not its 64-token grid floor), for GDN and KDA.
 """
 
 from __future__ import annotations
@@ -66,10 +65,7 @@ def test_ring_with_adapter_keeps_every_prefix_hit(tmp_path, model_name):
                     tmp_path / f"ring{ring_len}.log")
         cached = [r["cached_tokens"] for r in ring]
         assert all(c >= r for c, r in zip(cached, ref_cached)), f"L={ring_len}: {cached} < {ref_cached}"
-        if model_name == "tiny-gdn":
-            assert cached == _ceiling(_stream(), ring), f"L={ring_len}"
-            assert cached != ref_cached, "records add no hit over the 64-token grid on this stream"
-        else:
-            assert cached == ref_cached, f"L={ring_len}"
+        assert cached == _ceiling(_stream(), ring), f"L={ring_len}"
+        assert cached != ref_cached, "records add no hit over the 64-token grid on this stream"
         for i, (a, b) in enumerate(zip(reference, ring)):
             assert a["output_ids"] == b["output_ids"], f"L={ring_len}: request {i} differs"

@@ -9,10 +9,10 @@ copy-on-write, batched decode, finish, abort, eviction, probe match, copy of a l
 * every running request's checkpoint + ring reproduces its state (and its conv window).
 
 GDN and KDA x no_buffer / extra_buffer / extra_buffer_lazy, with track intervals that divide
-the ring length L=4 and that do not, and checkpoint grids 1 and 2, and GDN with records (hits at
-any depth, states planted and rebuilt from stored inputs, a full and a 40-token first-in-first-out
-pool): every planted node is checked like any other; 13,600 steps in total, derandomised so CI runs
-the same streams every time.
+the ring length L=4 and that do not, and checkpoint grids 1 and 2, and with records (hits at any
+depth, states planted and rebuilt from stored inputs: GDN with a full pool and interval states, GDN
+with a 40-token first-in-first-out pool, KDA with a 60-token pool): every planted node is checked
+like any other; 15,300 steps in total, derandomised so CI runs the same streams every time.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ CONFIGS = [
     # one of 40 tokens whose first-in-first-out eviction makes hits fall back.
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, state_interval=4),
     SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, records=True, record_tokens=40),
+    SimConfig(kind="kda", strategy="extra_buffer", track_interval=3, records=True, record_tokens=60),
 ]
 FAMILIES = [
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3],
@@ -153,7 +154,7 @@ def test_every_cached_and_live_state_is_exact(cfg):
 
 
 def test_the_suite_ran_enough_steps():
-    """Runs after the parametrised cases (file order); 8 x 34 x 50 = 13,600 steps."""
+    """Runs after the parametrised cases (file order); 9 x 34 x 50 = 15,300 steps."""
     assert _steps_run["count"] >= 10_000, _steps_run["count"]
     assert _steps_run["rebuilds"] >= 100, _steps_run  # the records configurations plant and rebuild
     assert _steps_run["state_rebuilds"] >= 20, _steps_run  # ... some from a kept prefill state

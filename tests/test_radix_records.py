@@ -283,3 +283,85 @@ def test_kept_chunk_states_are_the_prefill_states(radix_adapter, monkeypatch):
     assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
     rebuild(pool, req_pool, jobs)
     _check(model, req_pool, layers, inputs, jobs, want)
+
+
+def _kda_layer(model: ToyModel, layer_id: int, gen: torch.Generator) -> types.SimpleNamespace:
+    layer = _layer(model, layer_id, gen)
+    layer.dt_bias = 0.1 * torch.randn(model.HV * model.K, generator=gen)
+    layer.lower_bound = None
+    return layer
+
+
+def _kda_backend() -> object:
+    """What ``KDAAttnBackend`` calls on the CPU runtime: the KDA chunk prefill stand-in."""
+    from sglang_replayssm.cpu.kda import chunk_kda
+
+    class KDAAttnBackend:  # the record pool tells KDA layers by their backend's class name
+        kernel_dispatcher = types.SimpleNamespace(
+            extend=lambda q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc, A_log, dt_bias,
+            beta_is_raw, **unused: chunk_kda(q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
+                                             query_start_loc=query_start_loc, A_log=A_log, dt_bias=dt_bias,
+                                             beta_is_raw=beta_is_raw, return_intermediate_states=False,
+                                             track_state=None, track_chunk_idx=None))
+
+    return KDAAttnBackend()
+
+
+def _kda_oracle(layer, model, x, a, b, n):
+    """fp64 KDA state after the first ``n`` tokens (conv + SiLU, per-channel gates, delta rule)."""
+    w = layer.conv_weights.double()
+    xp = torch.cat([torch.zeros(model.win, x.shape[1], dtype=torch.float64), x[:n].double()])
+    conv = torch.stack([(xp[t:t + model.win + 1].T * w).sum(-1) for t in range(n)]) + layer.bias.double()
+    conv = conv * torch.sigmoid(conv)
+    q, k, v = unpack_mixed_qkv(conv, model.H, model.K, model.HV, model.V)
+    g = compute_gate_fp64(a[:n].reshape(n, model.HV, model.K), layer.A_log, layer.dt_bias.reshape(model.HV, model.K),
+                          is_kda=True)
+    state = torch.zeros(1, model.HV, model.V, model.K, dtype=torch.float64)
+    _, final = recurrence_fp64(state, q[:, None], k[:, None], v[:, None], g[:, None], compute_beta_fp64(b[:n])[:, None])
+    return final[0]
+
+
+def test_kda_rebuild_matches_the_fp64_recurrence(radix_adapter):
+    """KDA records (per-channel gate inputs, the pool's [W - 1, dim] conv windows) rebuilt with the
+    CPU runtime's KDA kernels, from the root and from a tree state, batched."""
+    cfg = SimConfig(kind="kda", strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
+    model = ToyModel(cfg)
+    _, _, req_pool = build_fixture(cfg, model)
+    gen = torch.Generator().manual_seed(11)
+    T = 150
+    layers = [_kda_layer(model, i, gen) for i in range(cfg.mamba_layers)]
+    backend = _kda_backend()
+    pool = RecordPool(kv_size=512, capacity=256, device=torch.device("cpu"))
+    kv = torch.randperm(500, generator=gen)[:T]
+    pool.assign(kv)
+    inputs = []
+    for layer in layers:
+        x = torch.randn(T, model.qkv_dim, generator=gen)
+        a = 0.5 * torch.randn(1, T, model.HV, model.K, generator=gen)  # KDA extend: [1, T, H, K]
+        b = torch.randn(1, T, model.HV, generator=gen)
+        from sglang_replayssm.radix.record_capture import _token_rows
+
+        pool.write(layer, backend, kv, x, _token_rows(a), _token_rows(b))
+        inputs.append((x, a[0].reshape(T, -1), b[0]))
+    assert all(rec.kda and rec.a.shape[1] == model.HV * model.K for rec in pool.layers.values())
+    alloc = req_pool.mamba_allocator
+    jobs, want = [], []
+    for s, n in ((0, 2), (0, 70), (37, 101), (64, 150)):
+        src = None
+        if s > 0:
+            src = alloc.alloc(1)
+            for layer, (x, a, b) in zip(layers, inputs):
+                cache = req_pool.mamba2_layer_cache(layer.layer_id)
+                cache.temporal[src] = _kda_oracle(layer, model, x, a, b, s).float()
+                cache.conv[0][src] = torch.cat([torch.zeros(model.win, x.shape[1]), x[:s]])[-model.win:]
+        jobs.append(Rebuild(dst=alloc.alloc(1), src=src, slots=pool.slots(kv[s:n])))
+        want.append(n)
+    rebuild(pool, req_pool, jobs)
+    for job, n in zip(jobs, want):
+        for layer, (x, a, b) in zip(layers, inputs):
+            cache = req_pool.mamba2_layer_cache(layer.layer_id)
+            ref = _kda_oracle(layer, model, x, a, b, n)
+            got = cache.temporal[job.dst[0]].double()
+            assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
+            window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
+            assert torch.equal(cache.conv[0][job.dst[0]], window), (n, layer.layer_id)

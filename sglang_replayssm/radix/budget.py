@@ -79,10 +79,12 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
 
 
 def record_bytes_per_token(cache_params: Any, itemsize: int) -> int:
-    """Record bytes of one token over all GDN layers: ``conv_dim + 2 * HV`` values per layer."""
-    conv_dim = cache_params.shape.conv[0][0]
-    hv = cache_params.shape.temporal[0]
-    return (conv_dim + 2 * hv) * itemsize * len(cache_params.layers)
+    """Record bytes of one token over all linear layers: ``conv_dim + 2 * HV`` values per GDN layer
+    (``conv_dim + HV * K + HV`` per KDA layer: its gate input is per channel)."""
+    hv, _, k_dim = cache_params.shape.temporal
+    if cache_params.is_kda:  # KDA's conv window is stored [W - 1, conv_dim]
+        return (cache_params.shape.conv[0][1] + hv * k_dim + hv) * itemsize * len(cache_params.layers)
+    return (cache_params.shape.conv[0][0] + 2 * hv) * itemsize * len(cache_params.layers)
 
 
 def interval_state_bytes(cache_params: Any) -> int:
@@ -113,12 +115,13 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     from sglang_replayssm.radix.interval_states import interval_from_env
     from sglang_replayssm.radix.records import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
 
-    if not config.enabled("record_hits") or getattr(configurator, "hybrid_gdn_config", None) is None:
+    linear = getattr(configurator, "hybrid_gdn_config", None) or getattr(configurator, "hybrid_kda_config", None)
+    if not config.enabled("record_hits") or linear is None:
         return 0.0
     dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
     itemsize = getattr(dtype, "itemsize", 4)
     params = configurator.mambaish_config.mamba2_cache_params
-    interval = interval_from_env()
+    interval = 0 if params.is_kda else interval_from_env()  # KDA keeps no interval state
     per_token = record_bytes_per_token(params, itemsize)
     if interval > 0:
         per_token += -(-interval_state_bytes(params) // interval)

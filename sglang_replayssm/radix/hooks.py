@@ -314,11 +314,18 @@ def _capture_records(name: str, what: str) -> Callable[..., Any]:
     return hook
 
 
-for _name, _method, _at, _what in (
-    ("capture_extend_records", "forward_extend", "sglang/srt/layers/attention/linear/gdn_backend.py:948", "extend"),
-    ("capture_decode_records", "forward_decode", "sglang/srt/layers/attention/linear/gdn_backend.py:678", "decode"),
+_KDA_BACKEND = "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend"
+for _name, _target, _at, _what in (
+    ("capture_extend_records", f"{_GDN_BACKEND}.forward_extend", "sglang/srt/layers/attention/linear/gdn_backend.py:948",
+     "extend"),
+    ("capture_decode_records", f"{_GDN_BACKEND}.forward_decode", "sglang/srt/layers/attention/linear/gdn_backend.py:678",
+     "decode"),
+    ("capture_kda_extend_records", f"{_KDA_BACKEND}.forward_extend",
+     "sglang/srt/layers/attention/linear/kda_backend.py:1043", "KDA extend"),
+    ("capture_kda_decode_records", f"{_KDA_BACKEND}.forward_decode",
+     "sglang/srt/layers/attention/linear/kda_backend.py:770", "KDA decode"),
 ):
-    _hook(f"{_GDN_BACKEND}.{_method}", "AROUND", at=_at, fix="record_hits")(_capture_records(_name, _what))
+    _hook(_target, "AROUND", at=_at, fix="record_hits")(_capture_records(_name, _what))
 
 
 @_hook("sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.extend", "AROUND",

@@ -6,7 +6,7 @@ Scheduler side (the thread that allocates KV and matches prefixes):
 * ``ScheduleBatch.prepare_for_extend`` / ``prepare_for_decode`` give the batch's new tokens
   (``out_cache_loc``) record slots (:func:`assign_batch`), so a later match sees them at once.
 
-Forward side: ``GDNAttnBackend.forward_extend`` / ``forward_decode`` write each layer's pre-conv
+Forward side: ``GDNAttnBackend`` / ``KDAAttnBackend`` ``.forward_extend`` / ``forward_decode`` write each layer's pre-conv
 ``mixed_qkv`` and ``a``, ``b`` rows to the slots of ``out_cache_loc`` (:func:`capture`). A forward
 that cannot capture (a fused decode path passing a tuple, a target-verify forward) drops the slots
 of its tokens instead, so an assigned slot always holds its token's inputs before any rebuild reads
@@ -152,10 +152,22 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
     if not pool.capture_decode and forward_batch.forward_mode.is_decode():
         return  # decode tokens were never assigned a slot (CUDA): nothing to write on the hot path
     n = loc.numel()
-    if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.shape[0] < n or a.shape[0] < n:
+    rows = [_token_rows(t) for t in (mixed_qkv, a, b)]
+    if any(r is None or r.shape[0] < n for r in rows):
         pool.invalidate(loc)
         return
-    pool.write(layer, backend, loc, mixed_qkv[:n], a[:n], b[:n])
+    x, ra, rb = (r[:n] for r in rows if r is not None)
+    pool.write(layer, backend, loc, x, ra, rb)
+
+
+def _token_rows(t: Any) -> torch.Tensor | None:
+    """A layer input as one row per token: GDN's ``[T, *]``; KDA's ``[1, T, *]`` (extend gates,
+    decode beta) lose the leading batch dim. None for what is not a tensor (fused decode tuples)."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        return None
+    if t.dim() >= 3 and t.shape[0] == 1:
+        t = t[0]
+    return t.reshape(t.shape[0], -1)
 
 
 #: (pool, layer, forward_batch) while a forward's own ``forward_extend`` runs (the forward thread).

@@ -64,7 +64,8 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         if state_dst is not None and state_src is not None and pool.states is not None:
             temporal = req_pool.mamba2_layer_cache(layer_id).temporal
             temporal[state_dst] = pool.states.ssm[layer_id][state_src].to(temporal.dtype)
-        _fold_gdn_layer(pool.layers[layer_id], req_pool, plan)
+        rec = pool.layers[layer_id]
+        (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, req_pool, plan)
 
 
 class _Plan:
@@ -166,3 +167,61 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
     if gather:
         conv_states[dst.long()] = conv_work
         ssm_states[dst.long()] = ssm_work
+
+
+def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
+    """As :func:`_fold_gdn_layer` with what ``KDAAttnBackend.forward_extend`` runs: the conv over the
+    pool's ``[W - 1, dim]`` windows (Triton off CPU, the platform's CPU conv on it) and the KDA extend
+    kernel with the raw per-channel gate and beta (the kernel applies ``A_log``, ``dt_bias``)."""
+    from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
+    from sglang.srt.utils import is_cpu
+
+    layer, backend = rec.layer, rec.backend
+    cache = req_pool.mamba2_layer_cache(layer.layer_id)
+    conv_fn = gdn_backend.causal_conv1d_fn if is_cpu() else kda_backend.causal_conv1d_fn
+    x, a, b = rec.x[plan.slots], rec.a[plan.slots], rec.b[plan.slots]
+    total = x.shape[0]
+    mixed = conv_fn(
+        x.transpose(0, 1),
+        layer.conv_weights,
+        layer.bias,
+        activation=getattr(layer, "activation", "silu"),  # Kimi's layers: "silu", what the backend passes
+        conv_states=cache.conv[0].transpose(-1, -2),
+        has_initial_state=plan.conv_init,
+        cache_indices=plan.dst,
+        query_start_loc=plan.conv_cu,
+        seq_lens_cpu=plan.conv_lens,
+    ).transpose(0, 1)[:total]
+    if plan.keep is not None:
+        mixed, a, b = mixed[plan.keep], a[plan.keep], b[plan.keep]
+    n = mixed.shape[0]
+    if n == 0:
+        return
+    q, k, v = mixed.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+    backend.kernel_dispatcher.extend(
+        q=q.unflatten(-1, (-1, layer.head_q_dim)).unsqueeze(0),
+        k=k.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0),
+        v=v.unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0),
+        g=a.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0),
+        beta=b.unsqueeze(0),
+        ssm_states=cache.temporal,
+        cache_indices=plan.ext_dst,
+        query_start_loc=plan.ext_cu,
+        A_log=layer.A_log,
+        dt_bias=layer.dt_bias,
+        lower_bound=getattr(layer, "lower_bound", None),
+        beta_is_raw=True,
+        extend_seq_lens_cpu=plan.ext_lens,
+        extend_prefix_lens=plan.ext_init.to(torch.int32),
+        layer_id=layer.layer_id,
+        is_spec_decode=False,
+        return_intermediate_states=False,
+        track_ssm_h_src=None,
+        track_state=None,
+        track_chunk_idx=None,
+        state_checkpoint_cu_starts=None,
+        num_state_checkpoints=0,
+        state_checkpoint_every_n_tokens=0,
+        state_checkpoint_indices=None,
+        track_ssm_h_batch_src=None,
+    )

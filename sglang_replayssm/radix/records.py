@@ -1,8 +1,9 @@
 """The record pool: the inputs of every linear-attention layer, per cached token, keyed by KV slot.
 
-A GDN layer's state after token ``n`` is a function of its state at an earlier depth ``s`` and the
-layer's inputs for tokens ``s..n-1`` only: the pre-conv row ``x`` (``mixed_qkv``, ``[conv_dim]``)
-and the gate inputs ``a``, ``b`` (``[HV]`` each), in the serving dtype. The conv window at ``n`` is
+A GDN or KDA layer's state after token ``n`` is a function of its state at an earlier depth ``s`` and
+the layer's inputs for tokens ``s..n-1`` only: the pre-conv row ``x`` (``mixed_qkv``, ``[conv_dim]``)
+and the gate inputs ``a``, ``b`` (``[HV]`` each; KDA's ``a`` is per channel, ``[HV * K]``), in the
+serving dtype. The conv window at ``n`` is
 ``x[n-3..n-1]``. So a radix node whose tokens have records is a valid prefix hit at its own depth
 even without a state: :mod:`record_rebuild` folds the records into the deepest state above it.
 
@@ -78,10 +79,11 @@ class LayerRecords:
     """One linear layer's records and what is needed to fold them (the layer module, its backend)."""
 
     x: torch.Tensor  # [R + 1, conv_dim]
-    a: torch.Tensor  # [R + 1, HV]
+    a: torch.Tensor  # [R + 1, HV] (GDN) or [R + 1, HV * K] (KDA: a per-channel gate input)
     b: torch.Tensor  # [R + 1, HV]
     layer: Any
     backend: Any
+    kda: bool = False  # a KDA layer (KDAAttnBackend): its conv window is stored [W - 1, conv_dim]
 
     @property
     def nbytes(self) -> int:
@@ -161,26 +163,26 @@ class RecordPool:
 
     def write(self, layer: Any, backend: Any, kv: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
               b: torch.Tensor) -> None:
-        """Store one layer's inputs ``x [T, conv_dim]``, ``a``/``b`` ``[T, HV]`` for the tokens at KV
+        """Store one layer's inputs ``x [T, conv_dim]``, ``a``/``b`` ``[T, *]`` for the tokens at KV
         indices ``kv [T]`` (tokens without a slot go to the sink row). No host sync."""
         rec = self.layers.get(layer.layer_id)
         if rec is None:
-            rec = self._new_layer(layer, backend, x, a)
+            rec = self._new_layer(layer, backend, x, a, b)
         slots = self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)]
         dest = torch.where(slots >= 0, slots, self.capacity)
         rec.x.index_copy_(0, dest, x.to(rec.x.dtype))
         rec.a.index_copy_(0, dest, a.reshape(dest.numel(), -1).to(rec.a.dtype))
         rec.b.index_copy_(0, dest, b.reshape(dest.numel(), -1).to(rec.b.dtype))
 
-    def _new_layer(self, layer: Any, backend: Any, x: torch.Tensor, a: torch.Tensor) -> LayerRecords:
+    def _new_layer(self, layer: Any, backend: Any, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> LayerRecords:
         rows = self.capacity + 1
-        hv = a.reshape(x.shape[0], -1).shape[1]
         rec = LayerRecords(
             x=torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device),
-            a=torch.zeros(rows, hv, dtype=a.dtype, device=x.device),
-            b=torch.zeros(rows, hv, dtype=a.dtype, device=x.device),
+            a=torch.zeros(rows, a.reshape(x.shape[0], -1).shape[1], dtype=a.dtype, device=x.device),
+            b=torch.zeros(rows, b.reshape(x.shape[0], -1).shape[1], dtype=b.dtype, device=x.device),
             layer=layer,
             backend=backend,
+            kda=type(backend).__name__ == "KDAAttnBackend",
         )
         self.layers[layer.layer_id] = rec
         return rec

@@ -34,6 +34,7 @@ __all__ = [
     "attach",
     "capture",
     "capture_states",
+    "KDAAttnBackend",
     "cpu_engine_backend",
     "kept_depths",
     "run_pending",
@@ -58,13 +59,29 @@ def cpu_engine_backend() -> types.SimpleNamespace:
                                  requires_contiguous_prefill_state=False)
 
 
+class KDAAttnBackend:
+    """What a KDA backend on the CPU runtime calls: the KDA chunk prefill stand-in (the record pool
+    tells KDA layers by this class name, as it does SGLang's ``KDAAttnBackend``)."""
+
+    def __init__(self) -> None:
+        from sglang_replayssm.cpu.kda import chunk_kda
+
+        def extend(q: Any, k: Any, v: Any, g: Any, beta: Any, *, ssm_states: Any, cache_indices: Any,
+                   query_start_loc: Any, A_log: Any, dt_bias: Any, beta_is_raw: bool, **unused: Any) -> Any:
+            return chunk_kda(q, k, v, g, beta, ssm_states=ssm_states, cache_indices=cache_indices,
+                             query_start_loc=query_start_loc, A_log=A_log, dt_bias=dt_bias, beta_is_raw=beta_is_raw,
+                             return_intermediate_states=False, track_state=None, track_chunk_idx=None)
+
+        self.kernel_dispatcher = types.SimpleNamespace(extend=extend)
+
+
 def toy_layer(model: Any, layer_id: int) -> types.SimpleNamespace:
     """The toy model's layer ``layer_id`` as SGLang's ``RadixLinearAttention`` fields: identity conv."""
     weights = torch.zeros(model.qkv_dim, model.win + 1)
     weights[:, -1] = 1.0
     return types.SimpleNamespace(
         layer_id=layer_id, conv_weights=weights, bias=None, activation=None,
-        A_log=model.A_log[layer_id], dt_bias=model.dt_bias[layer_id].contiguous(),
+        A_log=model.A_log[layer_id], dt_bias=model.dt_bias[layer_id].reshape(-1).contiguous(), lower_bound=None,
         q_dim=model.H * model.K, k_dim=model.H * model.K, v_dim=model.HV * model.V,
         num_q_heads=model.H, num_k_heads=model.H, num_v_heads=model.HV,
         head_q_dim=model.K, head_k_dim=model.K, head_v_dim=model.V,
@@ -80,7 +97,7 @@ def attach(sim: Any) -> RecordPool:
     attach_pool(sim.req_pool, pool)
     sim.allocator._replayssm_record_pool = pool  # what record_capture.assign_batch links
     sim.record_layers = [toy_layer(sim.model, li) for li in range(sim.cfg.mamba_layers)]
-    sim.record_backend = cpu_engine_backend()
+    sim.record_backend = KDAAttnBackend() if sim.cfg.is_kda else cpu_engine_backend()
     return pool
 
 
