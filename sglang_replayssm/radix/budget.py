@@ -121,7 +121,9 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
     itemsize = getattr(dtype, "itemsize", 4)
     params = configurator.mambaish_config.mamba2_cache_params
-    interval = 0 if params.is_kda else interval_from_env()  # KDA keeps no interval state
+    # Interval states are kept only from an exact (state-dtype) h: GDN serving in the state dtype.
+    exact_h = not params.is_kda and itemsize == params.dtype.temporal.itemsize
+    interval = interval_from_env() if exact_h else 0
     per_token = record_bytes_per_token(params, itemsize)
     if interval > 0:
         per_token += -(-interval_state_bytes(params) // interval)
