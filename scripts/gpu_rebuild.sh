@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD SGLANG_REPLAYSSM_SGLANG_ROOT=$PWD/.dev
   python3 -c 'import torch, triton, sys; print(sys.version, torch.__version__, triton.__version__)'; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 400 python3 -m pytest -q -p no:cacheprovider -rs -s tests/test_rebuild_gpu.py 2>&1 | tee "$OUT/pytest_rebuild.log" | tail -40
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs -s tests/test_rebuild_gpu.py 2>&1 | tee "$OUT/pytest_rebuild.log" | tail -40
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 scripts/bench_rebuild.py --sglang-root .devcarry --json "$OUT/rebuild.json" "$@" 2>&1 \

@@ -274,9 +274,10 @@ def _host_us(fn: Callable[[], object], reps: int = 15) -> float:
 
 
 def bench_model(kern: PrefillKernels, model: str, B: int, counts: list[int], check_at: set[int],
-                profile_at: set[int], TBps: float) -> list[dict]:
+                profile_at: set[int], TBps: float, rows: list[dict] | None = None,
+                save: Callable[[], None] | None = None) -> list[dict]:
     pb = RebuildProblem(kern, model, B, max(counts))
-    rows = []
+    rows = [] if rows is None else rows
     for n in counts:
         pb.prepare(n)
         row: dict[str, Any] = {"model": model, "B": B, "n": n}
@@ -309,6 +310,8 @@ def bench_model(kern: PrefillKernels, model: str, B: int, counts: list[int], che
             row["rebuild_us"] = row["graph_us"] + row["copy_us"]
         log(json.dumps({k: v for k, v in row.items() if k != "kernels_us"}, default=str))
         rows.append(row)
+        if save is not None:
+            save()
     return rows
 
 
@@ -328,11 +331,15 @@ def main(argv: list[str] | None = None) -> None:
     res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "kernels_from": kern.source, "B": args.batch, "copy": fl, "rows": []}  # fmt: skip
     log(json.dumps({k: v for k, v in res.items() if k != "rows"}, default=str))
+    json_path = args.json
+
+    def save() -> None:
+        if json_path is not None:
+            json_path.write_text(json.dumps(res, indent=1, default=str))
+
     for model in args.models:
-        res["rows"] += bench_model(kern, model, args.batch, counts, set(args.check_at), set(args.profile_at),
-                                   fl["copy_TBps"])  # fmt: skip
-        if args.json is not None:
-            args.json.write_text(json.dumps(res, indent=1, default=str))
+        bench_model(kern, model, args.batch, counts, set(args.check_at), set(args.profile_at), fl["copy_TBps"],
+                    res["rows"], save)  # fmt: skip
     log(f"{'model':5} {'n':>4} {'graph us':>9} {'floor us':>9} {'x floor':>8} {'copy us':>8} {'eager us':>9} "
         f"{'serving us':>11} {'state rel':>10}")  # fmt: skip
     for r in res["rows"]:
