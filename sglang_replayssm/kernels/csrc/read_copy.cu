@@ -424,9 +424,8 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
 // (p = 0..7): its A values of X's k-steps 2p, 2p+1 and its C values of the fold's n-tiles 2p, 2p+1.
 namespace tc {
 constexpr int XS = 144;  // key table row stride (floats): conflict-free float4 reads of rows g, g+8
-constexpr int VSS = 132;  // value table row stride: conflict-free reads of (step 2t.., row g)
-constexpr int O_XH = 0, O_XL = 16 * XS, O_FBH = 32 * XS, O_FBL = O_FBH + 2048, O_VS = O_FBL + 2048,
-              O_QS = O_VS + 16 * VSS, O_BL = O_QS + 128, O_MS = O_BL + 16 * 20, FLOATS = O_MS + 16 * 17;
+constexpr int O_KN = 0, O_FBH = 16 * XS, O_FBL = O_FBH + 2048, O_QS = O_FBL + 2048, O_BL = O_QS + 128,
+              O_MS = O_BL + 16 * 20, FLOATS = O_MS + 16 * 17;  // 28.5 KB per warp
 static_assert(FLOATS % 4 == 0, "float4 tables");
 }  // namespace tc
 
@@ -457,6 +456,19 @@ __device__ __forceinline__ void mma3(float (&c)[4], float a0, float a1, float a2
   mma_tf32(c, ah, bh0, bh1);
 }
 __device__ __forceinline__ uint32_t fbits(float x) { return __float_as_uint(x); }
+// 3xTF32 with the hi*hi and the cross products in separate accumulators (two shorter chains)
+__device__ __forceinline__ void mma3s(float (&hh)[4], float (&cr)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                      uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+  mma_tf32(cr, al, bh0, bh1);
+  mma_tf32(cr, ah, bl0, bl1);
+  mma_tf32(hh, ah, bh0, bh1);
+}
+__device__ __forceinline__ void split4(float a0, float a1, float a2, float a3, uint32_t (&h)[4], uint32_t (&l)[4]) {
+  split_tf32(a0, h[0], l[0]);
+  split_tf32(a1, h[1], l[1]);
+  split_tf32(a2, h[2], l[2]);
+  split_tf32(a3, h[3], l[3]);
+}
 
 template <typename T, int CF>
 __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm, int lane) {
@@ -466,11 +478,9 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
   const int64_t slot = slot_of(p.slots, p.idx64, n);
   const int m = p.write_pos[n];  // records 0..m-1 live (m <= L - 1); this token is step m
   const int g = lane >> 2, t = lane & 3;
-  float* XH = sm + tc::O_XH;
-  float* XL = sm + tc::O_XL;
+  float* KN = sm + tc::O_KN;  // keys of steps 0..15 (fp32, zero past m)
   float4* FBH = reinterpret_cast<float4*>(sm + tc::O_FBH);
   float4* FBL = reinterpret_cast<float4*>(sm + tc::O_FBL);
-  float* VS = sm + tc::O_VS;
   float* QS = sm + tc::O_QS;
   float* BLs = sm + tc::O_BL;
   float* MS = sm + tc::O_MS;
@@ -505,32 +515,21 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
 
   // key table (hi, lo; rows j = 0..15, zero past m), value table, q; k_j . q partials
   const float* kr = p.k_ring + slot * p.s_k + static_cast<int64_t>(i_h) * L * K + 4 * lane;
-  const T* vr = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(hv) * L * V + 4 * lane;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   float kqp[16];
 #pragma unroll
   for (int jb = 0; jb < 16; jb += 8) {
-    float4 kk[8], vv[8];
+    float4 kk[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int j = jb + u;
       kk[u] = j < m ? ld4(kr + j * K) : (j == m ? k : zero);
-      vv[u] = j < m ? ld4(vr + j * V) : (j == m ? ld4(row + 2 * H * K + hv * V + 4 * lane) : zero);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int j = jb + u;
       kqp[j] = dot4(kk[u], q);
-      uint32_t h0, h1, h2, h3, l0, l1, l2, l3;
-      split_tf32(kk[u].x, h0, l0);
-      split_tf32(kk[u].y, h1, l1);
-      split_tf32(kk[u].z, h2, l2);
-      split_tf32(kk[u].w, h3, l3);
-      *reinterpret_cast<float4*>(XH + j * tc::XS + 4 * lane) =
-          make_float4(__uint_as_float(h0), __uint_as_float(h1), __uint_as_float(h2), __uint_as_float(h3));
-      *reinterpret_cast<float4*>(XL + j * tc::XS + 4 * lane) =
-          make_float4(__uint_as_float(l0), __uint_as_float(l1), __uint_as_float(l2), __uint_as_float(l3));
-      *reinterpret_cast<float4*>(VS + j * tc::VSS + 4 * lane) = vv[u];
+      *reinterpret_cast<float4*>(KN + j * tc::XS + 4 * lane) = kk[u];
     }
   }
   *reinterpret_cast<float4*>(QS + 4 * lane) = q;
@@ -538,38 +537,43 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
   const float kq_lane = __shfl_sync(FULL, kq_red, 2 * (lane & 15));  // lane j < 16: k_j . q
   __syncwarp();
 
-  // the fold's B fragments, pre-arranged per lane: for (ks, p) the keys of steps 8ks + 2t, +1 at
-  // columns 16p + 4(g >> 1) + (g & 1) + {0, 2} (the fold's column order, emulator fold_col)
+  // the fold's B fragments, pre-arranged per lane (hi, lo): for (ks, p) the keys of steps 8ks + 2t,
+  // +1 at columns 16p + 4(g >> 1) + (g & 1) + {0, 2} (the fold's column order, emulator fold_col)
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
     const int j0 = 8 * ks + 2 * t;
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) {
       const int c0 = 16 * pp + 4 * (g >> 1) + (g & 1);
-      FBH[(ks * 8 + pp) * 32 + lane] = make_float4(XH[j0 * tc::XS + c0], XH[(j0 + 1) * tc::XS + c0],
-                                                   XH[j0 * tc::XS + c0 + 2], XH[(j0 + 1) * tc::XS + c0 + 2]);
-      FBL[(ks * 8 + pp) * 32 + lane] = make_float4(XL[j0 * tc::XS + c0], XL[(j0 + 1) * tc::XS + c0],
-                                                   XL[j0 * tc::XS + c0 + 2], XL[(j0 + 1) * tc::XS + c0 + 2]);
+      uint32_t h[4], l[4];
+      split4(KN[j0 * tc::XS + c0], KN[(j0 + 1) * tc::XS + c0], KN[j0 * tc::XS + c0 + 2], KN[(j0 + 1) * tc::XS + c0 + 2],
+             h, l);
+      FBH[(ks * 8 + pp) * 32 + lane] =
+          make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
+      FBL[(ks * 8 + pp) * 32 + lane] =
+          make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
     }
   }
   // Gram k_i . k_j on tensor cores: A (rows i = g, g+8) and B (keys j = g, 8+g) from the same float4s
-  const float4* XH4 = reinterpret_cast<const float4*>(XH);
-  const float4* XL4 = reinterpret_cast<const float4*>(XL);
+  const float4* KN4 = reinterpret_cast<const float4*>(KN);
   float gram[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  {
+    float gx[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // cross products
 #pragma unroll
-  for (int pp = 0; pp < 8; ++pp) {
-    const float4 h0 = XH4[g * (tc::XS / 4) + 4 * pp + t], h1 = XH4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
-    const float4 l0 = XL4[g * (tc::XS / 4) + 4 * pp + t], l1 = XL4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
+    for (int pp = 0; pp < 8; ++pp) {
+      const float4 k0 = KN4[g * (tc::XS / 4) + 4 * pp + t], k1 = KN4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const uint32_t ah[4] = {fbits(e ? h0.z : h0.x), fbits(e ? h1.z : h1.x), fbits(e ? h0.w : h0.y), fbits(e ? h1.w : h1.y)};
-      const uint32_t al[4] = {fbits(e ? l0.z : l0.x), fbits(e ? l1.z : l1.x), fbits(e ? l0.w : l0.y), fbits(e ? l1.w : l1.y)};
-      mma_tf32(gram[0], al, ah[0], ah[2]);  // B of tile 0: key row g = A's row-g values
-      mma_tf32(gram[0], ah, al[0], al[2]);
-      mma_tf32(gram[0], ah, ah[0], ah[2]);
-      mma_tf32(gram[1], al, ah[1], ah[3]);  // B of tile 1: key row 8 + g = A's row-(g+8) values
-      mma_tf32(gram[1], ah, al[1], al[3]);
-      mma_tf32(gram[1], ah, ah[1], ah[3]);
+      for (int e = 0; e < 2; ++e) {
+        uint32_t ah[4], al[4];
+        split4(e ? k0.z : k0.x, e ? k1.z : k1.x, e ? k0.w : k0.y, e ? k1.w : k1.y, ah, al);
+        mma3s(gram[0], gx[0], ah, al, ah[0], ah[2], al[0], al[2]);  // B of tile 0: key row g
+        mma3s(gram[1], gx[1], ah, al, ah[1], ah[3], al[1], al[3]);  // B of tile 1: key row 8 + g
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      gram[0][i] += gx[0][i];
+      gram[1][i] += gx[1][i];
     }
   }
   // B[j][i] = beta_j e^{G_j - G_i} gram[i][j] for i < j, from the C fragments (every (i, j) once)
@@ -624,6 +628,12 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
     cq[c] = j < m ? rm[c] * kqj : (j == m ? kqj : 0.f);
   }
 
+  // the v of this lane's four steps at the block's rows: the ring (steps < m), this token (m), none
+  const T* vring = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(hv) * L * V;
+  const T* vsrc[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    vsrc[c] = jj[c] < m ? vring + jj[c] * V : (jj[c] == m ? row + 2 * H * K + hv * V : nullptr);
   float* sbase = p.state + slot * p.s_state + static_cast<int64_t>(hv) * V * K;
   using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
   CT* cbase = static_cast<CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K;
@@ -640,33 +650,50 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
       F0[pp] = ld4_cs(s0 + 16 * pp);
       F1[pp] = ld4_cs(s1 + 16 * pp);
     }
-    // X = S0 K^T (tiles: steps 0..7, 8..15) and the x_q partials
-    float X[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float vv0[4], vv1[4];  // this block's v of the lane's four steps, rows g and g + 8
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      vv0[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g]) : 0.f;
+      vv1[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g + 8]) : 0.f;
+    }
+    // X = S0 K^T (tiles: steps 0..7, 8..15; accumulators by k-step parity and hi*hi / cross) and x_q
+    float Xa[2][2][4], Xc[2][2][4];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) Xa[a][nt][i] = Xc[a][nt][i] = 0.f;
     float xq0 = 0.f, xq1 = 0.f;
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) {
-      const float4 h0 = XH4[g * (tc::XS / 4) + 4 * pp + t], h1 = XH4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
-      const float4 l0 = XL4[g * (tc::XS / 4) + 4 * pp + t], l1 = XL4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
+      const float4 k0 = KN4[g * (tc::XS / 4) + 4 * pp + t], k1 = KN4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
       const float4 qq = QS4[4 * pp + t];
       xq0 += dot4(F0[pp], qq);
       xq1 += dot4(F1[pp], qq);
+      uint32_t b0h[4], b0l[4], b1h[4], b1l[4];  // keys g and 8 + g at this lane's 4 columns
+      split4(k0.x, k0.y, k0.z, k0.w, b0h, b0l);
+      split4(k1.x, k1.y, k1.z, k1.w, b1h, b1l);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float a0 = e ? F0[pp].z : F0[pp].x, a1 = e ? F1[pp].z : F1[pp].x;
-        const float a2 = e ? F0[pp].w : F0[pp].y, a3 = e ? F1[pp].w : F1[pp].y;
-        mma3(X[0], a0, a1, a2, a3, fbits(e ? h0.z : h0.x), fbits(e ? h0.w : h0.y), fbits(e ? l0.z : l0.x),
-             fbits(e ? l0.w : l0.y));
-        mma3(X[1], a0, a1, a2, a3, fbits(e ? h1.z : h1.x), fbits(e ? h1.w : h1.y), fbits(e ? l1.z : l1.x),
-             fbits(e ? l1.w : l1.y));
+        uint32_t ah[4], al[4];
+        split4(e ? F0[pp].z : F0[pp].x, e ? F1[pp].z : F1[pp].x, e ? F0[pp].w : F0[pp].y, e ? F1[pp].w : F1[pp].y, ah, al);
+        mma3s(Xa[e][0], Xc[e][0], ah, al, b0h[2 * e], b0h[2 * e + 1], b0l[2 * e], b0l[2 * e + 1]);
+        mma3s(Xa[e][1], Xc[e][1], ah, al, b1h[2 * e], b1h[2 * e + 1], b1l[2 * e], b1l[2 * e + 1]);
       }
     }
+    float X[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) X[nt][i] = (Xc[0][nt][i] + Xc[1][nt][i]) + (Xa[0][nt][i] + Xa[1][nt][i]);
     // U = beta (v - A o X), C layout; d = U M^T
     float U[2][4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const int nt = c >> 1, bit = c & 1, j = jj[c];
-      U[nt][bit] = bj[c] * (VS[j * tc::VSS + r0 + g] - Aj[c] * X[nt][bit]);
-      U[nt][2 + bit] = bj[c] * (VS[j * tc::VSS + r0 + g + 8] - Aj[c] * X[nt][2 + bit]);
+      const int nt = c >> 1, bit = c & 1;
+      U[nt][bit] = bj[c] * (vv0[c] - Aj[c] * X[nt][bit]);
+      U[nt][2 + bit] = bj[c] * (vv1[c] - Aj[c] * X[nt][2 + bit]);
     }
     float D[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     mma3(D[0], U[0][0], U[0][2], U[0][1], U[0][3], mbh[0][0], mbh[0][1], mbl[0][0], mbl[0][1]);
