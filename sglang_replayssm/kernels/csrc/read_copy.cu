@@ -426,6 +426,7 @@ namespace tc {
 constexpr int XS = 144;  // key table row stride (floats): conflict-free float4 reads of rows g, g+8
 constexpr int O_KN = 0, O_FBH = 16 * XS, O_FBL = O_FBH + 2048, O_QS = O_FBL + 2048, O_BL = O_QS + 128,
               O_MS = O_BL + 16 * 20, FLOATS = O_MS + 16 * 17;  // 28.5 KB per warp
+static_assert(FLOATS - O_BL >= 16 * 36, "the fp8 copy's staging rows fit in the B / M tables");
 static_assert(FLOATS % 4 == 0, "float4 tables");
 }  // namespace tc
 
@@ -764,11 +765,25 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
         return pack_e4m3(make_float4(fminf(fmaxf(__fdiv_rn(x.x, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.y, s), -448.f), 448.f),
                                      fminf(fmaxf(__fdiv_rn(x.z, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.w, s), -448.f), 448.f)));
       };
+      // rows staged in shared memory (B / M tables: dead after the setup; 16 rows x 36 words) so that
+      // the copy leaves as full 128-byte rows, 16 bytes per lane (4 bytes per lane here would write
+      // half sectors: 8 rows x 16 bytes per store)
+      uint32_t* stg = reinterpret_cast<uint32_t*>(sm + tc::O_BL);
 #pragma unroll
       for (int pp = 0; pp < 8; ++pp) {
-        *reinterpret_cast<uint32_t*>(c0p + 16 * pp) = q8(F0[pp], sc0);
-        *reinterpret_cast<uint32_t*>(c1p + 16 * pp) = q8(F1[pp], sc1);
+        stg[g * 36 + 4 * pp + t] = q8(F0[pp], sc0);
+        stg[(g + 8) * 36 + 4 * pp + t] = q8(F1[pp], sc1);
       }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = 32 * i + lane, r = c >> 3, ch = c & 7;  // row r of the block, 16-byte chunk ch
+        *reinterpret_cast<uint4*>(cbase + static_cast<int64_t>(r0 + r) * K + 16 * ch) =
+            *reinterpret_cast<const uint4*>(stg + r * 36 + 4 * ch);
+      }
+      __syncwarp();
+      (void)c0p;
+      (void)c1p;
     }
   }
   __syncwarp();  // the next item rewrites this warp's shared memory
