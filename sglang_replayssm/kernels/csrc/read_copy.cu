@@ -761,17 +761,9 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
         p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + g] = sc0;
         p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + g + 8] = sc1;
       }
-      // x / s correctly rounded from RN(1/s) (once per row) and one FMA correction (Markstein):
-      // exact for normal operands, three instructions instead of a division per element
-      const float rc0 = __frcp_rn(sc0), rc1 = __frcp_rn(sc1);
-      auto dv = [](float x, float s, float r) {
-        const float q0 = x * r;
-        return fmaf(fmaf(-q0, s, x), r, q0);
-      };
-      auto q8 = [&](float4 x, float s) {
-        const float r = s == sc0 ? rc0 : rc1;
-        return pack_e4m3(make_float4(fminf(fmaxf(dv(x.x, s, r), -448.f), 448.f), fminf(fmaxf(dv(x.y, s, r), -448.f), 448.f),
-                                     fminf(fmaxf(dv(x.z, s, r), -448.f), 448.f), fminf(fmaxf(dv(x.w, s, r), -448.f), 448.f)));
+      auto q8 = [](float4 x, float s) {
+        return pack_e4m3(make_float4(fminf(fmaxf(__fdiv_rn(x.x, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.y, s), -448.f), 448.f),
+                                     fminf(fmaxf(__fdiv_rn(x.z, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.w, s), -448.f), 448.f)));
       };
       // rows staged in shared memory (B / M tables: dead after the setup; 16 rows x 36 words) so that
       // the copy leaves as full 128-byte rows, 16 bytes per lane (4 bytes per lane here would write
