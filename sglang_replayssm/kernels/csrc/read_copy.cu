@@ -26,6 +26,9 @@
 #ifndef RC_MIN_BLOCKS  // non-flush pass register budget, blocks of 4 warps per SM
 #define RC_MIN_BLOCKS 4
 #endif
+#ifndef RC_TC_FLUSH  // GDN flush pass: 1 = the Gram form on tensor cores (flush_item_tc), 0 = sequential
+#define RC_TC_FLUSH 0
+#endif
 static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
 
 namespace rc {
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
 
 // ---- flush pass: grid capped at the resident blocks (one warp each), items (row, head, part) by ballot
 // shared memory per warp: keys [16][32] float4, KDA decays [16][32] float4, v [16][V] fp32
-__host__ __device__ constexpr int flush_smem_f4(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4; }
+__host__ __device__ constexpr int flush_smem_f4_seq(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4; }
 
 template <typename T, bool KDA, int CF>
 __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem, int lane) {
@@ -409,6 +412,387 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   __syncwarp();  // the next item rewrites this warp's shared memory
 }
 
+
+// ---- GDN flush on tensor cores: the Gram (WY) form of the exact replay, per 16-row block three
+// products on mma.sync.m16n8k8 in 3xTF32 (hi*hi + hi*lo + lo*hi: fp32 accuracy). Function and
+// index math: sglang_replayssm/testing/read_copy_tc_emulator.py (module docstring; the CPU test
+// tests/test_read_copy_tc_emulator.py runs the same index formulas against the sequential replay).
+// With G_j the cumulative log decay of steps 0..j (step m = this token), A_j = exp(G_j):
+//   X = S0 K^T, d = M (beta o (v - A o X)) with M = (I + B)^-1, B[j][i] = beta_j e^{G_j - G_i} k_i.k_j (i < j),
+//   o = A_m S0 q + sum_j cq_j d_j, S_new = A_m S0 + sum_j e^{G_m - G_j} d_j k_j^T.
+// Lane (g = lane >> 2, t = lane & 3) holds state rows g, g+8 of a block at columns 16p + 4t .. +3
+// (p = 0..7): its A values of X's k-steps 2p, 2p+1 and its C values of the fold's n-tiles 2p, 2p+1.
+namespace tc {
+constexpr int XS = 144;  // key table row stride (floats): conflict-free float4 reads of rows g, g+8
+constexpr int O_KN = 0, O_FBH = 16 * XS, O_FBL = O_FBH + 2048, O_QS = O_FBL + 2048, O_BL = O_QS + 128,
+              O_MS = O_BL + 16 * 20, FLOATS = O_MS + 16 * 17;  // 28.5 KB per warp
+static_assert(FLOATS - O_BL >= 16 * 36, "the fp8 copy's staging rows fit in the B / M tables");
+static_assert(FLOATS % 4 == 0, "float4 tables");
+}  // namespace tc
+
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_rna(x);
+  lo = tf32_rna(x - __uint_as_float(hi));
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// c += a b in 3xTF32 from fp32 a (4 values, A fragment order) and pre-split b (hi, lo pairs)
+__device__ __forceinline__ void mma3(float (&c)[4], float a0, float a1, float a2, float a3, uint32_t bh0, uint32_t bh1,
+                                     uint32_t bl0, uint32_t bl1) {
+  uint32_t ah[4], al[4];
+  split_tf32(a0, ah[0], al[0]);
+  split_tf32(a1, ah[1], al[1]);
+  split_tf32(a2, ah[2], al[2]);
+  split_tf32(a3, ah[3], al[3]);
+  mma_tf32(c, al, bh0, bh1);
+  mma_tf32(c, ah, bl0, bl1);
+  mma_tf32(c, ah, bh0, bh1);
+}
+__device__ __forceinline__ uint32_t fbits(float x) { return __float_as_uint(x); }
+// 3xTF32 with the hi*hi and the cross products in separate accumulators (two shorter chains)
+__device__ __forceinline__ void mma3s(float (&hh)[4], float (&cr)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                      uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+  mma_tf32(cr, al, bh0, bh1);
+  mma_tf32(cr, ah, bl0, bl1);
+  mma_tf32(hh, ah, bh0, bh1);
+}
+__device__ __forceinline__ void split4(float a0, float a1, float a2, float a3, uint32_t (&h)[4], uint32_t (&l)[4]) {
+  split_tf32(a0, h[0], l[0]);
+  split_tf32(a1, h[1], l[1]);
+  split_tf32(a2, h[2], l[2]);
+  split_tf32(a3, h[3], l[3]);
+}
+
+template <typename T, int CF>
+__device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm, int lane) {
+  const int HV = p.HV, H = p.H, L = p.L;
+  const int pair = item / p.parts, part = item - pair * p.parts;
+  const int n = pair / HV, hv = pair - n * HV, i_h = hv / (HV / H);
+  const int64_t slot = slot_of(p.slots, p.idx64, n);
+  const int m = p.write_pos[n];  // records 0..m-1 live (m <= L - 1); this token is step m
+  const int g = lane >> 2, t = lane & 3;
+  float* KN = sm + tc::O_KN;  // keys of steps 0..15 (fp32, zero past m)
+  float4* FBH = reinterpret_cast<float4*>(sm + tc::O_FBH);
+  float4* FBL = reinterpret_cast<float4*>(sm + tc::O_FBL);
+  float* QS = sm + tc::O_QS;
+  float* BLs = sm + tc::O_BL;
+  float* MS = sm + tc::O_MS;
+  const T* row = static_cast<const T*>(p.qkv) + n * p.s_qkv;
+
+  // this token: normalised q (scaled), k, beta, log decay (as flush_item)
+  float4 q = ld4(row + i_h * K + 4 * lane);
+  float4 k = ld4(row + H * K + i_h * K + 4 * lane);
+  float q_fac = p.scale, k_fac = 1.f;
+  if (p.l2n) {
+    q_fac = p.scale / sqrtf(warp_sum(dot4(q, q)) + 1e-6f);
+    k_fac = 1.f / sqrtf(warp_sum(dot4(k, k)) + 1e-6f);
+  }
+  q = mul4(q, q_fac);
+  k = mul4(k, k_fac);
+  const float a_decay = expf(p.A_log[hv]);
+  const T* bp = static_cast<const T*>(p.b);
+  const float beta = to_f(from_f<T>(1.f / (1.f + expf(-to_f(bp[n * p.s_b + hv])))));
+  const T* ap = static_cast<const T*>(p.a);
+  const float g_cur = -a_decay * softplus(to_f(ap[n * p.s_a + hv]) + p.dt_bias[hv]);
+  // lane j < 16: step j's log decay and beta (zero past m: the rings hold garbage there)
+  const float gl = lane < m ? p.g_ring[slot * p.s_g + hv * L + lane] : (lane == m ? g_cur : 0.f);
+  const float bl = lane < m ? p.beta_ring[slot * p.s_beta + hv * L + lane] : (lane == m ? beta : 0.f);
+  float gc = gl;  // inclusive scan over lanes 0..15 (dead steps add 0)
+#pragma unroll
+  for (int d = 1; d < 16; d <<= 1) {
+    const float up = __shfl_up_sync(FULL, gc, d);
+    if (lane >= d) gc += up;
+  }
+  const float Gm = __shfl_sync(FULL, gc, m);
+  const float Am = expf(Gm);
+
+  // key table (hi, lo; rows j = 0..15, zero past m), value table, q; k_j . q partials
+  const float* kr = p.k_ring + slot * p.s_k + static_cast<int64_t>(i_h) * L * K + 4 * lane;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float kqp[16];
+#pragma unroll
+  for (int jb = 0; jb < 16; jb += 8) {
+    float4 kk[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = jb + u;
+      kk[u] = j < m ? ld4(kr + j * K) : (j == m ? k : zero);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = jb + u;
+      kqp[j] = dot4(kk[u], q);
+      *reinterpret_cast<float4*>(KN + j * tc::XS + 4 * lane) = kk[u];
+    }
+  }
+  *reinterpret_cast<float4*>(QS + 4 * lane) = q;
+  const float kq_red = reduce_scatter16(kqp, lane);          // lane l: k_{l >> 1} . q
+  const float kq_lane = __shfl_sync(FULL, kq_red, 2 * (lane & 15));  // lane j < 16: k_j . q
+  __syncwarp();
+
+  // the fold's B fragments, pre-arranged per lane (hi, lo): for (ks, p) the keys of steps 8ks + 2t,
+  // +1 at columns 16p + 4(g >> 1) + (g & 1) + {0, 2} (the fold's column order, emulator fold_col)
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int j0 = 8 * ks + 2 * t;
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      const int c0 = 16 * pp + 4 * (g >> 1) + (g & 1);
+      uint32_t h[4], l[4];
+      split4(KN[j0 * tc::XS + c0], KN[(j0 + 1) * tc::XS + c0], KN[j0 * tc::XS + c0 + 2], KN[(j0 + 1) * tc::XS + c0 + 2],
+             h, l);
+      FBH[(ks * 8 + pp) * 32 + lane] =
+          make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));
+      FBL[(ks * 8 + pp) * 32 + lane] =
+          make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));
+    }
+  }
+  // Gram k_i . k_j on tensor cores: A (rows i = g, g+8) and B (keys j = g, 8+g) from the same float4s
+  const float4* KN4 = reinterpret_cast<const float4*>(KN);
+  float gram[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  {
+    float gx[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // cross products
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      const float4 k0 = KN4[g * (tc::XS / 4) + 4 * pp + t], k1 = KN4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        uint32_t ah[4], al[4];
+        split4(e ? k0.z : k0.x, e ? k1.z : k1.x, e ? k0.w : k0.y, e ? k1.w : k1.y, ah, al);
+        mma3s(gram[0], gx[0], ah, al, ah[0], ah[2], al[0], al[2]);  // B of tile 0: key row g
+        mma3s(gram[1], gx[1], ah, al, ah[1], ah[3], al[1], al[3]);  // B of tile 1: key row 8 + g
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      gram[0][i] += gx[0][i];
+      gram[1][i] += gx[1][i];
+    }
+  }
+  // B[j][i] = beta_j e^{G_j - G_i} gram[i][j] for i < j, from the C fragments (every (i, j) once)
+  const float gci0 = __shfl_sync(FULL, gc, g), gci1 = __shfl_sync(FULL, gc, g + 8);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int bit = 0; bit < 2; ++bit) {
+      const int j = 8 * nt + 2 * t + bit;
+      const float gcj = __shfl_sync(FULL, gc, j), bj = __shfl_sync(FULL, bl, j);
+      BLs[j * 20 + g] = g < j ? bj * expf(gcj - gci0) * gram[nt][bit] : 0.f;
+      BLs[j * 20 + g + 8] = g + 8 < j ? bj * expf(gcj - gci1) * gram[nt][2 + bit] : 0.f;
+    }
+  }
+  __syncwarp();
+  // M = (I + B)^-1 by forward substitution, column `lane` (lanes 16..31 compute zeros)
+  {
+    float mc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float acc = i == lane ? 1.f : 0.f;
+#pragma unroll
+      for (int kk = 0; kk < i; ++kk) acc = fmaf(-BLs[i * 20 + kk], mc[kk], acc);
+      mc[i] = acc;
+    }
+    if (lane < 16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) MS[i * 17 + lane] = mc[i];
+    }
+  }
+  __syncwarp();
+  // the solve's B fragments: M[8nt + g][8ks + 2t (+1)] for (nt, ks) = (0, 0), (1, 0), (1, 1)
+  uint32_t mbh[3][2], mbl[3][2];
+#pragma unroll
+  for (int f = 0; f < 3; ++f) {
+    const int nt = f == 0 ? 0 : 1, ks = f == 2 ? 1 : 0;
+    split_tf32(MS[(8 * nt + g) * 17 + 8 * ks + 2 * t], mbh[f][0], mbl[f][0]);
+    split_tf32(MS[(8 * nt + g) * 17 + 8 * ks + 2 * t + 1], mbh[f][1], mbl[f][1]);
+  }
+  // this lane's four steps j = 2t, 2t+1, 8+2t, 9+2t (C fragment columns of tiles 0, 0, 1, 1)
+  float Aj[4], bj[4], rm[4], cq[4];
+  int jj[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int j = 8 * (c >> 1) + 2 * t + (c & 1);
+    jj[c] = j;
+    const float gcj = __shfl_sync(FULL, gc, j);
+    bj[c] = __shfl_sync(FULL, bl, j);
+    const float kqj = __shfl_sync(FULL, kq_lane, j);
+    Aj[c] = expf(gcj);
+    rm[c] = expf(Gm - gcj);
+    cq[c] = j < m ? rm[c] * kqj : (j == m ? kqj : 0.f);
+  }
+
+  // the v of this lane's four steps at the block's rows: the ring (steps < m), this token (m), none
+  const T* vring = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(hv) * L * V;
+  const T* vsrc[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    vsrc[c] = jj[c] < m ? vring + jj[c] * V : (jj[c] == m ? row + 2 * H * K + hv * V : nullptr);
+  float* sbase = p.state + slot * p.s_state + static_cast<int64_t>(hv) * V * K;
+  using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
+  CT* cbase = static_cast<CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K;
+  T* outp = static_cast<T*>(p.out) + (static_cast<int64_t>(n) * HV + hv) * V;
+  const float4* QS4 = reinterpret_cast<const float4*>(QS);
+  const int rows_per_part = V / p.parts;
+  const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
+  for (int r0 = rbeg; r0 < rend; r0 += 16) {
+    float* s0 = sbase + static_cast<int64_t>(r0 + g) * K + 4 * t;
+    float* s1 = s0 + 8 * K;
+    float4 F0[8], F1[8];
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      F0[pp] = ld4_cs(s0 + 16 * pp);
+      F1[pp] = ld4_cs(s1 + 16 * pp);
+    }
+    float vv0[4], vv1[4];  // this block's v of the lane's four steps, rows g and g + 8
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      vv0[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g]) : 0.f;
+      vv1[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g + 8]) : 0.f;
+    }
+    // X = S0 K^T (tiles: steps 0..7, 8..15; accumulators by k-step parity and hi*hi / cross) and x_q
+    float Xa[2][2][4], Xc[2][2][4];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) Xa[a][nt][i] = Xc[a][nt][i] = 0.f;
+    float xq0 = 0.f, xq1 = 0.f;
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      const float4 k0 = KN4[g * (tc::XS / 4) + 4 * pp + t], k1 = KN4[(g + 8) * (tc::XS / 4) + 4 * pp + t];
+      const float4 qq = QS4[4 * pp + t];
+      xq0 += dot4(F0[pp], qq);
+      xq1 += dot4(F1[pp], qq);
+      uint32_t b0h[4], b0l[4], b1h[4], b1l[4];  // keys g and 8 + g at this lane's 4 columns
+      split4(k0.x, k0.y, k0.z, k0.w, b0h, b0l);
+      split4(k1.x, k1.y, k1.z, k1.w, b1h, b1l);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        uint32_t ah[4], al[4];
+        split4(e ? F0[pp].z : F0[pp].x, e ? F1[pp].z : F1[pp].x, e ? F0[pp].w : F0[pp].y, e ? F1[pp].w : F1[pp].y, ah, al);
+        mma3s(Xa[e][0], Xc[e][0], ah, al, b0h[2 * e], b0h[2 * e + 1], b0l[2 * e], b0l[2 * e + 1]);
+        mma3s(Xa[e][1], Xc[e][1], ah, al, b1h[2 * e], b1h[2 * e + 1], b1l[2 * e], b1l[2 * e + 1]);
+      }
+    }
+    float X[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) X[nt][i] = (Xc[0][nt][i] + Xc[1][nt][i]) + (Xa[0][nt][i] + Xa[1][nt][i]);
+    // U = beta (v - A o X), C layout; d = U M^T
+    float U[2][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int nt = c >> 1, bit = c & 1;
+      U[nt][bit] = bj[c] * (vv0[c] - Aj[c] * X[nt][bit]);
+      U[nt][2 + bit] = bj[c] * (vv1[c] - Aj[c] * X[nt][2 + bit]);
+    }
+    float D[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    mma3(D[0], U[0][0], U[0][2], U[0][1], U[0][3], mbh[0][0], mbh[0][1], mbl[0][0], mbl[0][1]);
+    mma3(D[1], U[0][0], U[0][2], U[0][1], U[0][3], mbh[1][0], mbh[1][1], mbl[1][0], mbl[1][1]);
+    mma3(D[1], U[1][0], U[1][2], U[1][1], U[1][3], mbh[2][0], mbh[2][1], mbl[2][0], mbl[2][1]);
+    // this token's output, rows g and g + 8 (the quad's four lanes hold a row's 128 columns)
+    float o0 = Am * xq0, o1 = Am * xq1;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      o0 = fmaf(cq[c], D[c >> 1][c & 1], o0);
+      o1 = fmaf(cq[c], D[c >> 1][2 + (c & 1)], o1);
+    }
+    o0 += __shfl_xor_sync(FULL, o0, 1);
+    o1 += __shfl_xor_sync(FULL, o1, 1);
+    o0 += __shfl_xor_sync(FULL, o0, 2);
+    o1 += __shfl_xor_sync(FULL, o1, 2);
+    if (t == 0) {
+      outp[r0 + g] = from_f<T>(o0);
+      outp[r0 + g + 8] = from_f<T>(o1);
+    }
+    // fold: S_new = A_m S0 + d' K, d' = d e^{G_m - G_j}; new rows overwrite F0 / F1
+    float Dp[2][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      Dp[c >> 1][c & 1] = D[c >> 1][c & 1] * rm[c];
+      Dp[c >> 1][2 + (c & 1)] = D[c >> 1][2 + (c & 1)] * rm[c];
+    }
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      const float4 bh0 = FBH[pp * 32 + lane], bl0 = FBL[pp * 32 + lane];
+      const float4 bh1 = FBH[(8 + pp) * 32 + lane], bl1 = FBL[(8 + pp) * 32 + lane];
+      float C0[4] = {Am * F0[pp].x, Am * F0[pp].y, Am * F1[pp].x, Am * F1[pp].y};  // n-tile 2pp
+      float C1[4] = {Am * F0[pp].z, Am * F0[pp].w, Am * F1[pp].z, Am * F1[pp].w};  // n-tile 2pp + 1
+      mma3(C0, Dp[0][0], Dp[0][2], Dp[0][1], Dp[0][3], fbits(bh0.x), fbits(bh0.y), fbits(bl0.x), fbits(bl0.y));
+      mma3(C0, Dp[1][0], Dp[1][2], Dp[1][1], Dp[1][3], fbits(bh1.x), fbits(bh1.y), fbits(bl1.x), fbits(bl1.y));
+      mma3(C1, Dp[0][0], Dp[0][2], Dp[0][1], Dp[0][3], fbits(bh0.z), fbits(bh0.w), fbits(bl0.z), fbits(bl0.w));
+      mma3(C1, Dp[1][0], Dp[1][2], Dp[1][1], Dp[1][3], fbits(bh1.z), fbits(bh1.w), fbits(bl1.z), fbits(bl1.w));
+      F0[pp] = make_float4(C0[0], C0[1], C1[0], C1[1]);
+      F1[pp] = make_float4(C0[2], C0[3], C1[2], C1[3]);
+      __stcs(reinterpret_cast<float4*>(s0 + 16 * pp), F0[pp]);
+      __stcs(reinterpret_cast<float4*>(s1 + 16 * pp), F1[pp]);
+    }
+    CT* c0p = cbase + static_cast<int64_t>(r0 + g) * K + 4 * t;
+    CT* c1p = c0p + 8 * K;
+    if constexpr (CF == 1) {
+#pragma unroll
+      for (int pp = 0; pp < 8; ++pp) {
+        *reinterpret_cast<uint2*>(c0p + 16 * pp) = pack_bf16(F0[pp]);
+        *reinterpret_cast<uint2*>(c1p + 16 * pp) = pack_bf16(F1[pp]);
+      }
+    } else {
+      float am0 = 0.f, am1 = 0.f;
+#pragma unroll
+      for (int pp = 0; pp < 8; ++pp) {
+        am0 = fmaxf(am0, fmaxf(fmaxf(fabsf(F0[pp].x), fabsf(F0[pp].y)), fmaxf(fabsf(F0[pp].z), fabsf(F0[pp].w))));
+        am1 = fmaxf(am1, fmaxf(fmaxf(fabsf(F1[pp].x), fabsf(F1[pp].y)), fmaxf(fabsf(F1[pp].z), fabsf(F1[pp].w))));
+      }
+      am0 = fmaxf(am0, __shfl_xor_sync(FULL, am0, 1));
+      am1 = fmaxf(am1, __shfl_xor_sync(FULL, am1, 1));
+      am0 = fmaxf(am0, __shfl_xor_sync(FULL, am0, 2));
+      am1 = fmaxf(am1, __shfl_xor_sync(FULL, am1, 2));
+      const float sc0 = am0 > 0.f ? am0 / 448.f : 1.f, sc1 = am1 > 0.f ? am1 / 448.f : 1.f;
+      if (t == 0) {
+        p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + g] = sc0;
+        p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + g + 8] = sc1;
+      }
+      auto q8 = [](float4 x, float s) {
+        return pack_e4m3(make_float4(fminf(fmaxf(__fdiv_rn(x.x, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.y, s), -448.f), 448.f),
+                                     fminf(fmaxf(__fdiv_rn(x.z, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.w, s), -448.f), 448.f)));
+      };
+      // rows staged in shared memory (B / M tables: dead after the setup; 16 rows x 36 words) so that
+      // the copy leaves as full 128-byte rows, 16 bytes per lane (4 bytes per lane here would write
+      // half sectors: 8 rows x 16 bytes per store)
+      uint32_t* stg = reinterpret_cast<uint32_t*>(sm + tc::O_BL);
+#pragma unroll
+      for (int pp = 0; pp < 8; ++pp) {
+        stg[g * 36 + 4 * pp + t] = q8(F0[pp], sc0);
+        stg[(g + 8) * 36 + 4 * pp + t] = q8(F1[pp], sc1);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = 32 * i + lane, r = c >> 3, ch = c & 7;  // row r of the block, 16-byte chunk ch
+        *reinterpret_cast<uint4*>(cbase + static_cast<int64_t>(r0 + r) * K + 16 * ch) =
+            *reinterpret_cast<const uint4*>(stg + r * 36 + 4 * ch);
+      }
+      __syncwarp();
+      (void)c0p;
+      (void)c1p;
+    }
+  }
+  __syncwarp();  // the next item rewrites this warp's shared memory
+}
+
+__host__ __device__ constexpr int flush_smem_f4(bool kda) {
+  return (!kda && RC_TC_FLUSH) ? tc::FLOATS / 4 : flush_smem_f4_seq(kda);
+}
+
 constexpr int ROW_WINDOW = 512;  // rows whose flush items one round of the flush pass lists
 
 // Every warp lists the flush rows of a window of ROW_WINDOW rows in its shared memory (B / 32
@@ -434,7 +818,10 @@ __global__ void __launch_bounds__(32) flush_kernel(const Args p) {
     __syncwarp();
     for (int it = blockIdx.x; it < count * per_row; it += tw) {
       const int r = it / per_row, rest = it - r * per_row;
-      flush_item<T, KDA, CF>(p, rows[r] * per_row + rest, rc_smem, lane);
+      if constexpr (!KDA && RC_TC_FLUSH)
+        flush_item_tc<T, CF>(p, rows[r] * per_row + rest, reinterpret_cast<float*>(rc_smem), lane);
+      else
+        flush_item<T, KDA, CF>(p, rows[r] * per_row + rest, rc_smem, lane);
     }
     __syncwarp();  // the next window rewrites the row list
   }
@@ -448,7 +835,7 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
     return cudaGetLastError();
   }
   auto kern = flush_kernel<T, KDA, CF>;
-  const size_t smem = flush_smem_f4(KDA) * sizeof(float4);
+  const size_t smem = flush_smem_f4(KDA) * sizeof(float4);  // (flush_smem_f4: after flush_item_tc)
   static int resident = 0;  // per instantiation, computed once (host queries only: safe under capture)
   if (resident == 0) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
