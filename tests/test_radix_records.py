@@ -89,14 +89,19 @@ def _backend() -> types.SimpleNamespace:
                                  requires_contiguous_prefill_state=False)
 
 
-def _oracle(layer, model, x, a, b, n):
-    """fp64 state after the first ``n`` tokens (conv + SiLU, gates, gated delta rule from zero)."""
+def _oracle(layer, model, x, a, b, n, kda=False):
+    """fp64 state after the first ``n`` tokens (conv + SiLU, gates, gated delta rule from zero);
+    KDA: ``a`` rows are per channel ``[HV * K]``."""
     w = layer.conv_weights.double()
     xp = torch.cat([torch.zeros(model.win, x.shape[1], dtype=torch.float64), x[:n].double()])
     conv = torch.stack([(xp[t:t + model.win + 1].T * w).sum(-1) for t in range(n)]) + layer.bias.double()
     conv = conv * torch.sigmoid(conv)
     q, k, v = unpack_mixed_qkv(conv, model.H, model.K, model.HV, model.V)
-    g = compute_gate_fp64(a[:n], layer.A_log, layer.dt_bias, is_kda=False)
+    if kda:
+        g = compute_gate_fp64(a[:n].reshape(n, model.HV, model.K), layer.A_log,
+                              layer.dt_bias.reshape(model.HV, model.K), is_kda=True)
+    else:
+        g = compute_gate_fp64(a[:n], layer.A_log, layer.dt_bias, is_kda=False)
     beta = compute_beta_fp64(b[:n])
     state = torch.zeros(1, model.HV, model.V, model.K, dtype=torch.float64)
     _, final = recurrence_fp64(state, q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None])
@@ -108,44 +113,28 @@ def _oracle(layer, model, x, a, b, n):
     [(37, 101), (64, 130), (3, 200), (130, 131)],  # unaligned depths, crossing a 64-token chunk
 ])
 def test_rebuild_matches_the_fp64_recurrence(spans, radix_adapter):
-    cfg = SimConfig(kind="gdn", strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
-    model = ToyModel(cfg)
-    _, _, req_pool = build_fixture(cfg, model)
-    gen = torch.Generator().manual_seed(7)
-    T = max(n for _, n in spans)
-    layers = [_layer(model, i, gen) for i in range(cfg.mamba_layers)]
-    backend = _backend()
-    pool = RecordPool(kv_size=512, capacity=256, device=torch.device("cpu"))
-    kv = torch.randperm(500, generator=gen)[:T]  # the tokens' KV indices, scattered
-    pool.assign(kv)
-    inputs = []
-    for layer in layers:
-        x = torch.randn(T, model.qkv_dim, generator=gen)
-        a, b = 0.5 * torch.randn(T, model.HV, generator=gen), torch.randn(T, model.HV, generator=gen)
-        pool.write(layer, backend, kv, x, a, b)
-        inputs.append((x, a, b))
-    jobs, want = [], []
+    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(max(n for _, n in spans), seed=7)
+    jobs = _tree_jobs(model, req_pool, layers, inputs, pool, kv, spans)
+    rebuild(pool, req_pool, jobs)
+    _check(model, req_pool, layers, inputs, jobs, [n for _, n in spans])
+
+
+def _tree_jobs(model, req_pool, layers, inputs, pool, kv, spans, oracle=None, kda=False):
+    """One rebuild per ``(s, n)``: from the root (s = 0) or from a tree state at ``s`` (the exact
+    fp64 state, stored fp32, and the window at s), folding the records of tokens s..n-1."""
+    jobs = []
     alloc = req_pool.mamba_allocator
     for s, n in spans:
         src = None
-        if s > 0:  # the deepest state above: the exact fp64 state and window at s, stored fp32
+        if s > 0:
             src = alloc.alloc(1)
             for layer, (x, a, b) in zip(layers, inputs):
                 cache = req_pool.mamba2_layer_cache(layer.layer_id)
-                cache.temporal[src] = _oracle(layer, model, x, a, b, s).float()
+                cache.temporal[src] = (oracle or _oracle)(layer, model, x, a, b, s).float()
                 window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:s]])[-model.win:]
-                cache.conv[0][src] = window.T
+                cache.conv[0][src] = window if kda else window.T
         jobs.append(Rebuild(dst=alloc.alloc(1), src=src, slots=pool.slots(kv[s:n])))
-        want.append(n)
-    rebuild(pool, req_pool, jobs)
-    for job, n in zip(jobs, want):
-        for layer, (x, a, b) in zip(layers, inputs):
-            cache = req_pool.mamba2_layer_cache(layer.layer_id)
-            ref = _oracle(layer, model, x, a, b, n)
-            got = cache.temporal[job.dst[0]].double()
-            assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
-            window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
-            assert torch.equal(cache.conv[0][job.dst[0]], window.T), (n, layer.layer_id)
+    return jobs
 
 
 def test_kept_positions_follow_the_chunk_grid():
@@ -179,34 +168,45 @@ def test_interval_states_first_in_first_out_and_invalidate():
     assert 1 in st.skipped and not st.usable([0, 1]) and 1 not in st.ssm
 
 
-def _setup_rebuild(T: int, seed: int = 7):
-    cfg = SimConfig(kind="gdn", strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
+def _setup_rebuild(T: int, seed: int = 7, kind: str = "gdn"):
+    """SGLang's real pools for a 2-layer toy model, and a record pool holding ``T`` tokens' random
+    inputs at scattered KV indices (KDA: the gate as the extend passes it, ``[1, T, H, K]``)."""
+    from sglang_replayssm.radix.record_capture import _token_rows
+
+    cfg = SimConfig(kind=kind, strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
     model = ToyModel(cfg)
     _, _, req_pool = build_fixture(cfg, model)
     gen = torch.Generator().manual_seed(seed)
-    layers = [_layer(model, i, gen) for i in range(cfg.mamba_layers)]
-    backend = _backend()
+    kda = kind == "kda"
+    layers = [(_kda_layer if kda else _layer)(model, i, gen) for i in range(cfg.mamba_layers)]
+    backend = _kda_backend() if kda else _backend()
     pool = RecordPool(kv_size=512, capacity=320, device=torch.device("cpu"))
     kv = torch.randperm(500, generator=gen)[:T]
     pool.assign(kv)
     inputs = []
     for layer in layers:
         x = torch.randn(T, model.qkv_dim, generator=gen)
-        a, b = 0.5 * torch.randn(T, model.HV, generator=gen), torch.randn(T, model.HV, generator=gen)
+        if kda:
+            a = _token_rows(0.5 * torch.randn(1, T, model.HV, model.K, generator=gen))
+            b = _token_rows(torch.randn(1, T, model.HV, generator=gen))
+        else:
+            a, b = 0.5 * torch.randn(T, model.HV, generator=gen), torch.randn(T, model.HV, generator=gen)
         pool.write(layer, backend, kv, x, a, b)
         inputs.append((x, a, b))
     return model, req_pool, layers, backend, pool, kv, inputs
 
 
-def _check(model, req_pool, layers, inputs, jobs, want):
+def _check(model, req_pool, layers, inputs, jobs, want, oracle=None, kda=False):
+    """Each job's state equals the fp64 recurrence of its path (rel. <= 1e-5) and its conv window
+    the path's last inputs, bit for bit (GDN pool layout [dim, W - 1], KDA [W - 1, dim])."""
     for job, n in zip(jobs, want):
         for layer, (x, a, b) in zip(layers, inputs):
             cache = req_pool.mamba2_layer_cache(layer.layer_id)
-            ref = _oracle(layer, model, x, a, b, n)
+            ref = (oracle or _oracle)(layer, model, x, a, b, n)
             got = cache.temporal[job.dst[0]].double()
             assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
             window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
-            assert torch.equal(cache.conv[0][job.dst[0]], window.T), (n, layer.layer_id)
+            assert torch.equal(cache.conv[0][job.dst[0]], window if kda else window.T), (n, layer.layer_id)
 
 
 def test_rebuild_from_interval_states_matches_the_fp64_recurrence(radix_adapter):
@@ -308,60 +308,16 @@ def _kda_backend() -> object:
 
 
 def _kda_oracle(layer, model, x, a, b, n):
-    """fp64 KDA state after the first ``n`` tokens (conv + SiLU, per-channel gates, delta rule)."""
-    w = layer.conv_weights.double()
-    xp = torch.cat([torch.zeros(model.win, x.shape[1], dtype=torch.float64), x[:n].double()])
-    conv = torch.stack([(xp[t:t + model.win + 1].T * w).sum(-1) for t in range(n)]) + layer.bias.double()
-    conv = conv * torch.sigmoid(conv)
-    q, k, v = unpack_mixed_qkv(conv, model.H, model.K, model.HV, model.V)
-    g = compute_gate_fp64(a[:n].reshape(n, model.HV, model.K), layer.A_log, layer.dt_bias.reshape(model.HV, model.K),
-                          is_kda=True)
-    state = torch.zeros(1, model.HV, model.V, model.K, dtype=torch.float64)
-    _, final = recurrence_fp64(state, q[:, None], k[:, None], v[:, None], g[:, None], compute_beta_fp64(b[:n])[:, None])
-    return final[0]
+    return _oracle(layer, model, x, a, b, n, kda=True)
 
 
 def test_kda_rebuild_matches_the_fp64_recurrence(radix_adapter):
     """KDA records (per-channel gate inputs, the pool's [W - 1, dim] conv windows) rebuilt with the
     CPU runtime's KDA kernels, from the root and from a tree state, batched."""
-    cfg = SimConfig(kind="kda", strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
-    model = ToyModel(cfg)
-    _, _, req_pool = build_fixture(cfg, model)
-    gen = torch.Generator().manual_seed(11)
-    T = 150
-    layers = [_kda_layer(model, i, gen) for i in range(cfg.mamba_layers)]
-    backend = _kda_backend()
-    pool = RecordPool(kv_size=512, capacity=256, device=torch.device("cpu"))
-    kv = torch.randperm(500, generator=gen)[:T]
-    pool.assign(kv)
-    inputs = []
-    for layer in layers:
-        x = torch.randn(T, model.qkv_dim, generator=gen)
-        a = 0.5 * torch.randn(1, T, model.HV, model.K, generator=gen)  # KDA extend: [1, T, H, K]
-        b = torch.randn(1, T, model.HV, generator=gen)
-        from sglang_replayssm.radix.record_capture import _token_rows
-
-        pool.write(layer, backend, kv, x, _token_rows(a), _token_rows(b))
-        inputs.append((x, a[0].reshape(T, -1), b[0]))
+    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(150, seed=11, kind="kda")
     assert all(rec.kda and rec.a.shape[1] == model.HV * model.K for rec in pool.layers.values())
-    alloc = req_pool.mamba_allocator
-    jobs, want = [], []
-    for s, n in ((0, 2), (0, 70), (37, 101), (64, 150)):
-        src = None
-        if s > 0:
-            src = alloc.alloc(1)
-            for layer, (x, a, b) in zip(layers, inputs):
-                cache = req_pool.mamba2_layer_cache(layer.layer_id)
-                cache.temporal[src] = _kda_oracle(layer, model, x, a, b, s).float()
-                cache.conv[0][src] = torch.cat([torch.zeros(model.win, x.shape[1]), x[:s]])[-model.win:]
-        jobs.append(Rebuild(dst=alloc.alloc(1), src=src, slots=pool.slots(kv[s:n])))
-        want.append(n)
+    spans = [(0, 2), (0, 70), (37, 101), (64, 150)]
+    jobs = _tree_jobs(model, req_pool, layers, inputs, pool, kv, spans, oracle=_kda_oracle, kda=True)
+    want = [n for _, n in spans]
     rebuild(pool, req_pool, jobs)
-    for job, n in zip(jobs, want):
-        for layer, (x, a, b) in zip(layers, inputs):
-            cache = req_pool.mamba2_layer_cache(layer.layer_id)
-            ref = _kda_oracle(layer, model, x, a, b, n)
-            got = cache.temporal[job.dst[0]].double()
-            assert (got - ref).norm() / ref.norm() <= 1e-5, (n, layer.layer_id)
-            window = torch.cat([torch.zeros(model.win, x.shape[1]), x[:n]])[-model.win:]
-            assert torch.equal(cache.conv[0][job.dst[0]], window), (n, layer.layer_id)
+    _check(model, req_pool, layers, inputs, jobs, want, oracle=_kda_oracle, kda=True)

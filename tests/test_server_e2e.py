@@ -1,7 +1,10 @@
 """Real SGLang 0.5.23 servers on the CPU runtime, tiny fp32 models: greedy tokens equal HF transformers'.
 
 Covers ReplaySSM off/on x every mamba radix strategy and the ring decode's pool contents (HiCache:
-tests/test_cpu_hicache.py).
+tests/test_cpu_hicache.py). The extra_buffer(_lazy) servers also serve a shared-prefix stream (3
+groups x 3 prompts, 150-token system prompts, one at a time): ReplaySSM off hits on the 64-token
+track grid; ReplaySSM on with the radix adapter and its records (issue 12) hits the attention-only
+ceiling (the whole shared prefix), with ring lengths that do (4) and do not (5) divide the grid.
 Each case starts one server (~30 s on 2 cores).
 """
 
@@ -50,26 +53,71 @@ def _check_against_hf(url: str, model_dir: Path) -> dict[str, list[int]]:
             "batched_cached": [r["cached_tokens"] for r in batched]}
 
 
+RADIX_NEW_TOKENS = 12
+
+
+def _radix_stream(seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(3):
+        system = [rng.randrange(10, 2000) for _ in range(150)]  # crosses two 64-token boundaries
+        out += [system + [rng.randrange(10, 2000) for _ in range(7 + 5 * j)] for j in range(3)]
+    return out
+
+
+def _ceiling(prompts: list[list[int]], results: list[dict]) -> list[int]:
+    """Per request: the longest prefix an attention-only cache holds (an earlier prompt + its answer
+    but the answer's last token, which has no KV), capped at the prompt's length - 1."""
+    out = []
+    for i, p in enumerate(prompts):
+        best = 0
+        for q, r in zip(prompts[:i], results[:i]):
+            seen = q + r["output_ids"][:-1]
+            n = 0
+            while n < min(len(p) - 1, len(seen)) and p[n] == seen[n]:
+                n += 1
+            best = max(best, n)
+        out.append(best)
+    return out
+
+
+def _check_radix_stream(url: str, model_dir: Path, replayssm: bool) -> None:
+    prompts = _radix_stream()
+    results = [generate(url, p, RADIX_NEW_TOKENS) for p in prompts]
+    expected = hf_greedy(model_dir, prompts, RADIX_NEW_TOKENS, ignore_eos=True)
+    for i, (r, exp) in enumerate(zip(results, expected)):
+        assert r["output_ids"] == exp, f"stream request {i} differs from HF"
+    cached, ceiling = [r["cached_tokens"] for r in results], _ceiling(prompts, results)
+    later = [i for i in range(len(prompts)) if i % 3]
+    # The stream exercises the cache: every non-first prompt of a group hits >= 128 tokens.
+    assert all(cached[i] >= 128 for i in later), cached
+    if replayssm:
+        assert cached == ceiling, (cached, ceiling)
+    else:  # SGLang alone resumes only from the 64-token grid: the records' hits are real gains
+        assert all(cached[i] < ceiling[i] for i in later), (cached, ceiling)
+
+
 CASES = [
-    # (replayssm, strategy, extra flags)
-    (False, "no_buffer", ["--disable-overlap-schedule"]),
-    (True, "no_buffer", ["--disable-overlap-schedule"]),
-    (False, "extra_buffer", []),
-    (False, "extra_buffer_lazy", []),
-    (True, "extra_buffer", []),
-    (True, "extra_buffer_lazy", []),
+    # (replayssm, strategy, ring length, extra flags)
+    (False, "no_buffer", 0, ["--disable-overlap-schedule"]),
+    (True, "no_buffer", RING_LEN, ["--disable-overlap-schedule"]),
+    (False, "extra_buffer", 0, ["--mamba-track-interval", "64"]),
+    (True, "extra_buffer", RING_LEN, ["--mamba-track-interval", "64"]),
+    (True, "extra_buffer_lazy", RING_LEN + 1, ["--mamba-track-interval", "64"]),
 ]
 
 
 @pytest.mark.parametrize("model_name", MODEL_NAMES)
-@pytest.mark.parametrize(("replayssm", "strategy", "extra"), CASES,
-                         ids=[f"{'ring' if r else 'plain'}-{s}" for r, s, _ in CASES])
-def test_greedy_tokens_equal_hf(models, tmp_path, model_name, replayssm, strategy, extra):
+@pytest.mark.parametrize(("replayssm", "strategy", "ring_len", "extra"), CASES,
+                         ids=[f"{'ring' if r else 'plain'}-{s}" for r, s, _, _ in CASES])
+def test_greedy_tokens_equal_hf(models, tmp_path, model_name, replayssm, strategy, ring_len, extra):
     flags = ["--mamba-radix-cache-strategy", strategy, *extra]
     if replayssm:
-        flags += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", str(RING_LEN)]
+        flags += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", str(ring_len)]
     with cpu_server(models[model_name], flags, tmp_path / "server.log") as url:
         cached = _check_against_hf(url, models[model_name])
+        if strategy != "no_buffer":
+            _check_radix_stream(url, models[model_name], replayssm)
     if strategy != "no_buffer":
         # The second and third single requests share the 70-token prefix: a hit at the 64-token track.
         assert min(cached["single_cached"][1:]) >= 64, cached
