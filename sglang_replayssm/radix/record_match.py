@@ -49,8 +49,13 @@ class Rebuild:
 
 
 def _hicache(component: Any) -> bool:
-    """HiCache keeps mamba states on the host too; records stay device-only, so they are not used."""
-    return getattr(component, "_mamba_pool_host", None) is not None
+    """HiCache keeps mamba states on the host too: records are used only with their host backup
+    (:mod:`record_hicache`, the ``record_hicache`` fix), which also guards planted states."""
+    if getattr(component, "_mamba_pool_host", None) is None:
+        return False
+    from sglang_replayssm.radix.record_hicache import serves
+
+    return not serves(component)
 
 
 def _alloc_slot(component: Any, node_id: Any) -> torch.Tensor | None:
