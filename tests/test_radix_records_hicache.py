@@ -177,7 +177,7 @@ def test_host_kv_handed_out_again_carries_no_record():
             node_host_kv = (host.slot_of[:-1] >= 0).nonzero().flatten()
             assert node_host_kv.numel() == len(PROMPT)
             anchor = sim.cache.cache_controller.mem_pool_host.anchor_entry.host_pool
-            assert getattr(anchor, "_replayssm_host_records") is host
+            assert anchor._replayssm_host_records is host
             anchor.free(node_host_kv)  # as a host eviction would, then SGLang hands them out again
             assert bool((host.slot_of[node_host_kv] >= 0).all())  # a free does not drop them: reuse does
             again = anchor.alloc(anchor.available_size())  # every free host index, the freed ones too

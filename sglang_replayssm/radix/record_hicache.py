@@ -57,6 +57,7 @@ __all__ = [
     "HostRecords",
     "backed_up",
     "build_backup_spec",
+    "device_target",
     "host_allocated",
     "host_capacity_from_env",
     "loaded_back",
@@ -202,7 +203,8 @@ class HiCacheRecords:
 def _state(pool: RecordPool) -> HiCacheRecords:
     if pool.hicache is None:
         pool.hicache = HiCacheRecords()
-    return pool.hicache  # type: ignore[no-any-return]
+    state: HiCacheRecords = pool.hicache
+    return state
 
 
 def _anchor_host_pool(controller: Any) -> Any:
@@ -366,6 +368,19 @@ def _hicache_cache(component: Any) -> bool:
     return getattr(component, "_mamba_pool_host", None) is not None
 
 
+def device_target(tree: Any, target: Any, anchor: Any) -> Any:
+    """The deepest node from ``target`` up to ``anchor`` whose KV is on device (HiCache evicts a
+    node's device KV leaves first, so every node above it is on device too): a match's walk
+    (``last_visited_node_id``) may end in host-only nodes that SGLang does not load back (no state
+    past them: ``host_hit_length`` 0), and a planted state's records must be device-resident."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    node = target
+    while node != anchor and node is not None and tree.get_component_device_value(node, ComponentType.FULL) is None:
+        node = tree.get_parent_node_id(node)
+    return anchor if node is None else node
+
+
 def lock_planted(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """Around the admission match (outside the plant): lock what a queued rebuild reads and writes
     until it is issued, and mark the planted node's state as not built yet."""
@@ -375,7 +390,7 @@ def lock_planted(original: Callable[..., Any], component: Any, params: Any, resu
     if pool is None or len(pool.pending) <= before or not _hicache_cache(component):
         return out
     cache, core = component.cache, component.tree_core
-    target = result.last_visited_node_id
+    target = out.best_match_node  # the planted node (record_match reports it as the best match)
     planted = getattr(core, _PLANTED_ATTR, None)
     if planted is None:
         planted = {}

@@ -106,8 +106,14 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         return original(component, params, result)
     tree, ct = component.tree_core, component.component_type
     anchor = result.best_match_node
+    if getattr(component, "_mamba_pool_host", None) is not None:
+        from sglang_replayssm.radix.record_hicache import device_target
+
+        target = device_target(tree, target, anchor)  # HiCache: the walk may go on into host-only nodes
     span = tree.collect_full_device_indices(target, anchor)
-    if depth + span.numel() != full:
+    if target != result.last_visited_node_id:
+        full = depth + span.numel()  # planted above the host-only nodes
+    if span.numel() == 0 or depth + span.numel() != full:
         return original(component, params, result)
     start = _from_interval_state(pool, span)
     if start is None:
