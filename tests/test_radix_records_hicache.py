@@ -34,13 +34,13 @@ def _no_cuda_host_register(monkeypatch):
     monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)  # no driver on CPU
 
 
-def _sim(write_policy: str = "write_through", **kw) -> Sim:
-    """A records simulation (GDN, no_buffer) with ``UnifiedRadixCache.init_hicache`` (host 2x device)."""
+def _sim(write_policy: str = "write_through", kind: str = "gdn", **kw) -> Sim:
+    """A records simulation (no_buffer) with ``UnifiedRadixCache.init_hicache`` (host 2x device)."""
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     from sglang_replayssm.cpu import hooks_hicache
 
-    sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", track_interval=4, mamba_slots=32, records=True, **kw))
+    sim = Sim(SimConfig(kind=kind, strategy="no_buffer", track_interval=4, mamba_slots=32, records=True, **kw))
     hooks_hicache.inject_ops()
     cfg = sim.cfg
     args = ServerArgs(model_path="dummy", page_size=1, mamba_radix_cache_strategy=cfg.strategy,
@@ -103,10 +103,11 @@ def _evicted_and_loaded_back(sim: Sim, write_policy: str) -> list[int]:
     return old_kv
 
 
-@pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
-def test_records_backed_up_and_loaded_back_rebuild_exactly(write_policy):
+@pytest.mark.parametrize("kind, write_policy", [("gdn", "write_through"), ("gdn", "write_back"),
+                                               ("kda", "write_through")])
+def test_records_backed_up_and_loaded_back_rebuild_exactly(kind, write_policy):
     with config.override(True):
-        sim = _sim(write_policy)
+        sim = _sim(write_policy, kind)
         try:
             old_kv = _evicted_and_loaded_back(sim, write_policy)
             new_kv = _device_kv(sim, PROMPT)
