@@ -232,3 +232,49 @@ def test_a_planted_state_is_locked_and_not_backed_up_before_its_rebuild(guards, 
                     sim.check()
         finally:
             sim.cache.release_host_resources()
+
+
+@pytest.mark.parametrize("order", ["queue", "loads-first"])
+def test_a_load_that_recycles_a_pending_rebuilds_records_runs_after_it(order, monkeypatch):
+    """A 24-token device pool: B's 12 prompt records hold slots 0..11 (B keeps running), A's 12 the
+    rest; A goes to host. A match inside B queues a rebuild reading slots 0..6, then A's load-back
+    takes the first-in-first-out head, slots 0..11. The queued write of A's rows must come after that
+    rebuild (queue order); written first, the rebuild folds A's inputs as B's."""
+    if order == "loads-first":
+        original = record_hicache.loaded_back
+
+        def loads_first(*args):
+            original(*args)
+            state = args[0].mem_pool_device_allocator._replayssm_record_pool.hicache
+            for load in state.loads:
+                load.after = None
+
+        monkeypatch.setattr(record_hicache, "loaded_back", loads_first)
+    b_prompt = [5, 4, 3, 2, 1, 5, 4, 3, 2, 1, 9, 9]
+    with config.override(True):
+        sim = _sim(record_tokens=24)
+        try:
+            sim.admit(b_prompt, [1, 2, 3, 4, 5, 6])  # keeps running: its path stays on device
+            sim.admit(PROMPT, [4])
+            pool = pool_of(sim.req_pool)
+            assert pool.head == 0 and pool.used == 24
+            _backup_tree(sim)
+            sim.evict(num_tokens=4096, mamba_num=32)
+            assert sim.match(PROMPT).host_hit_length == len(PROMPT)
+            req = _plant_without_forward(sim, b_prompt[:SPLIT] + [0, 0])
+            assert req.prefix_len == SPLIT
+            (job,) = pool.pending
+            assert job.slots.tolist() == list(range(SPLIT))
+            _load_back(sim, PROMPT)
+            assert pool.head == 12 and len(pool.hicache.loads) == 1
+            simulate_records.run_pending(sim)
+            if order == "loads-first":
+                with pytest.raises(AssertionError, match="rel err"):
+                    sim.check()
+                return
+            sim.check()  # the planted node inside B, B's live state, the restored node: exact
+            q = sim.admit(PROMPT[:SPLIT] + [0, 0], [1])  # and A's loaded records serve a hit in A
+            assert q.matched == SPLIT
+            sim.check()
+        finally:
+            sim.cache.release_host_resources()

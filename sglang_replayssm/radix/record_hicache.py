@@ -237,6 +237,8 @@ def _host(pool: RecordPool, controller: Any) -> HostRecords | None:
         return None
     pin = torch.cuda.is_available()
     state.host = HostRecords(kv_size=size + 1, capacity=capacity, pin=pin)
+    for layer_id, rec in pool.layers.items():  # every layer now: a row is complete or absent
+        state.host.layer(layer_id, (rec.x, rec.a, rec.b))
     setattr(host_kv, _HOST_ATTR, state.host)
     per_token = sum(t.shape[1] * t.element_size() for rec in pool.layers.values() for t in (rec.x, rec.a, rec.b))
     logger.info("sglang-replayssm records: HiCache backs records up to host, %d tokens (%.1f MB%s; %s=N to "
@@ -275,7 +277,7 @@ def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
     if pool is None or not isinstance(host_indices, torch.Tensor) or host_indices.numel() == 0:
         return
     host = _host(pool, controller)
-    if host is None or set(host.layers) - set(pool.layers):
+    if host is None or set(host.layers) != set(pool.layers):
         return
     state = _state(pool)
     dev_kv = device_indices.reshape(-1).to(pool.slot_of.device, torch.int64)[-host.capacity:]
@@ -289,7 +291,7 @@ def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
     host.next_seq += 1
     host.backed_up += n
     runs = _runs(start, n, host.capacity)
-    rows = {i: host.layer(i, (rec.x, rec.a, rec.b)) for i, rec in pool.layers.items()}
+    rows = host.layers
 
     def copy() -> None:
         blocking = not host.pin
@@ -317,7 +319,7 @@ def loaded_back(controller: Any, host_indices: Any, device_indices: Any) -> None
     if not isinstance(device_indices, torch.Tensor) or host_indices.numel() == 0:
         return
     state, host = pool.hicache, pool.hicache.host
-    if set(pool.layers) - set(host.layers):
+    if set(pool.layers) != set(host.layers):
         return
     host.poll()
     h = host_indices.reshape(-1).to("cpu", torch.int64)
