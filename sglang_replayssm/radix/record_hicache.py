@@ -169,7 +169,7 @@ class HostRecords:
         rows = self.layers.get(layer_id)
         if rows is None:
             rows = self.layers[layer_id] = tuple(  # type: ignore[assignment]
-                torch.zeros((self.capacity + 1, t.shape[1]), dtype=t.dtype, pin_memory=self.pin) for t in like)
+                torch.empty((self.capacity + 1, t.shape[1]), dtype=t.dtype, pin_memory=self.pin) for t in like)
         return rows  # type: ignore[return-value]
 
     @property
