@@ -22,6 +22,7 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
+from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
@@ -436,77 +437,17 @@ def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_b
 
 # ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------
 
-_HICACHE_CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"
+
+def _hicache_hook(name: str, body: str, doc: str) -> Callable[..., Any]:
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        from sglang_replayssm.radix import record_hicache
+        return getattr(record_hicache, body)(*args, **kwargs)
+    hook.__name__, hook.__qualname__, hook.__doc__ = name, name, doc
+    return hook
 
 
-@_hook(f"{_HICACHE_CONTROLLER}.write", "AROUND",
-       at="sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py:555", fix="record_hicache")
-def back_records_up(original: Callable[..., Any], controller: Any, device_indices: Any, *args: Any,
-                    **kwargs: Any) -> Any:
-    """A device->host KV write takes the tokens' records to host under the host KV indices."""
-    host_indices = original(controller, device_indices, *args, **kwargs)
-    if host_indices is not None:
-        from sglang_replayssm.radix.record_hicache import backed_up
-
-        backed_up(controller, device_indices, host_indices)
-    return host_indices
-
-
-@_hook(f"{_HICACHE_CONTROLLER}.load", "AROUND",
-       at="sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py:1008", fix="record_hicache")
-def load_records_back(original: Callable[..., Any], controller: Any, host_indices: Any, *args: Any,
-                      **kwargs: Any) -> Any:
-    """A host->device KV load brings the tokens' host records back under the new device KV indices."""
-    device_indices = original(controller, host_indices, *args, **kwargs)
-    if device_indices is not None:
-        from sglang_replayssm.radix.record_hicache import loaded_back
-
-        loaded_back(controller, host_indices, device_indices)
-    return device_indices
-
-
-@_hook("sglang.srt.mem_cache.pool_host.base.HostKVCache.alloc", "AFTER",
-       at="sglang/srt/mem_cache/pool_host/base.py:543", fix="record_hicache")
-def no_record_on_host_alloc(result: Any, host_pool: Any, *args: Any, **kwargs: Any) -> None:
-    """Every host KV index the host pool hands out starts without a host record."""
-    from sglang_replayssm.radix.record_hicache import host_allocated
-
-    host_allocated(host_pool, result)
-
-
-for _name, _target, _at in (
-    ("unbuilt_state_not_backed_up", "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore"
-     ".build_backup_spec", "sglang/srt/mem_cache/unified_cache/unified_tree_core.py:2491"),
-    ("unbuilt_state_not_backed_up_rust", "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore"
-     ".build_backup_spec", "sglang/srt/mem_cache/rust_tree_core/adapter.py:962"),
-):
-    def _skip_unbuilt(original: Callable[..., Any], core: Any, node_id: Any) -> Any:
-        from sglang_replayssm.radix.record_hicache import build_backup_spec
-
-        return build_backup_spec(original, core, node_id)
-
-    _skip_unbuilt.__name__ = _skip_unbuilt.__qualname__ = _name
-    _skip_unbuilt.__doc__ = "A planted node whose rebuild has not run is backed up without its mamba state."
-    _hook(_target, "AROUND", at=_at, fix="record_hicache")(_skip_unbuilt)
-
-
-@_hook(f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache", "AROUND",
-       at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hicache")
-def lock_planted_state(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
-    """With HiCache, a planted state and its source stay locked until the rebuild is issued."""
-    from sglang_replayssm.radix.record_hicache import lock_planted
-
-    return lock_planted(original, component, params, result)
-
-
-@_hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "BEFORE",
-       at="sglang/srt/model_executor/model_runner.py:1813", fix="record_hicache", gate=False)
-def run_record_transfers(runner: Any, *args: Any, **kwargs: Any) -> None:
-    """Before a forward (and before the rebuild hook): loaded records and rebuilds in queue order."""
-    if config.enabled("record_hicache") and config.enabled("record_hits"):
-        from sglang_replayssm.radix.record_hicache import run_pending
-
-        run_pending(runner)
+for _name, _body, _target, _kind, _at, _doc in HICACHE_HOOKS:  # one row per hook: target, SGLang file:line
+    _hook(_target, _kind, at=_at, fix="record_hicache", gate=_kind != "BEFORE")(_hicache_hook(_name, _body, _doc))
 
 
 # ---- registration ---------------------------------------------------------------------------------

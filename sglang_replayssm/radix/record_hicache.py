@@ -57,13 +57,15 @@ __all__ = [
     "HostRecords",
     "backed_up",
     "build_backup_spec",
-    "device_target",
+    "forward_hook",
+    "host_alloc_hook",
     "host_allocated",
     "host_capacity_from_env",
     "loaded_back",
     "lock_planted",
+    "load_hook",
     "run_pending",
-    "serves",
+    "write_hook",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,13 +75,6 @@ HOST_CAPACITY_ENV = "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS"
 _HOST_ATTR = "_replayssm_host_records"  # on the anchor host KV pool: the HostRecords to invalidate
 _PLANTED_ATTR = "_replayssm_planted_nodes"  # on a tree core: node ids whose planted state is unbuilt
 _ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the KV allocator
-
-
-def serves(component: Any) -> bool:
-    """Whether records are used with this (HiCache) cache: the ``record_hicache`` fix is on."""
-    from sglang_replayssm.radix import config
-
-    return config.enabled("record_hicache")
 
 
 def host_capacity_from_env(default: int, host_kv: int) -> int:
@@ -267,6 +262,39 @@ def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None]) -> An
     return event
 
 
+# ---- hook bodies (radix/hooks.py) -------------------------------------------------------------------
+
+
+def write_hook(original: Callable[..., Any], controller: Any, device_indices: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``HybridCacheController.write``: SGLang's write, then :func:`backed_up`."""
+    host_indices = original(controller, device_indices, *args, **kwargs)
+    if host_indices is not None:
+        backed_up(controller, device_indices, host_indices)
+    return host_indices
+
+
+def load_hook(original: Callable[..., Any], controller: Any, host_indices: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``HybridCacheController.load``: SGLang's load, then :func:`loaded_back`."""
+    device_indices = original(controller, host_indices, *args, **kwargs)
+    if device_indices is not None:
+        loaded_back(controller, host_indices, device_indices)
+    return device_indices
+
+
+def host_alloc_hook(result: Any, host_pool: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``HostKVCache.alloc``: :func:`host_allocated`."""
+    host_allocated(host_pool, result)
+
+
+def forward_hook(runner: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``ModelRunner.forward`` (outside the rebuild hook): :func:`run_pending` while
+    ``record_hicache`` and ``record_hits`` are on."""
+    from sglang_replayssm.radix import config
+
+    if config.enabled("record_hicache") and config.enabled("record_hits"):
+        run_pending(runner)
+
+
 # ---- backup: device -> host ----------------------------------------------------------------------
 
 
@@ -368,19 +396,6 @@ def host_allocated(host_pool: Any, indices: Any) -> None:
 
 def _hicache_cache(component: Any) -> bool:
     return getattr(component, "_mamba_pool_host", None) is not None
-
-
-def device_target(tree: Any, target: Any, anchor: Any) -> Any:
-    """The deepest node from ``target`` up to ``anchor`` whose KV is on device (HiCache evicts a
-    node's device KV leaves first, so every node above it is on device too): a match's walk
-    (``last_visited_node_id``) may end in host-only nodes that SGLang does not load back (no state
-    past them: ``host_hit_length`` 0), and a planted state's records must be device-resident."""
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-
-    node = target
-    while node != anchor and node is not None and tree.get_component_device_value(node, ComponentType.FULL) is None:
-        node = tree.get_parent_node_id(node)
-    return anchor if node is None else node
 
 
 def lock_planted(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
