@@ -278,3 +278,26 @@ def test_a_load_that_recycles_a_pending_rebuilds_records_runs_after_it(order, mo
             sim.check()
         finally:
             sim.cache.release_host_resources()
+
+
+def test_rows_a_queued_load_has_not_written_are_not_backed_up():
+    """A device->host write of KV whose records are a queued (not yet written) load: those host rows
+    are marked without a record, so they never come back as another token's inputs."""
+    with config.override(True):
+        sim = _sim()
+        try:
+            _evicted_and_loaded_back(sim, "write_through")
+            pool = pool_of(sim.req_pool)
+            assert len(pool.hicache.loads) == 1  # no forward since the load-back
+            kv = torch.tensor(_device_kv(sim, PROMPT))
+            controller = sim.cache.cache_controller
+            host_kv = controller.write(kv, flush=True)  # e.g. a PD decode offload of these tokens
+            assert host_kv is not None
+            host = pool.hicache.host
+            assert not bool(host.valid[host.slot_of[host_kv]].any())
+            simulate_records.run_pending(sim)
+            host_kv2 = controller.write(kv, flush=True)  # after the forward: the rows are there
+            assert bool(host.valid[host.slot_of[host_kv2]].all())
+        finally:
+            sim.cache.cache_controller.ack_write_queue.clear()
+            sim.cache.release_host_resources()

@@ -313,6 +313,11 @@ def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
     n = host_kv.numel()
     slots = pool.slot_of[dev_kv]
     ok = slots >= 0
+    if state.loads:  # rows a queued load has not written yet: not backed up (device-side mask, no sync)
+        loading = torch.zeros(pool.capacity + 1, dtype=torch.bool, device=slots.device)
+        for load in state.loads:
+            loading[load.dst] = True
+        ok &= ~loading[slots.clamp(min=0)]
     src = torch.where(ok, slots, pool.capacity)
     start = host.assign(host_kv)
     seq = host.next_seq
