@@ -12,7 +12,7 @@ their records dropped (the allocator choke point). This module keeps a copy keye
   stream, fenced behind the forward stream (SGLang's ``write_fence_stream``) and the scheduler's
   stream, gathers the rows and copies them into contiguous host runs; the next forward waits on its
   event (a device-side wait, no host sync). Each host row carries a ``valid`` flag (the device token
-  had a record) written by the same copy.
+  had a record, and no queued load still has to write its row) written by the same copy.
 * **Load-back** (AROUND ``HybridCacheController.load``, every host->device KV load): host rows whose
   copy has completed (event polled, never waited on) and are valid are staged, the new device KV
   indices get device record slots at once (so a match in the same round sees them), and the
