@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sglang_replayssm.radix import config
+from sglang_replayssm.radix.records import pool_of
 from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
 
 STEPS = 50  # operations per example
@@ -48,7 +49,7 @@ FAMILIES = [
     [5, 4, 3, 2, 1, 5, 4, 3],
 ]
 MAX_RUNNING = 4
-_steps_run = {"count": 0, "rebuilds": 0, "state_rebuilds": 0}
+_steps_run = {"count": 0, "rebuilds": 0, "state_rebuilds": 0, "host_restored": 0, "hicache_rebuilds": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,6 +128,11 @@ def _run(cfg: SimConfig, stream: list[tuple], apply=None, setup=None) -> None:
     finally:
         _steps_run["rebuilds"] += getattr(sim, "rebuilds", 0)
         _steps_run["state_rebuilds"] += getattr(sim, "state_rebuilds", 0)
+        pool = pool_of(sim.req_pool)
+        host = None if pool is None or pool.hicache is None else pool.hicache.host
+        if host is not None:
+            _steps_run["host_restored"] += host.restored
+            _steps_run["hicache_rebuilds"] += getattr(sim, "rebuilds", 0)
         if sim.cache.cache_controller is not None:
             sim.cache.release_host_resources()
 
@@ -186,6 +192,12 @@ MOVER_CONFIGS = [
     SimConfig(kind="kda", strategy="no_buffer", track_interval=4, chunk=2, mamba_slots=32),
     SimConfig(kind="kda", strategy="extra_buffer", track_interval=3, mamba_slots=32),
     SimConfig(kind="gdn", strategy="extra_buffer_lazy", track_interval=6, mamba_slots=32),
+    # Records with HiCache (radix/record_hicache.py): records go to host with their nodes and come
+    # back on load-back; hits inside loaded-back nodes are rebuilt from them. A full pool, and a
+    # 40-token device pool whose first-in-first-out eviction races the loads.
+    SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, mamba_slots=32, records=True),
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=32, records=True,
+              record_tokens=40),
 ]
 _MOVER_ARGS = {
     **_OP_ARGS,
@@ -206,6 +218,12 @@ def _op(kind: str, args: tuple) -> tuple:
 
 
 mover_ops = st.sampled_from(_MOVER_KINDS).flatmap(lambda k: _MOVER_ARGS[k].map(functools.partial(_op, k)))
+#: Records configurations add ``split``: back the tree up and evict it to host, restore a host path,
+#: then admit a prompt that leaves it at ``cut`` (a hit inside loaded-back nodes: rebuilt from the
+#: records that came back from host).
+_RECORD_MOVER_ARGS = {**_MOVER_ARGS, "split": st.tuples(prompts, st.integers(1, 11), tokens)}
+record_mover_ops = st.sampled_from(_MOVER_KINDS + ["split"] * 3).flatmap(
+    lambda k: _RECORD_MOVER_ARGS[k].map(functools.partial(_op, k)))
 
 
 def _hicache_setup(sim: Sim) -> None:
@@ -269,19 +287,26 @@ def _apply_mover(sim: Sim, op: tuple) -> None:
             _apply(sim, ("decode", -1))
     elif kind == "backup":
         _backup_tree(sim)
-    elif kind == "restore":
+    elif kind in ("restore", "split"):
+        if kind == "split":  # the whole unlocked tree goes to host first
+            _backup_tree(sim)
+            sim.evict(num_tokens=sim.cfg.kv_size, mamba_num=sim.cfg.mamba_slots)
         match = sim.match(op[1])
         if match.host_hit_length > 0 and sim.cache.load_back(match.best_match_node):
             assert sim.cache.ready_to_load_host_cache() != -1
             for ack in list(sim.cache.cache_controller.ack_load_queue):
                 ack.finish_event.synchronize()
             sim.cache.loading_check()
+        if kind == "split" and len(running) < MAX_RUNNING:
+            cut = min(op[2], len(op[1]))
+            sim.admit(op[1][:cut] + [op[3]], [op[3], 1, 2, 3])
     else:
         _apply(sim, op)
 
 
 @pytest.mark.parametrize(
     "cfg", MOVER_CONFIGS, ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
+    + (f"-records{c.record_tokens}" if c.records else "")
 )
 def test_every_state_is_exact_across_moves(cfg, monkeypatch):
     from sglang.srt.mem_cache.pool_host import common
@@ -296,12 +321,19 @@ def test_every_state_is_exact_across_moves(cfg, monkeypatch):
         phases=(Phase.explicit, Phase.generate, Phase.shrink),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(st.lists(mover_ops, min_size=MOVER_STEPS, max_size=MOVER_STEPS))
+    @given(st.lists(record_mover_ops if cfg.records else mover_ops, min_size=MOVER_STEPS, max_size=MOVER_STEPS))
     def streams(stream):
         with config.override(True):
             _run(cfg, stream, apply=_apply_mover, setup=_hicache_setup)
 
     streams()
+
+
+def test_the_mover_streams_bring_records_back_from_host():
+    """Runs after the mover cases (file order): the records + HiCache configurations restored
+    records from host and rebuilt planted states."""
+    assert _steps_run["host_restored"] >= 100, _steps_run
+    assert _steps_run["hicache_rebuilds"] >= 20, _steps_run
 
 
 @pytest.mark.parametrize(

@@ -69,6 +69,11 @@ FIXES: dict[str, str] = {
     "records (mixed-chunk decode rows, streaming-session turns; D3, D4)",
     "spec_ring_check": "refuse a GDN spec ring whose length is not a power of two or is < 2 x draft "
     "tokens at startup, in one line (D5)",
+    # records with HiCache (radix/record_hicache.py)
+    "record_hicache": "HiCache: records go to host with their node's KV (a host record pool, "
+    "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "
+    "nodes rebuild exactly; a planted state is locked and kept out of host backups until rebuilt; "
+    "off: records are not used while HiCache is on",
 }
 
 _state: dict[str, bool] | None = None

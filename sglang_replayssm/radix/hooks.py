@@ -22,6 +22,7 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
+from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
@@ -432,6 +433,21 @@ def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_b
 
     fold_before_extend(runner, forward_batch)
     return original(runner, forward_batch)
+
+
+# ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------
+
+
+def _hicache_hook(name: str, body: str, doc: str) -> Callable[..., Any]:
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        from sglang_replayssm.radix import record_hicache
+        return getattr(record_hicache, body)(*args, **kwargs)
+    hook.__name__, hook.__qualname__, hook.__doc__ = name, name, doc
+    return hook
+
+
+for _name, _body, _target, _kind, _at, _doc in HICACHE_HOOKS:  # one row per hook: target, SGLang file:line
+    _hook(_target, _kind, at=_at, fix="record_hicache", gate=_kind != "BEFORE")(_hicache_hook(_name, _body, _doc))
 
 
 # ---- registration ---------------------------------------------------------------------------------

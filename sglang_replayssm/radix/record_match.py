@@ -49,8 +49,24 @@ class Rebuild:
 
 
 def _hicache(component: Any) -> bool:
-    """HiCache keeps mamba states on the host too; records stay device-only, so they are not used."""
-    return getattr(component, "_mamba_pool_host", None) is not None
+    """HiCache keeps mamba states on the host too: records are used only with their host backup
+    (:mod:`record_hicache`, the ``record_hicache`` fix), which also guards planted states."""
+    from sglang_replayssm.radix import config
+
+    return getattr(component, "_mamba_pool_host", None) is not None and not config.enabled("record_hicache")
+
+
+def _device_target(tree: Any, target: Any, anchor: Any) -> Any:
+    """The deepest node from ``target`` up to ``anchor`` whose KV is on device (HiCache evicts a
+    node's device KV leaves first, so every node above it is on device too): a match's walk
+    (``last_visited_node_id``) may end in host-only nodes that SGLang does not load back (no state
+    past them: ``host_hit_length`` 0), and a planted state's records must be device-resident."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    node = target
+    while node != anchor and node is not None and tree.get_component_device_value(node, ComponentType.FULL) is None:
+        node = tree.get_parent_node_id(node)
+    return anchor if node is None else node
 
 
 def _alloc_slot(component: Any, node_id: Any) -> torch.Tensor | None:
@@ -101,8 +117,12 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         return original(component, params, result)
     tree, ct = component.tree_core, component.component_type
     anchor = result.best_match_node
+    if getattr(component, "_mamba_pool_host", None) is not None:
+        target = _device_target(tree, target, anchor)  # HiCache: the walk may go on into host-only nodes
     span = tree.collect_full_device_indices(target, anchor)
-    if depth + span.numel() != full:
+    if target != result.last_visited_node_id:
+        full = depth + span.numel()  # planted above the host-only nodes
+    if span.numel() == 0 or depth + span.numel() != full:
         return original(component, params, result)
     start = _from_interval_state(pool, span)
     if start is None:

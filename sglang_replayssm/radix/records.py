@@ -106,6 +106,7 @@ class RecordPool:
     layers: dict[int, LayerRecords] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)  # rebuilds to run at the next forward
     states: Any = None  # IntervalStates: kept prefill states (radix/interval_states.py), or None
+    hicache: Any = None  # HiCacheRecords: the host copy and queued loads (radix/record_hicache.py), or None
 
     def __post_init__(self) -> None:
         if self.capacity < 1:

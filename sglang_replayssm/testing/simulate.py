@@ -240,6 +240,8 @@ class Sim(SimInvariants):
         if not batch_reqs:
             return
         self._evict_kv(len(batch_reqs))
+        if self.cfg.records:  # ModelRunner.forward starts with what is queued (HiCache record loads)
+            simulate_records.run_pending(self)
         for sreq in batch_reqs:  # prepare_for_decode: one more KV slot, the fed token committed
             req = sreq.req
             loc = self.allocator.alloc(1)

@@ -8,7 +8,8 @@ and the property checks then compare every planted node with the fp64 oracle of 
 
 * :func:`attach`: a :class:`RecordPool` on the simulation's pool (capacity ``cfg.record_tokens``).
 * :func:`assign`: after an allocation, the new tokens get slots.
-* :func:`run_pending`: at the start of a simulated forward, the queued rebuilds.
+* :func:`run_pending`: at the start of a simulated forward (prefill and decode), the queued rebuilds
+  (and, with HiCache, the queued record loads, in queue order: :mod:`record_hicache`).
 * :func:`capture`: then the forward's tokens' inputs.
 * :func:`kept_depths` / :func:`assign_states` / :func:`capture_states`: with ``cfg.state_interval``,
   the prefill states the product keeps (:mod:`interval_states`), on the grid of ``cfg.chunk``.
@@ -23,7 +24,7 @@ from unittest import mock
 
 import torch
 
-from sglang_replayssm.radix import record_rebuild
+from sglang_replayssm.radix import config, record_hicache, record_rebuild
 from sglang_replayssm.radix.interval_states import IntervalStates, kept_positions
 from sglang_replayssm.radix.records import RecordPool, pool_of
 from sglang_replayssm.radix.records import attach as attach_pool
@@ -158,8 +159,12 @@ def run_pending(sim: Any) -> int:
 
     pool = pool_of(sim.req_pool)
     from_state = 0 if pool is None else sum(job.state is not None for job in pool.pending)
+    runner = types.SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False)
     with mock.patch.object(gdn_backend, "causal_conv1d_fn", causal_conv1d_fn_cpu):
-        n = record_rebuild.run_pending(types.SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False))
+        # The two BEFORE hooks of ModelRunner.forward in their order: HiCache's queued loads and the
+        # rebuilds in queue order (radix/record_hicache.py), then any rebuild left.
+        n = record_hicache.run_pending(runner) if config.enabled("record_hicache") else 0
+        n += record_rebuild.run_pending(runner)
     sim.rebuilds = getattr(sim, "rebuilds", 0) + n
     sim.state_rebuilds = getattr(sim, "state_rebuilds", 0) + (from_state if n else 0)
     return n

@@ -1,0 +1,486 @@
+"""HiCache for records: a node's records go to host with its KV and come back with it (GDN, KDA).
+
+Records (:mod:`records`) are keyed by device KV index. HiCache (``--enable-hierarchical-cache``)
+backs a node's KV up to host and may then free the device copy; the freed KV indices are reused and
+their records dropped (the allocator choke point). This module keeps a copy keyed by *host* KV index:
+
+* **Backup** (AROUND ``HybridCacheController.write``, every device->host KV write: node backups
+  write-through or write-back, PD decode offload): the records of the written device KV go to a host
+  record pool (:class:`HostRecords`: the device pool's first-in-first-out design in host memory,
+  pinned on CUDA, its own capacity ``SGLANG_REPLAYSSM_HOST_RECORD_TOKENS``, default the device
+  pool's) under the host KV indices SGLang returns. The copy is asynchronous on CUDA: one side
+  stream, fenced behind the forward stream (SGLang's ``write_fence_stream``) and the scheduler's
+  stream, gathers the rows and copies them into contiguous host runs; the next forward waits on its
+  event (a device-side wait, no host sync). Each host row carries a ``valid`` flag (the device token
+  had a record, and no queued load still has to write its row) written by the same copy.
+* **Load-back** (AROUND ``HybridCacheController.load``, every host->device KV load): host rows whose
+  copy has completed (event polled, never waited on) and are valid are staged, the new device KV
+  indices get device record slots at once (so a match in the same round sees them), and the
+  device-side write is queued. At the start of the next forward (BEFORE ``ModelRunner.forward``,
+  :func:`run_pending`) the queued writes and the rebuilds the matches queued run in the order they
+  were queued: a rebuild queued before a load reads the rows as they were, one queued after reads
+  the loaded rows; the forward's own record writes come after both.
+* **Host KV reuse** (AFTER ``HostKVCache.alloc``): every host KV index SGLang hands out starts
+  without a host record, as on the device; so L3 prefetches and retraction backups never inherit.
+* **Planted states** (:mod:`record_match`): a match that plants a state queues its rebuild for the
+  next forward. With HiCache on, until that rebuild has been issued (i) the planted node and the
+  node its rebuild copies from are locked (``inc_lock_ref``: neither slot can be evicted, freed and
+  reused, e.g. as the destination of a host->device mamba load racing the rebuild), and (ii) a
+  device->host backup of the planted node leaves its mamba state out (AROUND the tree cores'
+  ``build_backup_spec``: the slot does not hold the state yet); the node's KV is still backed up and
+  a later backup (write-back eviction) carries the rebuilt state.
+
+Exactness: a host row is used only if its own copy completed and the host KV index was not handed
+out again; records missing on either side (pool full, copy in flight, host evicted, unsupported host
+pool) leave SGLang's result. Interval states (:mod:`interval_states`) stay device-only: a loaded-back
+span rebuilds from the tree's deepest state. L3 storage backends (``--hicache-storage-backend``)
+receive no records: a node prefetched from storage has none (host KV reuse above), so its hits are
+SGLang's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sglang_replayssm.radix.records import RecordPool, pool_of
+
+__all__ = [
+    "HOST_CAPACITY_ENV",
+    "HiCacheRecords",
+    "HostRecords",
+    "backed_up",
+    "build_backup_spec",
+    "forward_hook",
+    "host_alloc_hook",
+    "host_allocated",
+    "host_capacity_from_env",
+    "loaded_back",
+    "lock_planted",
+    "load_hook",
+    "run_pending",
+    "write_hook",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Host record-pool capacity in tokens (``0``: records are not backed up); default the device pool's.
+HOST_CAPACITY_ENV = "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS"
+_HOST_ATTR = "_replayssm_host_records"  # on the anchor host KV pool: the HostRecords to invalidate
+_PLANTED_ATTR = "_replayssm_planted_nodes"  # on a tree core: node ids whose planted state is unbuilt
+_ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the KV allocator
+
+
+def host_capacity_from_env(default: int, host_kv: int) -> int:
+    """``SGLANG_REPLAYSSM_HOST_RECORD_TOKENS`` if set, else ``default``; at most ``host_kv``."""
+    text = os.environ.get(HOST_CAPACITY_ENV, "").strip()
+    if not text:
+        return min(default, host_kv)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{HOST_CAPACITY_ENV}={text!r}: expected a number of tokens (0: no host records)") from None
+    if value < 0:
+        raise ValueError(f"{HOST_CAPACITY_ENV}={value}: expected >= 0 tokens")
+    return min(value, host_kv)
+
+
+def _runs(start: int, n: int, capacity: int) -> list[tuple[int, int, int]]:
+    """``(offset, lo, hi)``: the first-in-first-out slots ``start .. start + n`` (mod ``capacity``)
+    as contiguous host row ranges, ``offset`` the first token of each."""
+    first = min(n, capacity - start)
+    runs = [(0, start, start + first)]
+    if first < n:
+        runs.append((first, 0, n - first))
+    return runs
+
+
+@dataclass
+class HostRecords:
+    """Records keyed by host KV index, in host memory (see the module docstring).
+
+    ``slot_of [host KV + 1]``, ``owner [R + 1]`` as :class:`records.RecordPool`; ``seq [R + 1]``: the
+    backup copy that wrote the row; ``valid [R + 1]``: the device token had a record (written by that
+    copy). Rows are usable once ``seq <= done`` (the copy's event completed, :meth:`poll`).
+    """
+
+    kv_size: int
+    capacity: int
+    pin: bool
+    slot_of: torch.Tensor = field(init=False, repr=False)
+    owner: torch.Tensor = field(init=False, repr=False)
+    seq: torch.Tensor = field(init=False, repr=False)
+    valid: torch.Tensor = field(init=False, repr=False)
+    head: int = 0
+    layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    next_seq: int = 1
+    done: int = 0
+    events: deque[tuple[int, Any]] = field(default_factory=deque, repr=False)
+    backed_up: int = 0  # tokens copied to host (with or without a record)
+    restored: int = 0  # tokens whose records came back to the device
+    missed: int = 0  # loaded tokens without a usable host record
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"host record capacity must be >= 1 token, got {self.capacity}")
+        self.slot_of = torch.full((self.kv_size + 1,), -1, dtype=torch.int64)
+        self.owner = torch.full((self.capacity + 1,), -1, dtype=torch.int64)
+        self.seq = torch.full((self.capacity + 1,), 1 << 62, dtype=torch.int64)
+        self.valid = torch.zeros(self.capacity + 1, dtype=torch.bool, pin_memory=self.pin)
+
+    def invalidate(self, host_kv: torch.Tensor) -> None:
+        """Host KV indices SGLang hands out again carry no host record."""
+        if host_kv.numel():
+            self.slot_of[host_kv.reshape(-1).to("cpu", torch.int64)] = -1
+
+    def assign(self, host_kv: torch.Tensor) -> int:
+        """Host rows for ``host_kv`` (its last ``capacity`` entries), oldest first; returns the first
+        row (the rows are ``first .. first + n`` mod the capacity, :func:`_runs`)."""
+        n = host_kv.numel()
+        start = self.head
+        rows = (start + torch.arange(n)) % self.capacity
+        old = self.owner[rows]
+        held = (old >= 0) & (self.slot_of[old.clamp(min=0)] == rows)
+        self.slot_of[torch.where(held, old, self.kv_size)] = -1
+        self.slot_of[host_kv] = rows
+        self.owner[rows] = host_kv
+        self.seq[rows] = self.next_seq
+        self.head = (start + n) % self.capacity
+        return start
+
+    def poll(self) -> None:
+        """Retire the backup copies whose events completed (never waits)."""
+        while self.events and (self.events[0][1] is None or self.events[0][1].query()):
+            self.done = self.events.popleft()[0]
+
+    def layer(self, layer_id: int, like: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = self.layers.get(layer_id)
+        if rows is None:
+            rows = self.layers[layer_id] = tuple(  # type: ignore[assignment]
+                torch.empty((self.capacity + 1, t.shape[1]), dtype=t.dtype, pin_memory=self.pin) for t in like)
+        return rows  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        maps = (self.slot_of.numel() + self.owner.numel() + self.seq.numel()) * 8 + self.valid.numel()
+        return maps + sum(t.numel() * t.element_size() for rows in self.layers.values() for t in rows)
+
+
+@dataclass
+class _Load:
+    """A queued device-side write of loaded records: ``rows`` (per layer, staged on host) into the
+    device record slots ``dst``, after the rebuild ``after`` (None: before every queued rebuild)."""
+
+    after: Any
+    dst: torch.Tensor
+    rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class HiCacheRecords:
+    """What HiCache adds to one record pool: the host copy, the queued loads, the planted locks."""
+
+    host: HostRecords | None = None
+    off: bool = False  # host records refused (no host pool of the supported kind, capacity 0)
+    loads: list[_Load] = field(default_factory=list)
+    locks: list[tuple[Any, Any, Any, list[tuple[Any, Any]]]] = field(default_factory=list)
+    stream: Any = None  # CUDA side stream of the record copies
+    last_event: Any = None  # the last copy on it: the next forward waits on it
+
+
+def _state(pool: RecordPool) -> HiCacheRecords:
+    if pool.hicache is None:
+        pool.hicache = HiCacheRecords()
+    state: HiCacheRecords = pool.hicache
+    return state
+
+
+def _anchor_host_pool(controller: Any) -> Any:
+    group = controller.mem_pool_host
+    anchor = getattr(group, "anchor_entry", None)
+    return group if anchor is None else anchor.host_pool
+
+
+def _host(pool: RecordPool, controller: Any) -> HostRecords | None:
+    """The host record pool of ``pool`` (created at the first backup), or None (off)."""
+    from sglang.srt.mem_cache.pool_host.base import HostKVCache
+
+    state = _state(pool)
+    if state.host is not None or state.off:
+        return state.host
+    host_kv = _anchor_host_pool(controller)
+    size = int(getattr(host_kv, "logical_size", getattr(host_kv, "size", 0)))
+    # Only host pools whose allocations reach the invalidation hook (HostKVCache.alloc) can be keyed.
+    supported = isinstance(host_kv, HostKVCache) and type(host_kv).alloc is HostKVCache.alloc
+    if not supported:
+        state.off = True
+        logger.info("sglang-replayssm records: host KV pool %s allocates on its own: records are not backed "
+                    "up to host (HiCache hits keep SGLang's result)", type(host_kv).__name__)
+        return None
+    if not pool.layers:
+        return None  # no forward has written records yet
+    capacity = host_capacity_from_env(pool.capacity, size)
+    if capacity <= 0:
+        state.off = True
+        return None
+    pin = torch.cuda.is_available()
+    state.host = HostRecords(kv_size=size + 1, capacity=capacity, pin=pin)
+    for layer_id, rec in pool.layers.items():  # every layer now: a row is complete or absent
+        state.host.layer(layer_id, (rec.x, rec.a, rec.b))
+    setattr(host_kv, _HOST_ATTR, state.host)
+    per_token = sum(t.shape[1] * t.element_size() for rec in pool.layers.values() for t in (rec.x, rec.a, rec.b))
+    logger.info("sglang-replayssm records: HiCache backs records up to host, %d tokens (%.1f MB%s; %s=N to "
+                "change, 0 = off)", capacity, capacity * per_token / 2**20, ", pinned" if pin else "",
+                HOST_CAPACITY_ENV)
+    return state.host
+
+
+def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None]) -> Any:
+    """Run ``body`` (device reads / copies) on the records' side stream on CUDA, after the current
+    stream and ``fence`` (the forward stream); returns its event (None off CUDA: ran in place)."""
+    if not torch.cuda.is_available():
+        body()
+        return None
+    if state.stream is None:
+        state.stream = torch.cuda.Stream()
+    stream = state.stream
+    stream.wait_stream(torch.cuda.current_stream())
+    if fence is not None:
+        stream.wait_stream(fence)
+    with torch.cuda.stream(stream):
+        body()
+        event = torch.cuda.Event()
+        event.record(stream)
+    state.last_event = event
+    return event
+
+
+# ---- hook bodies (radix/hooks.py) -------------------------------------------------------------------
+
+
+def write_hook(original: Callable[..., Any], controller: Any, device_indices: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``HybridCacheController.write``: SGLang's write, then :func:`backed_up`."""
+    host_indices = original(controller, device_indices, *args, **kwargs)
+    if host_indices is not None:
+        backed_up(controller, device_indices, host_indices)
+    return host_indices
+
+
+def load_hook(original: Callable[..., Any], controller: Any, host_indices: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``HybridCacheController.load``: SGLang's load, then :func:`loaded_back`."""
+    device_indices = original(controller, host_indices, *args, **kwargs)
+    if device_indices is not None:
+        loaded_back(controller, host_indices, device_indices)
+    return device_indices
+
+
+def host_alloc_hook(result: Any, host_pool: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``HostKVCache.alloc``: :func:`host_allocated`."""
+    host_allocated(host_pool, result)
+
+
+def forward_hook(runner: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``ModelRunner.forward`` (outside the rebuild hook): :func:`run_pending` while
+    ``record_hicache`` and ``record_hits`` are on."""
+    from sglang_replayssm.radix import config
+
+    if config.enabled("record_hicache") and config.enabled("record_hits"):
+        run_pending(runner)
+
+
+# ---- backup: device -> host ----------------------------------------------------------------------
+
+
+def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
+    """After ``HybridCacheController.write``: copy the records of ``device_indices`` to host under
+    ``host_indices`` (the KV SGLang is copying there)."""
+    pool: RecordPool | None = getattr(controller.mem_pool_device_allocator, _ALLOCATOR_ATTR, None)
+    if pool is None or not isinstance(host_indices, torch.Tensor) or host_indices.numel() == 0:
+        return
+    host = _host(pool, controller)
+    if host is None or set(host.layers) != set(pool.layers):
+        return
+    state = _state(pool)
+    dev_kv = device_indices.reshape(-1).to(pool.slot_of.device, torch.int64)[-host.capacity:]
+    host_kv = host_indices.reshape(-1).to("cpu", torch.int64)[-host.capacity:]
+    n = host_kv.numel()
+    slots = pool.slot_of[dev_kv]
+    ok = slots >= 0
+    if state.loads:  # rows a queued load has not written yet: not backed up (device-side mask, no sync)
+        loading = torch.zeros(pool.capacity + 1, dtype=torch.bool, device=slots.device)
+        for load in state.loads:
+            loading[load.dst] = True
+        ok &= ~loading[slots.clamp(min=0)]
+    src = torch.where(ok, slots, pool.capacity)
+    start = host.assign(host_kv)
+    seq = host.next_seq
+    host.next_seq += 1
+    host.backed_up += n
+    runs = _runs(start, n, host.capacity)
+    rows = host.layers
+
+    def copy() -> None:
+        blocking = not host.pin
+        for layer_id, rec in pool.layers.items():
+            for dst, t in zip(rows[layer_id], (rec.x, rec.a, rec.b)):
+                got = t.index_select(0, src)
+                for off, lo, hi in runs:
+                    dst[lo:hi].copy_(got[off:off + hi - lo], non_blocking=not blocking)
+        for off, lo, hi in runs:
+            host.valid[lo:hi].copy_(ok[off:off + hi - lo], non_blocking=not blocking)
+
+    event = _transfer(state, getattr(controller, "write_fence_stream", None), copy)
+    host.events.append((seq, event))
+
+
+# ---- load-back: host -> device -------------------------------------------------------------------
+
+
+def loaded_back(controller: Any, host_indices: Any, device_indices: Any) -> None:
+    """After ``HybridCacheController.load``: the new device KV indices get the host records of
+    ``host_indices`` (slots now; the rows at the next forward, :func:`run_pending`)."""
+    pool: RecordPool | None = getattr(controller.mem_pool_device_allocator, _ALLOCATOR_ATTR, None)
+    if pool is None or pool.hicache is None or pool.hicache.host is None:
+        return
+    if not isinstance(device_indices, torch.Tensor) or host_indices.numel() == 0:
+        return
+    state, host = pool.hicache, pool.hicache.host
+    if set(pool.layers) != set(host.layers):
+        return
+    host.poll()
+    h = host_indices.reshape(-1).to("cpu", torch.int64)
+    rows = host.slot_of[h]
+    safe = rows.clamp(min=0)
+    ready = (rows >= 0) & (host.seq[safe] <= host.done) & host.valid[safe]
+    keep = ready.nonzero().flatten()[-pool.capacity:]
+    host.missed += h.numel() - keep.numel()
+    if keep.numel() == 0:
+        return
+    src = rows[keep]
+    kv = device_indices.reshape(-1).to(pool.slot_of.device, torch.int64)[keep.to(pool.slot_of.device)]
+    pool.assign(kv)
+    dst = pool.slot_of[kv]
+    dst = torch.where(dst >= 0, dst, pool.capacity)
+    staged: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for layer_id, host_rows in host.layers.items():
+        out = []
+        for t in host_rows:
+            buf = torch.empty((src.numel(), t.shape[1]), dtype=t.dtype, pin_memory=host.pin)
+            torch.index_select(t, 0, src, out=buf)
+            out.append(buf)
+        staged[layer_id] = (out[0], out[1], out[2])
+    state.loads.append(_Load(after=pool.pending[-1] if pool.pending else None, dst=dst, rows=staged))
+    host.restored += keep.numel()
+
+
+def _apply(pool: RecordPool, load: _Load) -> None:
+    for layer_id, rec in pool.layers.items():
+        rows = load.rows.get(layer_id)
+        if rows is None:
+            continue
+        for t, src in zip((rec.x, rec.a, rec.b), rows):
+            t.index_copy_(0, load.dst, src.to(t.device, non_blocking=True))
+
+
+def host_allocated(host_pool: Any, indices: Any) -> None:
+    """After a host KV allocation: the handed-out host indices carry no host record."""
+    host: HostRecords | None = getattr(host_pool, _HOST_ATTR, None)
+    if host is not None and isinstance(indices, torch.Tensor):
+        host.invalidate(indices)
+
+
+# ---- planted states and the forward ---------------------------------------------------------------
+
+
+def _hicache_cache(component: Any) -> bool:
+    return getattr(component, "_mamba_pool_host", None) is not None
+
+
+def lock_planted(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
+    """Around the admission match (outside the plant): lock what a queued rebuild reads and writes
+    until it is issued, and mark the planted node's state as not built yet."""
+    pool = pool_of(component.cache.req_to_token_pool)
+    before = len(pool.pending) if pool is not None else 0
+    out = original(component, params, result)
+    if pool is None or len(pool.pending) <= before or not _hicache_cache(component):
+        return out
+    cache, core = component.cache, component.tree_core
+    target = out.best_match_node  # the planted node (record_match reports it as the best match)
+    planted = getattr(core, _PLANTED_ATTR, None)
+    if planted is None:
+        planted = {}
+        setattr(core, _PLANTED_ATTR, planted)
+    for job in pool.pending[before:]:
+        nodes = [target] if job.src is None else [target, result.best_match_node]
+        locks = [(node, cache.inc_lock_ref(node).to_dec_params()) for node in nodes]
+        planted[target] = planted.get(target, 0) + 1
+        _state(pool).locks.append((job, cache, core, locks))
+    return out
+
+
+def build_backup_spec(original: Callable[..., Any], core: Any, node_id: Any) -> Any:
+    """A node whose planted state is not rebuilt yet is backed up without its mamba state."""
+    device_value, comp_xfers = original(core, node_id)
+    planted = getattr(core, _PLANTED_ATTR, None)
+    if planted and node_id in planted and comp_xfers:
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+        comp_xfers.pop(ComponentType.MAMBA, None)
+    return device_value, comp_xfers
+
+
+def run_pending(runner: Any) -> int:
+    """Before ``ModelRunner.forward``: wait (on the device) for the record copies in flight, run the
+    queued loads and rebuilds in their queue order, then release the planted locks; returns the
+    rebuilds run."""
+    from sglang_replayssm.radix import record_rebuild
+
+    if getattr(runner, "is_draft_worker", False):
+        return 0
+    req_pool = getattr(runner, "req_to_token_pool", None)
+    pool = pool_of(req_pool)
+    state = None if pool is None else pool.hicache
+    if pool is None or state is None or not (state.loads or state.locks or state.last_event is not None):
+        return 0
+    if state.last_event is not None:
+        torch.cuda.current_stream().wait_event(state.last_event)
+        state.last_event = None
+    ran = 0
+    loads, state.loads = state.loads, []
+    for load in loads:
+        cut = next((i + 1 for i, job in enumerate(pool.pending) if job is load.after), 0)
+        if cut:
+            jobs, pool.pending = pool.pending[:cut], pool.pending[cut:]
+            record_rebuild.rebuild(pool, req_pool, jobs)
+            ran += len(jobs)
+        _apply(pool, load)
+    ran += record_rebuild.run_pending(runner)
+    _release(pool, state)
+    return ran
+
+
+def _release(pool: RecordPool, state: HiCacheRecords) -> None:
+    """Unlock the planted nodes whose rebuilds were issued."""
+    pending = {id(job) for job in pool.pending}
+    kept = []
+    for entry in state.locks:
+        job, cache, core, locks = entry
+        if id(job) in pending:
+            kept.append(entry)
+            continue
+        for node, params in locks:
+            cache.dec_lock_ref(node, params)
+        planted = getattr(core, _PLANTED_ATTR, {})
+        target = locks[0][0]
+        if planted.get(target, 0) <= 1:
+            planted.pop(target, None)
+        else:
+            planted[target] -= 1
+    state.locks = kept

@@ -1,0 +1,41 @@
+"""The hooks of :mod:`record_hicache` (records with HiCache), one row each, registered by
+:mod:`hooks` (``HOOKS``, each ``at`` checked against SGLang by ``tests/test_hook_table.py``), all behind
+the ``record_hicache`` fix: ``(name, body in record_hicache, target, kind, SGLang file:line, doc)``."""
+
+from __future__ import annotations
+
+from sglang_replayssm.hook_table import HookKind
+
+__all__ = ["HICACHE_HOOKS"]
+
+_MEM = "sglang.srt.mem_cache"
+_HC = f"{_MEM}.hybrid_cache.hybrid_cache_controller.HybridCacheController"
+_AT = "sglang/srt/mem_cache"
+
+HICACHE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+    ("back_records_up", "write_hook", f"{_HC}.write", "AROUND",
+     f"{_AT}/hybrid_cache/hybrid_cache_controller.py:555",
+     "A device->host KV write takes the tokens' records to host under the host KV indices."),
+    ("load_records_back", "load_hook", f"{_HC}.load", "AROUND",
+     f"{_AT}/hybrid_cache/hybrid_cache_controller.py:1008",
+     "A host->device KV load brings the tokens' host records back under the new device KV indices."),
+    ("no_record_on_host_alloc", "host_alloc_hook", f"{_MEM}.pool_host.base.HostKVCache.alloc", "AFTER",
+     f"{_AT}/pool_host/base.py:543",
+     "Every host KV index the host pool hands out starts without a host record."),
+    ("unbuilt_state_not_backed_up", "build_backup_spec",
+     f"{_MEM}.unified_cache.unified_tree_core.UnifiedTreeCore.build_backup_spec", "AROUND",
+     f"{_AT}/unified_cache/unified_tree_core.py:2491",
+     "A planted node whose rebuild has not run is backed up without its mamba state."),
+    ("unbuilt_state_not_backed_up_rust", "build_backup_spec",
+     f"{_MEM}.rust_tree_core.adapter.RustUnifiedTreeCore.build_backup_spec", "AROUND",
+     f"{_AT}/rust_tree_core/adapter.py:962",
+     "The same on the Rust tree core."),
+    ("lock_planted_state", "lock_planted",
+     f"{_MEM}.unified_cache.components.mamba.MambaComponent.finalize_match_result_in_cache", "AROUND",
+     f"{_AT}/unified_cache/components/mamba.py:196",
+     "A planted state and the state its rebuild starts from stay locked until the rebuild is issued."),
+    # BEFORE the rebuild hook (registered later, so it runs first): loads and rebuilds in queue order.
+    ("run_record_transfers", "forward_hook", "sglang.srt.model_executor.model_runner.ModelRunner.forward",
+     "BEFORE", "sglang/srt/model_executor/model_runner.py:1813",
+     "Before a forward: the queued record loads and rebuilds in queue order, then the planted locks go."),
+)
