@@ -1,5 +1,5 @@
 """CUDA check of record_hicache's transfer mechanics with SGLang stubbed (the device box has no SGLang; run
-`python3 tests/gpu_scratch/cuda_record_hicache.py` from the repo root there, not under pytest):
+`python3 scripts/gpu_record_hicache_check.py` from the repo root there, not under pytest):
 side-stream D2H fenced behind a busy 'forward' stream, event polling, pinned staging, queued H2D writes."""
 import sys
 import time
