@@ -321,3 +321,17 @@ def test_kda_rebuild_matches_the_fp64_recurrence(radix_adapter):
     want = [n for _, n in spans]
     rebuild(pool, req_pool, jobs)
     _check(model, req_pool, layers, inputs, jobs, want, oracle=_kda_oracle, kda=True)
+
+
+def test_state_interval_from_env(monkeypatch):
+    from sglang_replayssm.radix.interval_states import DEFAULT_INTERVAL, interval_from_env
+
+    monkeypatch.delenv("SGLANG_REPLAYSSM_STATE_INTERVAL", raising=False)
+    assert interval_from_env() == DEFAULT_INTERVAL == 256
+    for good in ("0", "64", "1024"):
+        monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", good)
+        assert interval_from_env() == int(good)
+    for bad, why in (("100", "multiple of 64"), ("-64", ">= 0"), ("often", "number of tokens")):
+        monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", bad)
+        with pytest.raises(ValueError, match=f"SGLANG_REPLAYSSM_STATE_INTERVAL.*{why}"):
+            interval_from_env()

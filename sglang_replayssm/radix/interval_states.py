@@ -32,7 +32,6 @@ at or past each multiple of ``interval`` (``0 < 64 c < L``) is kept. Scheduler (
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -56,14 +55,12 @@ CHUNK = 64
 
 def interval_from_env() -> int:
     """``SGLANG_REPLAYSSM_STATE_INTERVAL`` (tokens, a multiple of 64; 0 = off), else the default."""
-    text = os.environ.get(INTERVAL_ENV, "").strip()
-    if not text:
+    from sglang_replayssm.radix.records import tokens_from_env
+
+    value = tokens_from_env(INTERVAL_ENV, "0 keeps no state")
+    if value is None:
         return DEFAULT_INTERVAL
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{INTERVAL_ENV}={text!r}: expected a number of tokens (0 keeps no state)") from None
-    if value < 0 or value % CHUNK:
+    if value % CHUNK:
         raise ValueError(f"{INTERVAL_ENV}={value}: expected 0 or a positive multiple of {CHUNK} tokens")
     return value
 

@@ -41,7 +41,6 @@ SGLang's.
 from __future__ import annotations
 
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,16 +78,10 @@ _ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the K
 
 def host_capacity_from_env(default: int, host_kv: int) -> int:
     """``SGLANG_REPLAYSSM_HOST_RECORD_TOKENS`` if set, else ``default``; at most ``host_kv``."""
-    text = os.environ.get(HOST_CAPACITY_ENV, "").strip()
-    if not text:
-        return min(default, host_kv)
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{HOST_CAPACITY_ENV}={text!r}: expected a number of tokens (0: no host records)") from None
-    if value < 0:
-        raise ValueError(f"{HOST_CAPACITY_ENV}={value}: expected >= 0 tokens")
-    return min(value, host_kv)
+    from sglang_replayssm.radix.records import tokens_from_env
+
+    value = tokens_from_env(HOST_CAPACITY_ENV, "0: no host records")
+    return min(default if value is None else value, host_kv)
 
 
 def _runs(start: int, n: int, capacity: int) -> list[tuple[int, int, int]]:

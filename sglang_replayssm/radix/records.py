@@ -38,6 +38,7 @@ __all__ = [
     "RecordPool",
     "capacity_from_env",
     "pool_of",
+    "tokens_from_env",
 ]
 
 #: Record-pool capacity in tokens (``0`` turns the records off).
@@ -57,20 +58,28 @@ def set_budgeted_capacity(capacity: int) -> None:
     _budgeted = capacity
 
 
+def tokens_from_env(name: str, zero_means: str) -> int | None:
+    """A token count from the environment variable ``name`` (None when unset or empty); a value that
+    is not a number >= 0 is refused in one line naming the variable (``zero_means``: what 0 does)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected a number of tokens ({zero_means})") from None
+    if value < 0:
+        raise ValueError(f"{name}={value}: expected >= 0 tokens")
+    return value
+
+
 def capacity_from_env(kv_size: int | None = None) -> int:
     """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else what the memory budget
     reserved (:func:`set_budgeted_capacity`), else :data:`DEFAULT_CAPACITY`; at most ``kv_size`` (one
     per KV slot) when given."""
-    text = os.environ.get(CAPACITY_ENV, "").strip()
-    if not text:
-        default = DEFAULT_CAPACITY if _budgeted is None else _budgeted
-        return default if kv_size is None else min(default, kv_size)
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{CAPACITY_ENV}={text!r}: expected a number of tokens (0 turns records off)") from None
-    if value < 0:
-        raise ValueError(f"{CAPACITY_ENV}={value}: expected >= 0 tokens")
+    value = tokens_from_env(CAPACITY_ENV, "0 turns records off")
+    if value is None:
+        value = DEFAULT_CAPACITY if _budgeted is None else _budgeted
     return value if kv_size is None else min(value, kv_size)
 
 
