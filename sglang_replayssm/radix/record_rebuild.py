@@ -74,9 +74,11 @@ class _Plan:
 
     def __init__(self, slots: torch.Tensor, conv_cu: torch.Tensor, conv_lens: list[int], dst: torch.Tensor,
                  conv_init: torch.Tensor, keep: torch.Tensor | None, ext_cu: torch.Tensor, ext_lens: list[int],
-                 ext_dst: torch.Tensor, ext_init: torch.Tensor) -> None:
+                 ext_rows: torch.Tensor, ext_init: torch.Tensor) -> None:
         self.slots, self.conv_cu, self.conv_lens, self.dst, self.conv_init = slots, conv_cu, conv_lens, dst, conv_init
-        self.keep, self.ext_cu, self.ext_lens, self.ext_dst, self.ext_init = keep, ext_cu, ext_lens, ext_dst, ext_init
+        self.keep, self.ext_cu, self.ext_lens, self.ext_init = keep, ext_cu, ext_lens, ext_init
+        self.ext_rows = ext_rows  # the extended jobs' positions in the batch (rows of ``dst``)
+        self.ext_dst = dst[ext_rows.long()]
 
     @classmethod
     def of(cls, jobs: list[Rebuild], device: torch.device, translate: Any) -> _Plan:
@@ -102,7 +104,7 @@ class _Plan:
             keep=torch.tensor(keep_rows, dtype=torch.int64, device=device) if leads else None,
             ext_cu=cu(ext_lens),
             ext_lens=ext_lens,
-            ext_dst=dst[torch.tensor(ext, dtype=torch.int64, device=device)],
+            ext_rows=torch.tensor(ext, dtype=dst.dtype, device=device),
             ext_init=torch.tensor([jobs[i].src is not None or jobs[i].state is not None for i in ext],
                                   dtype=torch.bool, device=device),
         )
@@ -124,8 +126,7 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
     if gather:  # as SGLang's forward_extend: kernels that need a contiguous slot layout
         conv_work, ssm_work = conv_states[dst.long()].contiguous(), ssm_states[dst.long()].contiguous()
         idx = torch.arange(dst.numel(), device=dst.device, dtype=dst.dtype)
-        rows = {int(d): i for i, d in enumerate(dst.tolist())}
-        ext_idx = torch.tensor([rows[int(d)] for d in plan.ext_dst.tolist()], dtype=dst.dtype, device=dst.device)
+        ext_idx = plan.ext_rows  # the work copies are in batch order
     else:
         conv_work, ssm_work, idx, ext_idx = conv_states, ssm_states, dst, plan.ext_dst
     x, a, b = rec.x[plan.slots], rec.a[plan.slots], rec.b[plan.slots]
