@@ -63,3 +63,22 @@ def test_rebuild_from_the_root_matches_the_fp64_oracle(kern: Any, model: str) ->
     got = pb.ssm[dst].double()
     assert float((got - want).norm() / want.norm()) <= TOL
     assert torch.equal(pb.conv_states()[dst].double(), want_win)
+
+
+
+@pytest.mark.parametrize("model", ["gdn", "kda"])
+@pytest.mark.parametrize("n", [1, 4, 33, 64])
+def test_sequential_rebuild_is_as_close_to_fp64_as_the_chunk_path(kern: Any, model: str, n: int) -> None:
+    """The short-span path (``record_rebuild``: SGLang's decode kernel over the spans, gates fused, the
+    state in fp32 token by token) on the same spans as the chunk path: no further from the fp64 oracle
+    (both share the conv's bf16 output; the chunk kernels add bf16 tensor-core operands)."""
+    from sglang_replayssm.testing.rebuild_bench import RebuildProblem
+
+    pb = RebuildProblem(kern, model, B=4, n_max=64, sets=2, seed=n)
+    pb.prepare(n)
+    chunk = pb.check(1)
+    seq = pb.check(1, sequential=True)  # check() copies the ancestor first: the same start
+    print(model, n, "chunk", chunk, "sequential", seq)
+    assert seq["finite"] and seq["window_equal"]
+    assert seq["state_rel"] <= TOL and seq["state_rel"] <= 0.1 * seq["state_change_rel"]
+    assert seq["state_rel"] <= 1.25 * chunk["state_rel"]

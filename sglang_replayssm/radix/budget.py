@@ -113,6 +113,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     """
     from sglang_replayssm.radix import config
     from sglang_replayssm.radix.interval_states import interval_from_env
+    from sglang_replayssm.radix.record_rebuild import sequential_tokens_from_env
     from sglang_replayssm.radix.records import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
 
     linear = getattr(configurator, "hybrid_gdn_config", None) or getattr(configurator, "hybrid_kda_config", None)
@@ -124,6 +125,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     # Interval states are kept only from an exact (state-dtype) h: GDN serving in the state dtype.
     exact_h = not params.is_kda and itemsize == params.dtype.temporal.itemsize
     interval = interval_from_env() if exact_h else 0
+    sequential_tokens_from_env()  # a bad value is refused here, at startup, not at the first rebuild
     per_token = record_bytes_per_token(params, itemsize)
     if interval > 0:
         per_token += -(-interval_state_bytes(params) // interval)

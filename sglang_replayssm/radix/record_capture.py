@@ -35,6 +35,7 @@ from sglang_replayssm.radix.interval_states import (
     interval_from_env,
     kept_positions,
 )
+from sglang_replayssm.radix.record_rebuild import sequential_tokens_from_env
 from sglang_replayssm.radix.records import (
     CAPACITY_ENV,
     RecordPool,
@@ -116,6 +117,8 @@ def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
     device = forward_batch.out_cache_loc.device
     pool = RecordPool(kv_size=kv_size, capacity=capacity, device=device)
     pool.capture_decode = device.type == "cpu"
+    # The CPU runtime's decode kernel takes one token per sequence: CPU rebuilds stay on the chunk path.
+    pool.sequential_tokens = sequential_tokens_from_env() if device.type == "cuda" else 0
     interval = interval_from_env()
     if interval > 0:
         pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,

@@ -11,6 +11,13 @@ backend (``GDNKernelDispatcher.extend``), which leaves the state after the span 
 and the conv window of the span's last three inputs in ``conv[dst]``. That is what a prefill from
 ``src``'s depth computes, with the same kernels, so the result is as exact as SGLang's prefill.
 
+Short spans (every span of the step at most ``pool.sequential_tokens`` records, CUDA only) run the
+recurrence through the backend's decode kernel instead (``fused_sigmoid_gating_delta_rule_update``,
+varlen over the spans, gates fused in, the state updated in place in fp32 token by token): two
+launches per layer instead of the chunk pipeline's dozen, for the same state (closer to fp64: no bf16
+tensor-core operands). The CPU runtime's decode kernel takes one token per sequence, so CPU pools
+keep the chunk path.
+
 Runs on the forward thread before the forward's first write, so every slot it reads (``src``, the
 records) still holds what the match saw: writes to pool slots and record slots happen only in
 forwards, and rebuilds queued by a match run before the next one (``ModelRunner.forward``).
@@ -23,9 +30,19 @@ from typing import Any
 import torch
 
 from sglang_replayssm.radix.record_match import Rebuild
-from sglang_replayssm.radix.records import LayerRecords, RecordPool, pool_of
+from sglang_replayssm.radix.records import LayerRecords, RecordPool, pool_of, tokens_from_env
 
-__all__ = ["rebuild", "run_pending"]
+__all__ = ["DEFAULT_SEQUENTIAL_TOKENS", "SEQUENTIAL_ENV", "rebuild", "run_pending", "sequential_tokens_from_env"]
+
+SEQUENTIAL_ENV = "SGLANG_REPLAYSSM_REBUILD_SEQUENTIAL_TOKENS"
+#: Longest span that folds token by token on CUDA (H200 crossover, docs/BENCHMARKS.md).
+DEFAULT_SEQUENTIAL_TOKENS = 32
+
+
+def sequential_tokens_from_env() -> int:
+    """``SGLANG_REPLAYSSM_REBUILD_SEQUENTIAL_TOKENS`` (0: always the chunk kernels), else the default."""
+    value = tokens_from_env(SEQUENTIAL_ENV, "0 always folds with the chunk kernels")
+    return DEFAULT_SEQUENTIAL_TOKENS if value is None else value
 
 
 def run_pending(runner: Any) -> int:
@@ -59,7 +76,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     if from_state:
         state_dst = translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64)
         state_src = torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device)
-    plan = _Plan.of(jobs, device, translate)
+    plan = _Plan.of(jobs, device, translate, pool.sequential_tokens)
     for layer_id in sorted(pool.layers):
         if state_dst is not None and state_src is not None and pool.states is not None:
             temporal = req_pool.mamba2_layer_cache(layer_id).temporal
@@ -70,18 +87,20 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
 
 class _Plan:
     """One step's rebuilds as varlen batches: the conv runs over every job's records (lead
-    included), the extend over the records past each job's lead (jobs with none are left out)."""
+    included), the extend over the records past each job's lead (jobs with none are left out);
+    ``sequential``: every extended span has at most ``sequential_tokens`` records (decode kernel)."""
 
     def __init__(self, slots: torch.Tensor, conv_cu: torch.Tensor, conv_lens: list[int], dst: torch.Tensor,
                  conv_init: torch.Tensor, keep: torch.Tensor | None, ext_cu: torch.Tensor, ext_lens: list[int],
-                 ext_rows: torch.Tensor, ext_init: torch.Tensor) -> None:
+                 ext_rows: torch.Tensor, ext_init: torch.Tensor, sequential_tokens: int = 0) -> None:
         self.slots, self.conv_cu, self.conv_lens, self.dst, self.conv_init = slots, conv_cu, conv_lens, dst, conv_init
         self.keep, self.ext_cu, self.ext_lens, self.ext_init = keep, ext_cu, ext_lens, ext_init
         self.ext_rows = ext_rows  # the extended jobs' positions in the batch (rows of ``dst``)
         self.ext_dst = dst[ext_rows.long()]
+        self.sequential = bool(ext_lens) and max(ext_lens) <= sequential_tokens
 
     @classmethod
-    def of(cls, jobs: list[Rebuild], device: torch.device, translate: Any) -> _Plan:
+    def of(cls, jobs: list[Rebuild], device: torch.device, translate: Any, sequential_tokens: int = 0) -> _Plan:
         def cu(lens: list[int]) -> torch.Tensor:
             return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
@@ -107,6 +126,7 @@ class _Plan:
             ext_rows=torch.tensor(ext, dtype=dst.dtype, device=device),
             ext_init=torch.tensor([jobs[i].src is not None or jobs[i].state is not None for i in ext],
                                   dtype=torch.bool, device=device),
+            sequential_tokens=sequential_tokens,
         )
 
 
@@ -150,6 +170,10 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
         q = q.reshape(1, n, layer.num_q_heads, layer.head_q_dim)
         k = k.reshape(1, n, layer.num_k_heads, layer.head_k_dim)
         v = v.reshape(1, n, layer.num_v_heads, layer.head_v_dim)
+        if plan.sequential:  # from every dst slot's state (root spans: zeroed above)
+            backend.kernel_dispatcher.decode(q=q, k=k, v=v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                                             ssm_states=ssm_work, cache_indices=ext_idx, query_start_loc=plan.ext_cu)
+            return _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
         g, beta = backend._prefill_gates(layer, a, b)
         backend.kernel_dispatcher.extend(
             q=q, k=k, v=v, g=g, beta=beta,
@@ -165,6 +189,12 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
             track_state=None,
             track_chunk_idx=None,
         )
+    _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
+
+
+def _scatter(gather: bool, conv_states: torch.Tensor, ssm_states: torch.Tensor, dst: torch.Tensor,
+             conv_work: torch.Tensor, ssm_work: torch.Tensor) -> None:
+    """Write gathered work copies back to their pool slots (a no-op when the pools were used in place)."""
     if gather:
         conv_states[dst.long()] = conv_work
         ssm_states[dst.long()] = ssm_work
@@ -199,11 +229,20 @@ def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
     if n == 0:
         return
     q, k, v = mixed.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+    q4 = q.unflatten(-1, (-1, layer.head_q_dim)).unsqueeze(0)
+    k4 = k.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
+    v4 = v.unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
+    a4 = a.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
+    if plan.sequential:  # the KDA decode kernel: raw per-channel gate and beta, as forward_decode passes
+        backend.kernel_dispatcher.decode(q=q4, k=k4, v=v4, a=a4, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
+                                         ssm_states=cache.temporal, cache_indices=plan.ext_dst,
+                                         query_start_loc=plan.ext_cu, lower_bound=getattr(layer, "lower_bound", None))
+        return
     backend.kernel_dispatcher.extend(
-        q=q.unflatten(-1, (-1, layer.head_q_dim)).unsqueeze(0),
-        k=k.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0),
-        v=v.unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0),
-        g=a.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0),
+        q=q4,
+        k=k4,
+        v=v4,
+        g=a4,
         beta=b.unsqueeze(0),
         ssm_states=cache.temporal,
         cache_indices=plan.ext_dst,

@@ -139,8 +139,9 @@ class RebuildProblem:
 
     def fold(self, s: int, *, slots: torch.Tensor | None = None, cu: torch.Tensor | None = None,
              dst: torch.Tensor | None = None, has_state: torch.Tensor | None = None,
-             lens: list[int] | None = None) -> torch.Tensor:
-        """One layer's rebuild of set ``s``: the call sequence of ``record_rebuild._fold_gdn_layer``."""
+             lens: list[int] | None = None, sequential: bool = False) -> torch.Tensor:
+        """One layer's rebuild of set ``s``: the call sequence of ``record_rebuild._fold_gdn_layer``
+        (``sequential``: its short-span path, the decode kernel over the spans)."""
         slots = self.slots[s] if slots is None else slots
         cu = self.cu if cu is None else cu
         idx = self.dst[s] if dst is None else dst
@@ -158,6 +159,13 @@ class RebuildProblem:
         q = q.reshape(1, total, H, K)
         k = k.reshape(1, total, H, K)
         v = v.reshape(1, total, HV, V)
+        if sequential:
+            a_in = a.unsqueeze(0).unflatten(-1, (-1, K)) if self.is_kda else a
+            return kern.fused_sigmoid_gating_delta_rule_update(
+                A_log=self.A_log, dt_bias=self.dt_bias, q=q, k=k, v=v, a=a_in, b=b, initial_state_source=self.ssm,
+                initial_state_indices=idx, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, softplus_beta=1.0,
+                softplus_threshold=20.0, is_kda=self.is_kda,
+            )  # fmt: skip
         if self.is_kda:
             out = kern.chunk_kda(
                 q=q, k=k, v=v, g=a.unsqueeze(0).unflatten(-1, (-1, K)), beta=b.unsqueeze(0),
@@ -188,11 +196,14 @@ class RebuildProblem:
 
     # ------------------------------------------------------------------ oracle
 
-    def oracle(self, s: int, state0: torch.Tensor, window0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def oracle(self, s: int, state0: torch.Tensor, window0: torch.Tensor,
+               round_beta: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """fp64 state after each span and the conv window after it, from the given slot contents.
 
         ``state0`` ``[B, HV, V, K]``, ``window0`` ``[B, dim, W-1]`` (oldest first). The conv output is
-        rounded to bf16 (SGLang's conv stores its input dtype); everything after it is float64."""
+        rounded to bf16 (SGLang's conv stores its input dtype); everything after it is float64, but for
+        GDN's beta, which the prefill gating kernel rounds to bf16 (``round_beta``; the decode kernel
+        keeps it in fp32)."""
         p, B, n = self.p, self.B, self.n
         H, HV, K, V, W = p["H"], p["HV"], p["K"], p["V"], p["W"]
         f64 = torch.float64
@@ -213,21 +224,21 @@ class RebuildProblem:
             beta = compute_beta_fp64(b, round_to_input_dtype=False)
         else:
             g = compute_gate_fp64(a, self.A_log, self.dt_bias, is_kda=False)
-            beta = compute_beta_fp64(b)
+            beta = compute_beta_fp64(b, round_to_input_dtype=round_beta)
         tr = lambda t: t.transpose(0, 1)  # noqa: E731 - [B, n, ...] -> [n, B, ...]
         _, final = recurrence_fp64(state0, tr(q), tr(k), tr(v), tr(g), tr(beta))[:2]
         return final, xp[:, -(W - 1) :].transpose(1, 2)
 
-    def check(self, s: int = 0) -> dict[str, float | bool]:
+    def check(self, s: int = 0, sequential: bool = False) -> dict[str, float | bool]:
         """Run set ``s`` once from its current slots (after the ancestor copy) against the oracle."""
         self.copy(s)
         dst = self.dst[s].long()
         state0 = self.ssm[dst].clone()
         window0 = self.conv_states()[dst].clone()
-        self.fold(s)
+        self.fold(s, sequential=sequential)
         if self.ssm.is_cuda:
             torch.cuda.synchronize()
-        want, want_win = self.oracle(s, state0, window0)
+        want, want_win = self.oracle(s, state0, window0, round_beta=not sequential)
         got = self.ssm[dst].to(torch.float64)
         err = (got - want).flatten(1).norm(dim=1) / want.flatten(1).norm(dim=1)
         win = self.conv_states()[dst].to(torch.float64)
@@ -275,7 +286,9 @@ def _host_us(fn: Callable[[], object], reps: int = 15) -> float:
 
 def bench_model(kern: PrefillKernels, model: str, B: int, counts: list[int], check_at: set[int],
                 profile_at: set[int], TBps: float, rows: list[dict] | None = None,
-                save: Callable[[], None] | None = None) -> list[dict]:
+                save: Callable[[], None] | None = None, sequential_max: int = 0) -> list[dict]:
+    """One row per record count; spans of at most ``sequential_max`` records also time and check the
+    sequential (decode-kernel) fold: ``seq_*`` columns."""
     pb = RebuildProblem(kern, model, B, max(counts))
     rows = [] if rows is None else rows
     for n in counts:
@@ -300,6 +313,16 @@ def bench_model(kern: PrefillKernels, model: str, B: int, counts: list[int], che
             row["serving_us"] = _host_us(pb.fold_fresh_rotating)
             if n in profile_at:
                 row["kernels_us"] = _profile(pb)
+            if n <= sequential_max:
+                if n in check_at:
+                    row["seq_check"] = pb.check(0, sequential=True)
+
+                def seq_folds() -> None:
+                    for s in range(pb.sets):
+                        pb.fold(s, sequential=True)
+
+                row["seq_graph_us"] = time_us(seq_folds)[0] / pb.sets
+                row["seq_eager_us"] = time_us(seq_folds, graph=False)[0] / pb.sets
         except Exception as e:  # keep the sweep going; the row says what failed
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         nb = floor_bytes(pb.p, B, n)
@@ -308,6 +331,8 @@ def bench_model(kern: PrefillKernels, model: str, B: int, counts: list[int], che
         if "graph_us" in row:
             row["graph_x_floor"] = row["graph_us"] / row["floor_us"]
             row["rebuild_us"] = row["graph_us"] + row["copy_us"]
+        if "seq_graph_us" in row:
+            row["seq_x_floor"] = row["seq_graph_us"] / row["floor_us"]
         log(json.dumps({k: v for k, v in row.items() if k != "kernels_us"}, default=str))
         rows.append(row)
         if save is not None:
@@ -323,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--counts", type=int, nargs="+", default=None, help="record counts n (default 1..16, every 8th, 255)")
     ap.add_argument("--check-at", type=int, nargs="+", default=[1, 3, 4, 63, 64, 65, 128, 255])
     ap.add_argument("--profile-at", type=int, nargs="+", default=[1, 16, 64, 128, 255])
+    ap.add_argument("--sequential-max", type=int, default=64,
+                    help="also time / check the sequential (decode-kernel) fold for n up to this")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     kern = load_prefill_kernels(args.sglang_root)
@@ -339,15 +366,17 @@ def main(argv: list[str] | None = None) -> None:
 
     for model in args.models:
         bench_model(kern, model, args.batch, counts, set(args.check_at), set(args.profile_at), fl["copy_TBps"],
-                    res["rows"], save)  # fmt: skip
+                    res["rows"], save, sequential_max=args.sequential_max)  # fmt: skip
     log(f"{'model':5} {'n':>4} {'graph us':>9} {'floor us':>9} {'x floor':>8} {'copy us':>8} {'eager us':>9} "
-        f"{'serving us':>11} {'state rel':>10}")  # fmt: skip
+        f"{'serving us':>11} {'state rel':>10} {'seq us':>8} {'seq eager':>9} {'seq rel':>9}")  # fmt: skip
     for r in res["rows"]:
         chk = r.get("check", {})
         log(f"{r['model']:5} {r['n']:>4} {r.get('graph_us', float('nan')):>9.1f} {r['floor_us']:>9.1f} "
             f"{r.get('graph_x_floor', float('nan')):>8.2f} {r.get('copy_us', float('nan')):>8.1f} "
             f"{r.get('eager_us', float('nan')):>9.1f} {r.get('serving_us', float('nan')):>11.1f} "
-            f"{chk.get('state_rel', float('nan')):>10.2e}")  # fmt: skip
+            f"{chk.get('state_rel', float('nan')):>10.2e} {r.get('seq_graph_us', float('nan')):>8.1f} "
+            f"{r.get('seq_eager_us', float('nan')):>9.1f} "
+            f"{r.get('seq_check', {}).get('state_rel', float('nan')):>9.2e}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A rebuild (:mod:`sglang_replayssm.radix.record_rebuild`) calls, per GDN layer, SGLang's
 ``causal_conv1d_fn``, ``fused_gdn_gating`` (the GDN backend's ``_prefill_gates``) and the extend
 kernel, FLA's ``chunk_gated_delta_rule`` (``TritonGDNKernel.extend``); KDA's extend is
-``chunk_kda`` (``kda_triton.extend``, gates fused in). The GPU box has no SGLang, so, as
+``chunk_kda`` (``kda_triton.extend``, gates fused in); short spans fold token by token through the
+decode kernel ``fused_sigmoid_gating_delta_rule_update`` (GDN and KDA). The GPU box has no SGLang, so, as
 :mod:`.ring_decode_baselines` does for the decode kernels, this module imports the Triton files
 under their real module names below *stub parent packages* (``sglang/__init__.py`` never runs) from
 a folder holding ``sglang/...`` (``.devcarry`` on the GPU box). The conv is SGLang's Triton kernel
@@ -14,7 +15,8 @@ and is not loaded here. Nothing here is SGLang code: it only locates, imports an
 Files a root must hold (relative to ``<root>/sglang/kernels/ops``): ``attention/fla/{utils, op,
 index, cumsum, l2norm, wy_fast, chunk_fwd, chunk_delta_h, chunk_o, chunk, chunk_intra,
 chunk_intra_token_parallel, fused_norm_gate, fused_recurrent, kda}.py``,
-``attention/linear/fused_gdn_gating.py``, ``mamba/causal_conv1d_triton.py``.
+``attention/linear/{fused_gdn_gating, fused_sigmoid_gating_recurrent}.py``,
+``mamba/causal_conv1d_triton.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ PREFILL_FILES: tuple[str, ...] = tuple(
             "utils", "op", "index", "cumsum", "l2norm", "wy_fast", "chunk_fwd", "chunk_delta_h", "chunk_o",
             "chunk", "chunk_intra", "chunk_intra_token_parallel", "fused_norm_gate", "fused_recurrent", "kda")),
         "attention/linear/fused_gdn_gating",
+        "attention/linear/fused_sigmoid_gating_recurrent",
         "mamba/causal_conv1d_triton",
     )
 )  # fmt: skip
@@ -51,6 +54,7 @@ class PrefillKernels:
     fused_gdn_gating: Callable
     chunk_gated_delta_rule: Callable
     chunk_kda: Callable
+    fused_sigmoid_gating_delta_rule_update: Callable
     source: str
 
 
@@ -85,6 +89,13 @@ def _install_stubs(root: Path) -> None:
         utils.cpu_has_amx_support = lambda: False  # type: ignore[attr-defined]
         utils.is_cpu = lambda: False  # type: ignore[attr-defined]
         utils.is_npu = lambda: False  # type: ignore[attr-defined]
+    if not hasattr(utils, "is_sm90_supported"):  # what fused_sigmoid_gating_recurrent.py imports
+        cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+        utils.get_device_sm = lambda: 10 * cap[0] + cap[1]  # type: ignore[attr-defined]
+        utils.is_cuda = lambda: torch.cuda.is_available()  # type: ignore[attr-defined]
+        utils.is_hip = lambda: False  # type: ignore[attr-defined]
+        utils.is_gfx95_supported = lambda: False  # type: ignore[attr-defined]
+        utils.is_sm90_supported = lambda: cap[0] == 9  # type: ignore[attr-defined]
 
 
 def load_prefill_kernels(root: Path | None = None) -> PrefillKernels:
@@ -103,10 +114,12 @@ def load_prefill_kernels(root: Path | None = None) -> PrefillKernels:
     gating = importlib.import_module(f"{_OPS}.attention.linear.fused_gdn_gating")
     chunk = importlib.import_module(f"{_OPS}.attention.fla.chunk")
     kda = importlib.import_module(f"{_OPS}.attention.fla.kda")
+    recurrent = importlib.import_module(f"{_OPS}.attention.linear.fused_sigmoid_gating_recurrent")
     return PrefillKernels(
         causal_conv1d_fn=conv.causal_conv1d_fn,
         fused_gdn_gating=gating.fused_gdn_gating,
         chunk_gated_delta_rule=chunk.chunk_gated_delta_rule,
         chunk_kda=kda.chunk_kda,
+        fused_sigmoid_gating_delta_rule_update=recurrent.fused_sigmoid_gating_delta_rule_update,
         source=source,
     )
