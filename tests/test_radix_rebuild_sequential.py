@@ -1,6 +1,6 @@
 """The sequential rebuild (``radix/record_rebuild.py``, spans of at most ``pool.sequential_tokens``):
-the recurrence runs through the backend's decode kernel, SGLang's own
-``fused_sigmoid_gating_delta_rule_update`` (here under the Triton interpreter, as on CUDA compiled),
+the recurrence runs through SGLang's own Triton decode kernel ``fused_sigmoid_gating_delta_rule_update``
+(here under the Triton interpreter, as on CUDA compiled),
 varlen over the spans, into SGLang's real pools. Checked against the fp64 recurrence of each token
 path (GDN and KDA; from the root, a tree state and an interval state with its conv lead), and the
 plan keeps the chunk kernels when any span is longer than the limit.
@@ -22,19 +22,19 @@ from sglang_replayssm.testing.sglang_triton import interpreted_stdlib, load_sgla
 _RECURRENT = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
 
 
-def _decode(is_kda: bool, calls: list[int]):
-    """What ``TritonGDNKernel.decode`` / ``kda_triton``'s decode call, on SGLang's Triton kernel."""
+@pytest.fixture
+def calls(monkeypatch) -> list[int]:
+    """SGLang's Triton kernel, interpreted, in place of the compiled one; records each launch's span count."""
     kernel = load_sglang_triton_module(_RECURRENT).fused_sigmoid_gating_delta_rule_update
+    seen: list[int] = []
 
-    def decode(q, k, v, a, b, *, A_log, dt_bias, ssm_states, cache_indices, query_start_loc, lower_bound=None):
-        calls.append(int(query_start_loc.numel()) - 1)
+    def interpreted(**kwargs):
+        seen.append(int(kwargs["cu_seqlens"].numel()) - 1)
         with interpreted_stdlib():
-            return kernel(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=ssm_states,
-                          initial_state_indices=cache_indices, cu_seqlens=query_start_loc,
-                          use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0, is_kda=is_kda,
-                          lower_bound=lower_bound)
+            return kernel(**kwargs)
 
-    return decode
+    monkeypatch.setattr(record_rebuild, "_decode_kernel", lambda: interpreted)
+    return seen
 
 
 def _no_extend(*args, **kwargs):
@@ -42,11 +42,10 @@ def _no_extend(*args, **kwargs):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_sequential_rebuild_matches_the_fp64_recurrence(kind, radix_adapter):
+def test_sequential_rebuild_matches_the_fp64_recurrence(kind, calls, radix_adapter):
     kda = kind == "kda"
     model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(40, seed=5, kind=kind)
-    calls: list[int] = []
-    backend.kernel_dispatcher = types.SimpleNamespace(decode=_decode(kda, calls), extend=_no_extend)
+    backend.kernel_dispatcher = types.SimpleNamespace(extend=_no_extend)
     pool.sequential_tokens = 12
     spans = [(0, 1), (0, 5), (9, 21), (30, 31)]  # root spans (zeroed slot), tree-state spans
     oracle = _kda_oracle if kda else None
@@ -70,14 +69,13 @@ def test_sequential_rebuild_matches_the_fp64_recurrence(kind, radix_adapter):
     _check(model, req_pool, layers, inputs, jobs, want, oracle=oracle, kda=kda)
 
 
-def test_a_long_span_keeps_the_chunk_kernels(radix_adapter):
+def test_a_long_span_keeps_the_chunk_kernels(calls, radix_adapter):
     model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(40, seed=6)
-    extend = backend.kernel_dispatcher.extend
-    backend.kernel_dispatcher = types.SimpleNamespace(decode=_no_extend, extend=extend)
     pool.sequential_tokens = 12
     spans = [(0, 3), (0, 13)]  # 13 records > 12: the whole step takes the chunk path
     jobs = _tree_jobs(model, req_pool, layers, inputs, pool, kv, spans)
     rebuild(pool, req_pool, jobs)
+    assert calls == []
     _check(model, req_pool, layers, inputs, jobs, [n for _, n in spans])
 
 

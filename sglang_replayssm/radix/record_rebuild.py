@@ -12,8 +12,10 @@ and the conv window of the span's last three inputs in ``conv[dst]``. That is wh
 ``src``'s depth computes, with the same kernels, so the result is as exact as SGLang's prefill.
 
 Short spans (every span of the step at most ``pool.sequential_tokens`` records, CUDA only) run the
-recurrence through the backend's decode kernel instead (``fused_sigmoid_gating_delta_rule_update``,
-varlen over the spans, gates fused in, the state updated in place in fp32 token by token): two
+recurrence through SGLang's Triton decode kernel instead (``fused_sigmoid_gating_delta_rule_update``,
+what ``TritonGDNKernel.decode`` and KDA's Triton decode call, whatever decode backend the server uses:
+the CuTe DSL / FlashInfer decode kernels take one token per sequence), varlen over the spans, gates
+fused in, the state updated in place in fp32 token by token: two
 launches per layer instead of the chunk pipeline's dozen, for the same state (closer to fp64: no bf16
 tensor-core operands). The CPU runtime's decode kernel takes one token per sequence, so CPU pools
 keep the chunk path.
@@ -37,6 +39,27 @@ __all__ = ["DEFAULT_SEQUENTIAL_TOKENS", "SEQUENTIAL_ENV", "rebuild", "run_pendin
 SEQUENTIAL_ENV = "SGLANG_REPLAYSSM_REBUILD_SEQUENTIAL_TOKENS"
 #: Longest span that folds token by token on CUDA (H200 crossover, docs/BENCHMARKS.md).
 DEFAULT_SEQUENTIAL_TOKENS = 32
+
+
+def _decode_kernel() -> Any:
+    """SGLang's Triton recurrent (decode / verify) kernel."""
+    from sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update,
+    )
+
+    return fused_sigmoid_gating_delta_rule_update
+
+
+def _fold_sequential(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                     layer: Any, ssm_states: torch.Tensor, indices: torch.Tensor, cu: torch.Tensor,
+                     is_kda: bool) -> None:
+    """Fold the spans (``cu``) into ``ssm_states[indices]`` in place, with the arguments SGLang's Triton
+    decode passes (q, k ``[1, T, H, K]``, v ``[1, T, HV, V]``; a raw gate rows, b raw beta rows)."""
+    _decode_kernel()(
+        A_log=layer.A_log, dt_bias=layer.dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=ssm_states,
+        initial_state_indices=indices, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, softplus_beta=1.0,
+        softplus_threshold=20.0, is_kda=is_kda, lower_bound=getattr(layer, "lower_bound", None) if is_kda else None,
+    )
 
 
 def sequential_tokens_from_env() -> int:
@@ -171,8 +194,7 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
         k = k.reshape(1, n, layer.num_k_heads, layer.head_k_dim)
         v = v.reshape(1, n, layer.num_v_heads, layer.head_v_dim)
         if plan.sequential:  # from every dst slot's state (root spans: zeroed above)
-            backend.kernel_dispatcher.decode(q=q, k=k, v=v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
-                                             ssm_states=ssm_work, cache_indices=ext_idx, query_start_loc=plan.ext_cu)
+            _fold_sequential(q, k, v, a, b, layer, ssm_work, ext_idx, plan.ext_cu, is_kda=False)
             return _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
         g, beta = backend._prefill_gates(layer, a, b)
         backend.kernel_dispatcher.extend(
@@ -233,10 +255,8 @@ def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
     k4 = k.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
     v4 = v.unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
     a4 = a.unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
-    if plan.sequential:  # the KDA decode kernel: raw per-channel gate and beta, as forward_decode passes
-        backend.kernel_dispatcher.decode(q=q4, k=k4, v=v4, a=a4, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias,
-                                         ssm_states=cache.temporal, cache_indices=plan.ext_dst,
-                                         query_start_loc=plan.ext_cu, lower_bound=getattr(layer, "lower_bound", None))
+    if plan.sequential:  # raw per-channel gate and beta, as KDA's forward_decode passes them
+        _fold_sequential(q4, k4, v4, a4, b, layer, cache.temporal, plan.ext_dst, plan.ext_cu, is_kda=True)
         return
     backend.kernel_dispatcher.extend(
         q=q4,
