@@ -196,3 +196,62 @@ def test_sglangs_own_pd_refusal_is_what_the_adapter_answers():
     assert source[423].strip() == 'if cfg.disaggregation_mode != "null":'
     body = source[280:530]
     assert sum("disaggregation_mode" in line for line in body) == 3  # :424, its message, :493 (spec ring)
+
+
+def _pd_decode_sim(kind: str) -> Any:
+    """The simulation (testing/simulate.py: SGLang's real cache objects, a toy model with an fp64
+    oracle) on SGLang's PD decode pool instead of the aggregated one, as a decode server builds it."""
+    from unittest import mock
+
+    from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
+    from sglang.srt.mem_cache import memory_pool
+
+    from sglang_replayssm.testing.simulate import Sim
+
+    class _DecodePool(HybridMambaDecodeReqToTokenPool):
+        """The decode pool from the kit's aggregated-pool arguments (the decode pool takes no ring
+        flag: the adapter supplies it; no spec-state size, no lazy buffer; no extra slots)."""
+
+        def __init__(self, **kw: Any) -> None:
+            for name in ("enable_linear_replayssm", "mamba_spec_state_size", "enable_mamba_extra_buffer_lazy"):
+                kw.pop(name)
+            super().__init__(pre_alloc_size=0, **kw)
+
+    with mock.patch.object(memory_pool, "HybridReqToTokenPool", _DecodePool):
+        sim = Sim(SimConfig(kind=kind, strategy="no_buffer", ring_len=RING))
+    assert isinstance(sim.req_pool, HybridMambaDecodeReqToTokenPool)
+    return sim
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
+def test_pd_decode_pool_decodes_exactly_through_retraction(kind, fix_on):
+    """Two requests decode on the PD decode pool past several ring flushes; one is retracted with its
+    ring half full (``cpu_tensor``, the PD decode backup) and resumed. Every step, each running
+    request's checkpoint + ring is its oracle state. Fix off (``retract_backup``): the resumed state
+    misses the pending records."""
+    with config.override(True, retract_backup=fix_on):
+        sim = _pd_decode_sim(kind)
+        assert ring_pool(sim.mamba_pool) is not None
+        a = sim.admit([1, 2, 3, 4, 5], [(3 * j + 1) % 10 for j in range(3 * RING)])
+        b = sim.admit([2, 4, 6], [(5 * j + 2) % 10 for j in range(3 * RING)])
+        for _ in range(RING + 3):
+            sim.decode()
+            sim.check()
+        sim.decode_until_pending(a, min_steps=1)
+        assert int(ring_pool(sim.mamba_pool).write_pos[a.req.kv.mamba_pool_idx]) > 0  # records pending
+        sim.retract(a, backup=True)
+        sim.resume(a)
+        problems = sim.live_problems(1e-5)
+        assert (problems == []) == fix_on, problems
+        if fix_on:
+            while sim.running:
+                sim.decode()
+                sim.check()
+            assert b.req.finished() and a.req.finished()
+
+
+def test_pd_decode_pool_has_no_ring_with_the_fix_off():
+    with config.override(True, pd_decode_ring=False):
+        sim = _pd_decode_sim("gdn")
+    assert ring_pool(sim.mamba_pool) is None  # SGLang's decode pool: the decode kernels would run without it
