@@ -40,7 +40,7 @@ def _decode_pool(kind: str = "gdn", *, ring_flag: bool = True, size: int = 4, ma
     """SGLang's PD decode pool as ``kv_cache_configurator.py:1646`` builds it, on CPU."""
     from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
 
-    _publish(enable_linear_replayssm=ring_flag, linear_replayssm_cache_len=RING)
+    _publish(enable_linear_replayssm=ring_flag, linear_replayssm_cache_len=RING, max_mamba_cache_size=mamba_size)
     cfg = SimConfig(kind=kind, ring_len=RING)
     layers = list(range(cfg.mamba_layers))
     return HybridMambaDecodeReqToTokenPool(
@@ -83,6 +83,25 @@ def test_decode_pool_runs_the_ring_the_server_asked_for(kind, fix_on):
         from sglang_replayssm.radix.alloc_reset import linked_write_pos
 
         assert linked_write_pos(pool.mamba_allocator) is view.write_pos
+
+
+def test_decode_pool_slots_above_the_budget_are_named(caplog):
+    """SGLang raises the decode pool above --max-mamba-cache-size (decode.py:322-333); the ring of the
+    raised slots is outside the budget, and the log says how much."""
+    from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
+
+    with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd"):
+        pool = _decode_pool(size=4, mamba_size=4)  # 4 requests + 2 extra slots need 6
+    assert pool.mamba_pool.size == 6
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sglang_replayssm.radix.pd"]
+    cfg = SimConfig(kind="gdn", ring_len=RING)
+    params = cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers)))
+    mib = 2 * decode_ring_bytes_per_slot(params, RING) / (1 << 20)
+    assert "6 mamba slots, 2 above --max-mamba-cache-size 4" in line and f"({mib:.1f} MiB)" in line
+    caplog.clear()
+    with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd"):
+        _decode_pool(size=4, mamba_size=16)
+    assert not [r for r in caplog.records if r.name == "sglang_replayssm.radix.pd"]
 
 
 def test_decode_pool_stays_sglangs_without_the_ring_flag():

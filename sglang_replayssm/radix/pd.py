@@ -28,12 +28,14 @@ ring would be unused memory), and with the fix off, PD with the ring as before.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sglang_replayssm.radix import config
 
+logger = logging.getLogger(__name__)
 __all__ = ["admit_disaggregation", "decode_check_answered", "ring_on_decode_pool"]
 
 #: The decode-side pool class whose ``_init_mamba_pool`` call lacks ``enable_linear_replayssm``.
@@ -113,4 +115,22 @@ def ring_on_decode_pool(original: Callable[..., Any], req_to_token_pool: Any, *a
         and _decode_ring_on()
     ):
         kwargs["enable_linear_replayssm"] = True
+        _log_unpriced_slots(kwargs)
     return original(req_to_token_pool, *args, **kwargs)
+
+
+def _log_unpriced_slots(kwargs: dict[str, Any]) -> None:
+    """Log the ring bytes of the slots the decode pool adds above the budgeted ``--max-mamba-cache-size``
+    (``decode.py:322-333`` raises it to ``(reqs + extra slots) x slots per request``; SGLang prices
+    neither their conv + temporal nor, here, their ring: :mod:`budget` charged the budgeted slots)."""
+    from sglang.srt.runtime_context import get_schedule
+
+    from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
+
+    budgeted, size = get_schedule().max_mamba_cache_size, kwargs.get("mamba_size")
+    if budgeted is None or size is None or size <= budgeted:
+        return
+    ring = (size - budgeted) * decode_ring_bytes_per_slot(kwargs["cache_params"], kwargs["linear_replayssm_cache_len"])
+    logger.warning("sglang-replayssm: the PD decode pool has %d mamba slots, %d above --max-mamba-cache-size %d; "
+                   "their decode rings (%.1f MiB) are not in the mamba budget", size, size - budgeted, budgeted,
+                   ring / (1 << 20))
