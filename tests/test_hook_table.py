@@ -18,7 +18,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_replayssm import hook_table
 from sglang_replayssm.cpu import hooks as cpu_hooks
-from sglang_replayssm.cpu import hooks_dtype, hooks_hicache, hooks_kda, hooks_launch, hooks_spec
+from sglang_replayssm.cpu import hooks_dtype, hooks_hicache, hooks_kda, hooks_launch, hooks_pd, hooks_spec
 from sglang_replayssm.hook_table import Hook, Patch
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix import hooks as radix_hooks
@@ -26,7 +26,7 @@ from sglang_replayssm.radix import hooks as radix_hooks
 CPU_TABLES = ("sglang_replayssm.cpu.hooks", "sglang_replayssm.cpu.hooks_kda", "sglang_replayssm.cpu.hooks_hicache",
               "sglang_replayssm.cpu.hooks_spec")
 ALL_HOOKS: tuple[Hook, ...] = (radix_hooks.HOOKS + cpu_hooks.HOOKS + hooks_kda.HOOKS + hooks_hicache.HOOKS
-                               + hooks_dtype.HOOKS + hooks_launch.HOOKS + hooks_spec.HOOKS)
+                               + hooks_dtype.HOOKS + hooks_launch.HOOKS + hooks_spec.HOOKS + hooks_pd.HOOKS)
 ALL_PATCHES: tuple[Patch, ...] = cpu_hooks.PATCHES + hooks_kda.PATCHES
 SGLANG_ROOT = Path(sglang.__file__).parent.parent
 

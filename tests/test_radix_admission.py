@@ -146,11 +146,17 @@ def test_guard_is_restored_after_the_call():
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 @pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
-def test_pd_disaggregation_with_the_decode_ring_is_refused(mode, adapter_on):
-    """PD transfer carries conv + temporal only; SGLang refuses the decode ring under PD with a
-    ValueError (a traceback at launch), the adapter with one line before SGLang's check."""
+def test_pd_disaggregation_with_the_decode_ring(mode, adapter_on):
+    """SGLang refuses the decode ring under PD with a ValueError (a traceback at launch). The adapter
+    admits a decode server (radix/pd.py: its pool gets the ring; SGLang's own check runs answered) and
+    refuses a prefill server, or a decode server with the pd_decode_ring fix off, in one line."""
     with config.override(adapter_on):
-        if adapter_on:
+        if adapter_on and mode == "decode":
+            _handle(mamba_radix_cache_strategy="no_buffer", disaggregation_mode=mode)
+            with config.override(True, pd_decode_ring=False), pytest.raises(ReplaySSMArgsError) as info:
+                _handle(mamba_radix_cache_strategy="no_buffer", disaggregation_mode=mode)
+            assert "pd_decode_ring" in _one_line(info.value)
+        elif adapter_on:
             with pytest.raises(ReplaySSMArgsError) as info:
                 _handle(mamba_radix_cache_strategy="no_buffer", disaggregation_mode=mode)
             assert f"--disaggregation-mode {mode}" in _one_line(info.value)

@@ -28,14 +28,17 @@ CASES = [
      _NO_EXTEND_FOLD, "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported"),
     (["--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer_lazy",
       "--disable-overlap-schedule"], None, "sglang-replayssm: --mamba-radix-cache-strategy extra_buffer_lazy"),
-    (["--enable-linear-replayssm", "--disaggregation-mode", "decode"], None,
+    (["--enable-linear-replayssm", "--disaggregation-mode", "prefill"], None,
+     "sglang-replayssm: --disaggregation-mode prefill with --enable-linear-replayssm is unsupported"),
+    (["--enable-linear-replayssm", "--disaggregation-mode", "decode"], {"SGLANG_REPLAYSSM_DISABLE_FIXES": "pd_decode_ring"},
      "sglang-replayssm: --disaggregation-mode decode with --enable-linear-replayssm is unsupported"),
 ]
 
 
 @pytest.mark.server
 @pytest.mark.parametrize(("args", "env", "message"), CASES,
-                         ids=["bad-value", "mixed-chunk-without-extend-fold", "lazy-no-overlap", "pd-decode"])
+                         ids=["bad-value", "mixed-chunk-without-extend-fold", "lazy-no-overlap", "pd-prefill",
+                              "pd-decode-without-pd-decode-ring"])
 def test_bad_startup_fails_with_one_clear_line(args, env, message):
     proc = _launch(args, env)
     assert proc.returncode != 0

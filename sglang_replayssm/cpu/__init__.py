@@ -27,9 +27,9 @@ def activate() -> str:
     if not standin_wanted():
         return f"cpu runtime off (CUDA driver present); dtype agreement: {dtype_names}"
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    from sglang_replayssm.cpu import hooks, hooks_hicache, hooks_kda, hooks_launch, hooks_spec
+    from sglang_replayssm.cpu import hooks, hooks_hicache, hooks_kda, hooks_launch, hooks_pd, hooks_spec
 
     names = (hooks.register() + hooks_kda.register() + hooks_hicache.register() + hooks_launch.register()
-             + hooks_spec.register())
+             + hooks_spec.register() + hooks_pd.register())
     return (f"cpu runtime ON (no CUDA driver; torch reference kernels: {', '.join(names)}); "
             f"dtype agreement: {dtype_names}")

@@ -18,8 +18,9 @@ Refused here, each with one line naming the flags:
   records (with the fix, :mod:`movers` folds them before every extend forward);
 * ``--enable-streaming-session`` with the decode ring while ``extend_fold`` is off: the next turn
   of a session extends the kept slot with those same kernels;
-* ``--disaggregation-mode`` with the decode ring (SGLang refuses it too, with a traceback): the KV
-  transfer carries conv + temporal only, and the decode-side pool is not wired for the ring;
+* ``--disaggregation-mode prefill`` with the decode ring (a prefill server never decodes), and
+  ``decode`` while the ``pd_decode_ring`` fix is off (:mod:`pd` admits it, wiring SGLang's
+  decode-side pool for the ring and answering SGLang's own PD refusal);
 * ``extra_buffer_lazy`` with ``--disable-overlap-schedule``: SGLang then sizes a one-entry
   ping-pong buffer, and its lazy prealloc indexes the second entry at the first decode track
   boundary (an IndexError in ``ScheduleBatch.mamba_lazy_prealloc_at_boundary``; not ring-specific).
@@ -114,12 +115,17 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
             "ignore pending ring records."
         )
     disaggregation = _value(server_args, "disaggregation_mode", "null")
-    if disaggregation not in (None, "null"):
-        raise ReplaySSMArgsError(
-            f"sglang-replayssm: --disaggregation-mode {disaggregation} with --enable-linear-replayssm is "
-            "unsupported: the prefill->decode transfer carries conv + temporal only (no ring records "
-            "or cursor) and SGLang's decode-side mamba pool is not wired for the ring."
-        )
+    if disaggregation not in (None, "null"):  # PD: the decode server only (radix/pd.py)
+        from sglang_replayssm.radix.pd import admit_disaggregation, decode_check_answered
+
+        admit_disaggregation(disaggregation, ReplaySSMArgsError)
+        with decode_check_answered(importlib.import_module(_GUARD_MODULE)):
+            return _admit_aggregated(original, server_args)
+    return _admit_aggregated(original, server_args)
+
+
+def _admit_aggregated(original: Callable[[Any], Any], server_args: Any) -> Any:
+    """The radix-strategy part of :func:`admit_linear_attn_args`."""
     strategy = _value(server_args, "mamba_radix_cache_strategy", None)
     radix_off = bool(_value(server_args, "disable_radix_cache", False))
     if radix_off or strategy not in _EXTRA_BUFFER:

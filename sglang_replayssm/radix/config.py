@@ -60,6 +60,9 @@ FIXES: dict[str, str] = {
     "deepest state above it (GDN, with the decode ring)",
     "end_state": "extra_buffer finish: donate the exact state at the request's full depth (the "
     "working slot, pending records folded) instead of the last tracked state",
+    "pd_decode_ring": "PD disaggregation: the decode server's mamba pool (HybridMambaDecodeReqToTokenPool) "
+    "gets the decode ring and --disaggregation-mode decode is admitted with --enable-linear-replayssm "
+    "(radix/pd.py); a prefill server is refused with the ring",
     # the spec-verify ring (--enable-linear-replayssm-spec, GDN; radix/spec_ring.py)
     "spec_finish_donation": "spec ring, no_buffer finish: fold the row's pending accepted records before "
     "SGLang donates the slot (D1)",

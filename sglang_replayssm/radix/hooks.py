@@ -169,6 +169,15 @@ def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwarg
     link_allocator(req_to_token_pool)
 
 
+@_hook("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", "AROUND",
+       at="sglang/srt/mem_cache/memory_pool.py:1426", fix="pd_decode_ring")
+def decode_pool_ring(original: Callable[..., Any], req_to_token_pool: Any, *args: Any, **kwargs: Any) -> Any:
+    """The PD decode server's mamba pool gets the decode ring (radix/pd.py)."""
+    from sglang_replayssm.radix.pd import ring_on_decode_pool
+
+    return ring_on_decode_pool(original, req_to_token_pool, *args, **kwargs)
+
+
 @_hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc", "AFTER",
        at="sglang/srt/mem_cache/allocator/mamba.py:65", fix="cursor_reset")
 def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
