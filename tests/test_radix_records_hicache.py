@@ -301,3 +301,55 @@ def test_rows_a_queued_load_has_not_written_are_not_backed_up():
         finally:
             sim.cache.cache_controller.ack_write_queue.clear()
             sim.cache.release_host_resources()
+
+
+def _evicted_leaf(sim: Sim, head: list[int], tail: list[int]) -> None:
+    """``head`` (state at its end, on device) and ``head + tail`` prefilled and backed up; then only
+    the leaf ``tail`` leaves the device (KV and state): the path is device to ``head``, host after."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim.admit(head, [4])
+    sim.admit(head + tail, [4])
+    _backup_tree(sim)
+    sim.cache.evict(EvictParams(num_tokens=len(tail)))
+    match = sim.match(head + tail)
+    assert match.device_prefix_len == len(head) and match.full_kv_hit_length == len(head + tail)
+
+
+@pytest.mark.parametrize("where", ["all-on-host", "device-state-above"])
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where, switch):
+    """The walk runs on into host-only nodes that hold no state where the prompt leaves them: SGLang
+    loads nothing back (no state there, ``host_hit_length`` 0) and the request recomputes from the
+    deepest state. With ``record_host_hits`` the KV is loaded back, the state at the KV depth is
+    planted and rebuilt from the host records (from the zero state, or from the device state above),
+    and the hit reaches the KV depth, exact against the fp64 oracle."""
+    with config.override(True, record_host_hits=switch == "on"):
+        sim = _sim()
+        try:
+            if where == "all-on-host":
+                sim.admit(PROMPT, [4])
+                _backup_tree(sim)
+                sim.evict(num_tokens=4096, mamba_num=32)
+                prompt, depth, state_at = PROMPT[:SPLIT] + [0, 0], SPLIT, 0
+            else:
+                head, tail = PROMPT[:8], PROMPT[8:]
+                _evicted_leaf(sim, head, tail)
+                prompt, depth, state_at = head + tail[:2] + [0], 10, 8
+            match = sim.match(prompt)
+            assert match.host_hit_length == 0 and match.full_kv_hit_length == depth
+            assert int(match.device_prefix_len) == state_at
+            rebuilds = getattr(sim, "rebuilds", 0)
+            q = sim.admit(prompt, [1])
+            if switch == "off":
+                assert q.matched == state_at  # SGLang's: from the deepest state
+                sim.check()
+                return
+            assert q.matched == depth and sim.rebuilds == rebuilds + 1
+            sim.check()  # the planted node at the KV depth (and every other) vs the fp64 oracle
+            planted = [slot for path, slot in sim.cached_nodes() if path == prompt[:depth]]
+            assert planted
+            want = sim.model.oracle(prompt[:depth])
+            assert max(rel_err(g, w) for g, w in zip(sim.slot_state(planted[0]), want)) <= 1e-5
+        finally:
+            sim.cache.release_host_resources()
