@@ -22,7 +22,7 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS, HOST_HIT_HOOKS
+from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS, HOST_HIT_HOOKS, STORAGE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
@@ -448,8 +448,9 @@ def _hicache_hook(name: str, body: str, doc: str, module: str = "record_hicache"
 
 for _name, _body, _target, _kind, _at, _doc in HICACHE_HOOKS:  # one row per hook: target, SGLang file:line
     _hook(_target, _kind, at=_at, fix="record_hicache", gate=_kind != "BEFORE")(_hicache_hook(_name, _body, _doc))
-for _name, _body, _target, _kind, _at, _doc in HOST_HIT_HOOKS:  # radix/record_host_hits.py
-    _hook(_target, _kind, at=_at, fix="record_host_hits")(_hicache_hook(_name, _body, _doc, "record_host_hits"))
+for _rows, _module in ((HOST_HIT_HOOKS, "record_host_hits"), (STORAGE_HOOKS, "record_storage")):
+    for _name, _body, _target, _kind, _at, _doc in _rows:  # radix/record_host_hits.py, record_storage.py
+        _hook(_target, _kind, at=_at, fix=_module)(_hicache_hook(_name, _body, _doc, _module))
 
 
 # ---- registration ---------------------------------------------------------------------------------
