@@ -33,9 +33,8 @@ their records dropped (the allocator choke point). This module keeps a copy keye
 Exactness: a host row is used only if its own copy completed and the host KV index was not handed
 out again; records missing on either side (pool full, copy in flight, host evicted, unsupported host
 pool) leave SGLang's result. Interval states (:mod:`interval_states`) stay device-only: a loaded-back
-span rebuilds from the tree's deepest state. L3 storage backends (``--hicache-storage-backend``)
-receive no records: a node prefetched from storage has none (host KV reuse above), so its hits are
-SGLang's.
+span rebuilds from the tree's deepest state. Host hits past the deepest state: :mod:`record_host_hits`;
+L3 storage backends (``--hicache-storage-backend``): :mod:`record_storage` (records beside the pages).
 """
 
 from __future__ import annotations
