@@ -15,8 +15,8 @@ exact. Two steps, both on SGLang's tree-core API:
   host-only node ``T`` (depth ``n``) and every token in ``(s, n]`` has a record (device records for
   the device part ``A..D``, ready and valid host records for the host-only part ``D..T``), SGLang's
   finalizer runs on the match as it is (copy-on-write from ``A``: the fallback) and the match is
-  reported as a host hit to ``T``: ``best_match_node = T``, ``host_hit_length`` = the host-only
-  tokens. The scheduler then loads ``T``'s path back (``init_load_back``), as for any host hit.
+  reported as a host hit to ``T``: ``best_match_node = T``, ``host_hit_length = n - s`` (what
+  ``init_load_back`` reports loaded: the path from ``A``, its device part included). The scheduler then loads ``T``'s path back (``init_load_back``), as for any host hit.
 * **Load-back** (AROUND ``UnifiedRadixCache.init_load_back``): once SGLang has loaded the KV (the
   host records came back under the new device KV indices, :func:`record_hicache.loaded_back`),
   ``T`` gets a fresh mamba slot, its rebuild from ``A``'s state over the span's records is queued
@@ -101,13 +101,15 @@ def match_hook(original: Callable[..., Any], component: Any, params: Any, result
         params.req.__dict__.pop(_PLAN_ATTR, None)  # a new match forgets an earlier round's plan
     if plan is None:
         return original(component, params, result)
-    target, anchor, depth, full, host_tokens = plan
+    target, anchor, depth, full, _ = plan
     # SGLang's finalizer on the match as it stands (copy-on-write from the deepest state: what the
     # request recomputes from if the load-back cannot plant); record_match sees no span to plant.
     out = original(component, params, result._replace(full_kv_hit_length=depth))
     setattr(params.req, _PLAN_ATTR, (target, anchor, depth, full))
+    # host_hit_length counts the span from the deepest state (its device part included): what
+    # init_load_back reports as loaded, so the admission takes its "all promised tokens" path.
     return out._replace(full_kv_hit_length=full, best_match_node=target, last_host_node=target,
-                        host_hit_length=host_tokens, mamba_branching_seqlen=None)
+                        host_hit_length=full - depth, mamba_branching_seqlen=None)
 
 
 def load_back_hook(original: Callable[..., Any], cache: Any, params: Any) -> Any:
