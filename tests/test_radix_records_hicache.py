@@ -353,3 +353,39 @@ def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where,
             assert max(rel_err(g, w) for g, w in zip(sim.slot_state(planted[0]), want)) <= 1e-5
         finally:
             sim.cache.release_host_resources()
+
+
+@pytest.mark.parametrize("fallback", ["recompute", "keep-the-load"])
+def test_a_host_hit_whose_plant_fails_after_the_load_recomputes_from_the_deepest_state(fallback, monkeypatch):
+    """If the state cannot be planted once the KV is loaded (e.g. a record lost to a racing load),
+    ``init_load_back`` reports nothing loaded and the request recomputes from the deepest state,
+    exact. Keeping SGLang's load result instead would resume the KV depth from that shallower state:
+    the oracle check fails."""
+    from sglang_replayssm.radix import record_host_hits
+
+    monkeypatch.setattr(record_host_hits, "_plant", lambda *a: False)
+    if fallback == "keep-the-load":
+        original = record_host_hits.load_back_hook
+
+        def keep(orig, cache, params):  # the hook, but SGLang's load result returned whatever it says
+            loaded = []
+            original(lambda *a: loaded.append(orig(*a)) or loaded[0], cache, params)
+            return loaded[0]
+
+        monkeypatch.setattr(record_host_hits, "load_back_hook", keep)
+    with config.override(True):
+        sim = _sim()
+        try:
+            head, tail = PROMPT[:8], PROMPT[8:]
+            _evicted_leaf(sim, head, tail)
+            prompt = head + tail[:2] + [0]
+            if fallback == "keep-the-load":
+                with pytest.raises(AssertionError, match="rel err|conv window"):
+                    sim.admit(prompt, [1])
+                    sim.check()
+                return
+            q = sim.admit(prompt, [1])
+            assert q.matched == len(head)
+            sim.check()
+        finally:
+            sim.cache.release_host_resources()
