@@ -316,8 +316,8 @@ def _evicted_leaf(sim: Sim, head: list[int], tail: list[int]) -> None:
     assert match.device_prefix_len == len(head) and match.full_kv_hit_length == len(head + tail)
 
 
-@pytest.mark.parametrize("where", ["all-on-host", "device-state-above"])
-@pytest.mark.parametrize("switch", ["on", "off"])
+@pytest.mark.parametrize("where, switch", [("all-on-host", "on"), ("all-on-host", "off"), ("device-state-above", "on"),
+                                           ("device-state-above", "off"), ("kda-device-state-above", "on")])
 def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where, switch):
     """The walk runs on into host-only nodes that hold no state where the prompt leaves them: SGLang
     loads nothing back (no state there, ``host_hit_length`` 0) and the request recomputes from the
@@ -325,7 +325,7 @@ def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where,
     planted and rebuilt from the host records (from the zero state, or from the device state above),
     and the hit reaches the KV depth, exact against the fp64 oracle."""
     with config.override(True, record_host_hits=switch == "on"):
-        sim = _sim()
+        sim = _sim(kind="kda" if where.startswith("kda") else "gdn")
         try:
             if where == "all-on-host":
                 sim.admit(PROMPT, [4])
