@@ -160,9 +160,9 @@ def test_a_page_written_under_another_layout_is_not_read(tmp_path, monkeypatch):
             _, host_kv, hashes = _node_on_host(sim)
             host = pool_of(sim.req_pool).hicache.host
             storage = _file_backend(tmp_path)
-            keys = [record_storage.page_key(h, host, 1, 0, 1) for h in hashes]
+            keys = record_storage.page_keys(hashes, host, 1, 0, 1)
             assert record_storage.write_pages(storage, keys, record_storage.snapshot(host, host_kv, 1), 3) == 3
-            other = [record_storage.page_key(h, host, 2, 0, 1) for h in hashes]  # page size 2
+            other = record_storage.page_keys(hashes, host, 2, 0, 1)  # page size 2
             assert other[0] != keys[0] and record_storage.read_pages(storage, other, 8) == {}
             page_bytes = sum(t.shape[1] * t.element_size() for rows in host.layers.values() for t in rows)
             assert sorted(record_storage.read_pages(storage, keys, page_bytes)) == [0, 1, 2]

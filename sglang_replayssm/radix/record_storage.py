@@ -42,7 +42,7 @@ import torch
 
 from sglang_replayssm.radix.records import RecordPool
 
-__all__ = ["KEY_TAG", "backup_hook", "page_key", "prefetch_result_hook", "read_pages", "restore",
+__all__ = ["KEY_TAG", "backup_hook", "page_keys", "prefetch_result_hook", "read_pages", "restore",
            "snapshot", "transfer_hook", "write_pages", "write_storage_hook"]
 
 logger = logging.getLogger(__name__)
@@ -60,9 +60,10 @@ def _layout(host: Any, page_size: int) -> str:
     return hashlib.sha1(repr((parts, page_size)).encode()).hexdigest()[:12]
 
 
-def page_key(page_hash: str, host: Any, page_size: int, tp_rank: int, tp_size: int) -> str:
-    """The storage key of one page's records."""
-    return f"{page_hash}.{KEY_TAG}-tp{tp_rank}of{tp_size}-{_layout(host, page_size)}"
+def page_keys(page_hashes: list[str], host: Any, page_size: int, tp_rank: int, tp_size: int) -> list[str]:
+    """The storage keys of the pages' records (one per page hash)."""
+    tail = f".{KEY_TAG}-tp{tp_rank}of{tp_size}-{_layout(host, page_size)}"
+    return [h + tail for h in page_hashes]
 
 
 def _page_bytes(host: Any) -> int:
@@ -137,7 +138,7 @@ def backup_hook(original: Callable[..., Any], controller: Any, operation: Any) -
         if pages and host is not None and storage is not None and name not in _failed:
             ps = int(controller.page_size)
             rank, size = _tp(controller)
-            keys = [page_key(h, host, ps, rank, size) for h in operation.hash_value]
+            keys = page_keys(operation.hash_value, host, ps, rank, size)
             try:
                 write_pages(storage, keys, pages, int(operation.completed_tokens) // ps)
             except Exception as exc:  # a backend whose generic set cannot take raw bytes
@@ -174,7 +175,7 @@ def transfer_hook(original: Callable[..., Any], controller: Any, operation: Any)
     if host is not None and storage is not None and operation.hash_value and type(storage).__name__ not in _failed:
         ps = int(controller.page_size)
         rank, size = _tp(controller)
-        keys = [page_key(h, host, ps, rank, size) for h in operation.hash_value]
+        keys = page_keys(operation.hash_value, host, ps, rank, size)
         try:
             setattr(operation, _OP_ATTR, (_layout(host, ps), read_pages(storage, keys, ps * _page_bytes(host))))
         except Exception as exc:
