@@ -316,6 +316,19 @@ def _evicted_leaf(sim: Sim, head: list[int], tail: list[int]) -> None:
     assert match.device_prefix_len == len(head) and match.full_kv_hit_length == len(head + tail)
 
 
+def _admit_production_api(sim: Sim, prompt: list[int]):
+    """``sim.admit`` with the tree core's test-kit-only ``get_parent_node_id`` refused (the kit's
+    inspector has it, SGLang's ``UnifiedTreeCore`` does not): the match uses production API only."""
+    from sglang.test.kits.unified_radix_cache.unified_tree_core_inspector import UnifiedTreeCoreInspector
+
+    def absent(*args):
+        raise AttributeError("'UnifiedTreeCore' object has no attribute 'get_parent_node_id'")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(UnifiedTreeCoreInspector, "get_parent_node_id", absent)
+        return sim.admit(prompt, [1])
+
+
 @pytest.mark.parametrize("where, switch", [("all-on-host", "on"), ("all-on-host", "off"), ("device-state-above", "on"),
                                            ("device-state-above", "off"), ("kda-device-state-above", "on")])
 def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where, switch):
@@ -340,7 +353,7 @@ def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where,
             assert match.host_hit_length == 0 and match.full_kv_hit_length == depth
             assert int(match.device_prefix_len) == state_at
             rebuilds = getattr(sim, "rebuilds", 0)
-            q = sim.admit(prompt, [1])
+            q = _admit_production_api(sim, prompt)
             if switch == "off":
                 assert q.matched == state_at  # SGLang's: from the deepest state
                 sim.check()
