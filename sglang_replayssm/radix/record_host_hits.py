@@ -97,8 +97,10 @@ def _plan(component: Any, params: Any, result: Any) -> tuple[Any, Any, int, int,
 def match_hook(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """AROUND the admission match (outermost): a host hit to the KV depth when records cover it."""
     plan = _plan(component, params, result) if _enabled() else None
-    if params.req is not None:
-        params.req.__dict__.pop(_PLAN_ATTR, None)  # a new match forgets an earlier round's plan
+    if params.req is not None and params.cow_mamba:
+        # A new admission match forgets an earlier one's plan; other matches of the request (the
+        # storage prefetch's, cow_mamba False) leave it: the request's fields may still be this one's.
+        params.req.__dict__.pop(_PLAN_ATTR, None)
     if plan is None:
         return original(component, params, result)
     target, anchor, depth, full, _ = plan
@@ -121,11 +123,13 @@ def load_back_hook(original: Callable[..., Any], cache: Any, params: Any) -> Any
         return out
     loaded, node = out
     target, anchor, depth, full = plan
-    if params.best_match_node != target or node != target or depth + int(loaded) != full:
-        return out  # SGLang loaded something else (or nothing): its result stands
-    if _plant(cache, req, target, anchor, depth, full):
+    if params.best_match_node != target:
+        return out  # the request's match is no longer this plan's: SGLang's load stands
+    if loaded and node == target and depth + int(loaded) == full and _plant(cache, req, target, anchor, depth, full):
         return out
-    return 0, req.last_node  # recompute from the deepest state; the loaded KV stays in the tree
+    # Loaded to where no state is (or not as planned): recompute from the deepest state, whose copy
+    # the request's slot already has; the loaded KV stays in the tree.
+    return (0, req.last_node) if loaded else out
 
 
 def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int) -> bool:
