@@ -8,6 +8,7 @@ startup with one line naming the flags.
 from __future__ import annotations
 
 import json
+import os
 import random
 import urllib.request
 from pathlib import Path
@@ -102,3 +103,51 @@ def test_unsupported_layout_fails_at_startup_naming_the_flags(models, tmp_path):
         pass
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith("ValueError: HiCache")]
     assert lines and "--hicache-mem-layout layer_first" in lines[0], lines
+
+
+STORAGE_FLAGS = ["--max-total-tokens", "512", "--max-mamba-cache-size", "8", "--max-running-requests", "2",
+                 "--hicache-ratio", "2", "--enable-hierarchical-cache", "--enable-metrics",
+                 "--hicache-storage-backend", "file", "--hicache-write-policy", "write_through",
+                 "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 16}',
+                 "--mamba-radix-cache-strategy", "extra_buffer", "--enable-linear-replayssm",
+                 "--linear-replayssm-cache-len", str(RING_LEN)]
+
+
+@pytest.mark.server
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(os.environ.get("SGLANG_REPLAYSSM_SLOW") != "1",
+                    reason="opt-in (two servers, ~6 min): SGLANG_REPLAYSSM_SLOW=1")
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_l3_storage_hit_then_a_hit_inside_the_prefetched_span(models, tmp_path, switch):
+    """``--hicache-storage-backend file`` on the CPU runtime: ten prompts push the first out of device
+    and host; its re-request is a storage hit at the deepest stored state (SGLang's), with HF's
+    tokens. A request leaving it inside that span hits at the KV depth only with the records stored
+    beside the pages (``record_storage``); a second server on the same directory does the same."""
+    from sglang_replayssm.testing.hf_reference import hf_greedy
+    from sglang_replayssm.testing.serve import cpu_server, generate
+
+    env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path / "l3")}
+    if switch == "off":
+        env["SGLANG_REPLAYSSM_DISABLE_FIXES"] = "record_storage"
+    rng = random.Random(1)
+    prompts = [[rng.randrange(10, 2000) for _ in range(200)] for _ in range(10)]
+    leave = [p[:150] + [5] * 20 for p in prompts[:2]]
+    model = models["tiny-gdn"]
+    with cpu_server(model, STORAGE_FLAGS, tmp_path / "server1.log", env=env, timeout_s=600) as url:
+        outs = [generate(url, p, NEW_TOKENS) for p in prompts]
+        again = generate(url, prompts[0], NEW_TOKENS)
+        inside = generate(url, leave[0], NEW_TOKENS)
+    with cpu_server(model, STORAGE_FLAGS, tmp_path / "server2.log", env=env, timeout_s=600) as url:
+        generate(url, [rng.randrange(10, 2000) for _ in range(40)], 2)  # a first forward: record shapes
+        again2 = generate(url, prompts[1], NEW_TOKENS)
+        inside2 = generate(url, leave[1], NEW_TOKENS)
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+
+    assert again["cached_tokens"] == again2["cached_tokens"] == 192  # the deepest stored state (64-grid)
+    assert _metric(metrics, "sglang:cached_tokens_total", cache_source="storage") >= 192
+    want = 150 if switch == "on" else 0
+    assert (inside["cached_tokens"], inside2["cached_tokens"]) == (want, want)
+    expected = hf_greedy(model, [prompts[0], prompts[1], *leave], NEW_TOKENS, ignore_eos=True)
+    got = [again["output_ids"], again2["output_ids"], inside["output_ids"], inside2["output_ids"]]
+    assert got == expected
+    assert outs[0]["output_ids"] == again["output_ids"]

@@ -301,3 +301,104 @@ def test_rows_a_queued_load_has_not_written_are_not_backed_up():
         finally:
             sim.cache.cache_controller.ack_write_queue.clear()
             sim.cache.release_host_resources()
+
+
+def _evicted_leaf(sim: Sim, head: list[int], tail: list[int]) -> None:
+    """``head`` (state at its end, on device) and ``head + tail`` prefilled and backed up; then only
+    the leaf ``tail`` leaves the device (KV and state): the path is device to ``head``, host after."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    sim.admit(head, [4])
+    sim.admit(head + tail, [4])
+    _backup_tree(sim)
+    sim.cache.evict(EvictParams(num_tokens=len(tail)))
+    match = sim.match(head + tail)
+    assert match.device_prefix_len == len(head) and match.full_kv_hit_length == len(head + tail)
+
+
+def _admit_production_api(sim: Sim, prompt: list[int]):
+    """``sim.admit`` with the tree core's test-kit-only ``get_parent_node_id`` refused (the kit's
+    inspector has it, SGLang's ``UnifiedTreeCore`` does not): the match uses production API only."""
+    from sglang.test.kits.unified_radix_cache.unified_tree_core_inspector import UnifiedTreeCoreInspector
+
+    def absent(*args):
+        raise AttributeError("'UnifiedTreeCore' object has no attribute 'get_parent_node_id'")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(UnifiedTreeCoreInspector, "get_parent_node_id", absent)
+        return sim.admit(prompt, [1])
+
+
+@pytest.mark.parametrize("where, switch", [("all-on-host", "on"), ("all-on-host", "off"), ("device-state-above", "on"),
+                                           ("device-state-above", "off"), ("kda-device-state-above", "on")])
+def test_a_match_into_host_nodes_past_the_deepest_state_hits_the_kv_depth(where, switch):
+    """The walk runs on into host-only nodes that hold no state where the prompt leaves them: SGLang
+    loads nothing back (no state there, ``host_hit_length`` 0) and the request recomputes from the
+    deepest state. With ``record_host_hits`` the KV is loaded back, the state at the KV depth is
+    planted and rebuilt from the host records (from the zero state, or from the device state above),
+    and the hit reaches the KV depth, exact against the fp64 oracle."""
+    with config.override(True, record_host_hits=switch == "on"):
+        sim = _sim(kind="kda" if where.startswith("kda") else "gdn")
+        try:
+            if where == "all-on-host":
+                sim.admit(PROMPT, [4])
+                _backup_tree(sim)
+                sim.evict(num_tokens=4096, mamba_num=32)
+                prompt, depth, state_at = PROMPT[:SPLIT] + [0, 0], SPLIT, 0
+            else:
+                head, tail = PROMPT[:8], PROMPT[8:]
+                _evicted_leaf(sim, head, tail)
+                prompt, depth, state_at = head + tail[:2] + [0], 10, 8
+            match = sim.match(prompt)
+            assert match.host_hit_length == 0 and match.full_kv_hit_length == depth
+            assert int(match.device_prefix_len) == state_at
+            rebuilds = getattr(sim, "rebuilds", 0)
+            q = _admit_production_api(sim, prompt)
+            if switch == "off":
+                assert q.matched == state_at  # SGLang's: from the deepest state
+                sim.check()
+                return
+            assert q.matched == depth and sim.rebuilds == rebuilds + 1
+            sim.check()  # the planted node at the KV depth (and every other) vs the fp64 oracle
+            planted = [slot for path, slot in sim.cached_nodes() if path == prompt[:depth]]
+            assert planted
+            want = sim.model.oracle(prompt[:depth])
+            assert max(rel_err(g, w) for g, w in zip(sim.slot_state(planted[0]), want)) <= 1e-5
+        finally:
+            sim.cache.release_host_resources()
+
+
+@pytest.mark.parametrize("fallback", ["recompute", "keep-the-load"])
+def test_a_host_hit_whose_plant_fails_after_the_load_recomputes_from_the_deepest_state(fallback, monkeypatch):
+    """If the state cannot be planted once the KV is loaded (e.g. a record lost to a racing load),
+    ``init_load_back`` reports nothing loaded and the request recomputes from the deepest state,
+    exact. Keeping SGLang's load result instead would resume the KV depth from that shallower state:
+    the oracle check fails."""
+    from sglang_replayssm.radix import record_host_hits
+
+    monkeypatch.setattr(record_host_hits, "_plant", lambda *a: False)
+    if fallback == "keep-the-load":
+        original = record_host_hits.load_back_hook
+
+        def keep(orig, cache, params):  # the hook, but SGLang's load result returned whatever it says
+            loaded = []
+            original(lambda *a: loaded.append(orig(*a)) or loaded[0], cache, params)
+            return loaded[0]
+
+        monkeypatch.setattr(record_host_hits, "load_back_hook", keep)
+    with config.override(True):
+        sim = _sim()
+        try:
+            head, tail = PROMPT[:8], PROMPT[8:]
+            _evicted_leaf(sim, head, tail)
+            prompt = head + tail[:2] + [0]
+            if fallback == "keep-the-load":
+                with pytest.raises(AssertionError, match="rel err|conv window"):
+                    sim.admit(prompt, [1])
+                    sim.check()
+                return
+            q = sim.admit(prompt, [1])
+            assert q.matched == len(head)
+            sim.check()
+        finally:
+            sim.cache.release_host_resources()

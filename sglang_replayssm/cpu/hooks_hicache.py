@@ -144,10 +144,23 @@ def patch_cpu_stream() -> None:
         torch.cpu.Stream.query = _stream_query  # type: ignore[attr-defined]
 
 
+def _dummy_page_unpinned(original: Callable[..., Any], pool: Any) -> Any:
+    """AROUND a host pool's ``get_dummy_flat_data_page`` (the L3 prefetch's read buffer): SGLang
+    allocates it with ``pin_memory=pool.pin_memory``, which needs a CUDA driver; without one the page
+    is allocated unpinned (pinning only speeds up device copies, which the CPU runtime has none of)."""
+    if torch.cuda.is_available() or not getattr(pool, "pin_memory", False):
+        return original(pool)
+    pool.pin_memory = False
+    try:
+        return original(pool)
+    finally:
+        pool.pin_memory = True
+
+
 _HOST_POOLS = "sglang.srt.mem_cache.pool_host"
 
 #: Refuse a layout/io-backend pair the CPU runtime cannot move at host-pool construction, with the
-#: flags named, instead of at the first transfer.
+#: flags named, instead of at the first transfer; allocate the L3 prefetch's page buffer unpinned.
 HOOKS: tuple[Hook, ...] = (
     Hook(f"{_HOST_POOLS}.mha.MHATokenToKVPoolHost.__init__", "AROUND", _check_flags_around,
          "sglang/srt/mem_cache/pool_host/mha.py:136", "hicache-layout-check"),
@@ -155,6 +168,10 @@ HOOKS: tuple[Hook, ...] = (
          "sglang/srt/mem_cache/pool_host/mla.py:99", "hicache-layout-check"),
     Hook(f"{_HOST_POOLS}.mamba.MambaPoolHost.__init__", "AROUND", _check_flags_around,
          "sglang/srt/mem_cache/pool_host/mamba.py:83", "hicache-layout-check"),
+    Hook(f"{_HOST_POOLS}.mha.MHATokenToKVPoolHost.get_dummy_flat_data_page", "AROUND", _dummy_page_unpinned,
+         "sglang/srt/mem_cache/pool_host/mha.py:727", "hicache-l3-page-unpinned"),
+    Hook(f"{_HOST_POOLS}.mamba.MambaPoolHost.get_dummy_flat_data_page", "AROUND", _dummy_page_unpinned,
+         "sglang/srt/mem_cache/pool_host/mamba.py:874", "hicache-l3-page-unpinned"),
 )
 
 
@@ -168,4 +185,4 @@ def register() -> list[str]:
     # sglang/srt/mem_cache/l2_transfer.py (L2TransferEngine._submission) calls stream.synchronize() on the
     # device module's stream when a transfer raises; torch.cpu.Stream has no synchronize/query.
     patch_cpu_stream()
-    return ["hicache-transfer-ops", "hicache-layout-check", "cpu-stream-sync"]
+    return ["hicache-transfer-ops", "hicache-layout-check", "hicache-l3-page-unpinned", "cpu-stream-sync"]

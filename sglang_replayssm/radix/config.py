@@ -77,6 +77,12 @@ FIXES: dict[str, str] = {
     "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "
     "nodes rebuild exactly; a planted state is locked and kept out of host backups until rebuilt; "
     "off: records are not used while HiCache is on",
+    "record_host_hits": "HiCache: a match whose KV runs on into host-only nodes past its deepest (device) "
+    "state, with host records covering them, is a host hit to the KV depth: the KV is loaded back, then "
+    "the state planted and rebuilt from the records (radix/record_host_hits.py)",
+    "record_storage": "HiCache L3 storage (--hicache-storage-backend): a page's records are stored beside it "
+    "through the same backend (key: page hash + layout) and come back as host records with a prefetch, so "
+    "hits inside a prefetched span rebuild exactly (radix/record_storage.py)",
 }
 
 _state: dict[str, bool] | None = None

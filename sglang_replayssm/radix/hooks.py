@@ -22,7 +22,7 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS
+from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS, HOST_HIT_HOOKS, STORAGE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
@@ -447,16 +447,19 @@ def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_b
 # ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------
 
 
-def _hicache_hook(name: str, body: str, doc: str) -> Callable[..., Any]:
+def _hicache_hook(name: str, body: str, doc: str, module: str = "record_hicache") -> Callable[..., Any]:
     def hook(*args: Any, **kwargs: Any) -> Any:
-        from sglang_replayssm.radix import record_hicache
-        return getattr(record_hicache, body)(*args, **kwargs)
+        import importlib
+        return getattr(importlib.import_module(f"sglang_replayssm.radix.{module}"), body)(*args, **kwargs)
     hook.__name__, hook.__qualname__, hook.__doc__ = name, name, doc
     return hook
 
 
 for _name, _body, _target, _kind, _at, _doc in HICACHE_HOOKS:  # one row per hook: target, SGLang file:line
     _hook(_target, _kind, at=_at, fix="record_hicache", gate=_kind != "BEFORE")(_hicache_hook(_name, _body, _doc))
+for _rows, _module in ((HOST_HIT_HOOKS, "record_host_hits"), (STORAGE_HOOKS, "record_storage")):
+    for _name, _body, _target, _kind, _at, _doc in _rows:  # radix/record_host_hits.py, record_storage.py
+        _hook(_target, _kind, at=_at, fix=_module)(_hicache_hook(_name, _body, _doc, _module))
 
 
 # ---- registration ---------------------------------------------------------------------------------

@@ -33,9 +33,8 @@ their records dropped (the allocator choke point). This module keeps a copy keye
 Exactness: a host row is used only if its own copy completed and the host KV index was not handed
 out again; records missing on either side (pool full, copy in flight, host evicted, unsupported host
 pool) leave SGLang's result. Interval states (:mod:`interval_states`) stay device-only: a loaded-back
-span rebuilds from the tree's deepest state. L3 storage backends (``--hicache-storage-backend``)
-receive no records: a node prefetched from storage has none (host KV reuse above), so its hits are
-SGLang's.
+span rebuilds from the tree's deepest state. Host hits past the deepest state: :mod:`record_host_hits`;
+L3 storage backends (``--hicache-storage-backend``): :mod:`record_storage` (records beside the pages).
 """
 
 from __future__ import annotations
@@ -62,6 +61,7 @@ __all__ = [
     "host_capacity_from_env",
     "loaded_back",
     "lock_planted",
+    "lock_rebuild",
     "load_hook",
     "run_pending",
     "write_hook",
@@ -404,18 +404,24 @@ def lock_planted(original: Callable[..., Any], component: Any, params: Any, resu
     out = original(component, params, result)
     if pool is None or len(pool.pending) <= before or not _hicache_cache(component):
         return out
-    cache, core = component.cache, component.tree_core
     target = out.best_match_node  # the planted node (record_match reports it as the best match)
+    for job in pool.pending[before:]:
+        lock_rebuild(pool, component.cache, component.tree_core, job, target, result.best_match_node)
+    return out
+
+
+def lock_rebuild(pool: RecordPool, cache: Any, core: Any, job: Any, target: Any, source: Any) -> None:
+    """Until ``job`` (a queued rebuild into ``target``'s planted state) is issued: lock ``target``
+    and, when the rebuild copies a tree state, its node ``source``; back ``target`` up without its
+    mamba state (:func:`build_backup_spec`)."""
     planted = getattr(core, _PLANTED_ATTR, None)
     if planted is None:
         planted = {}
         setattr(core, _PLANTED_ATTR, planted)
-    for job in pool.pending[before:]:
-        nodes = [target] if job.src is None else [target, result.best_match_node]
-        locks = [(node, cache.inc_lock_ref(node).to_dec_params()) for node in nodes]
-        planted[target] = planted.get(target, 0) + 1
-        _state(pool).locks.append((job, cache, core, locks))
-    return out
+    nodes = [target] if job.src is None else [target, source]
+    locks = [(node, cache.inc_lock_ref(node).to_dec_params()) for node in nodes]
+    planted[target] = planted.get(target, 0) + 1
+    _state(pool).locks.append((job, cache, core, locks))
 
 
 def build_backup_spec(original: Callable[..., Any], core: Any, node_id: Any) -> Any:

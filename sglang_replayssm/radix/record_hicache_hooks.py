@@ -1,12 +1,14 @@
 """The hooks of :mod:`record_hicache` (records with HiCache), one row each, registered by
 :mod:`hooks` (``HOOKS``, each ``at`` checked against SGLang by ``tests/test_hook_table.py``), all behind
-the ``record_hicache`` fix: ``(name, body in record_hicache, target, kind, SGLang file:line, doc)``."""
+the ``record_hicache`` fix: ``(name, body in record_hicache, target, kind, SGLang file:line, doc)``;
+:data:`HOST_HIT_HOOKS` the same rows for :mod:`record_host_hits`, behind ``record_host_hits``;
+:data:`STORAGE_HOOKS` for :mod:`record_storage`, behind ``record_storage``."""
 
 from __future__ import annotations
 
 from sglang_replayssm.hook_table import HookKind
 
-__all__ = ["HICACHE_HOOKS"]
+__all__ = ["HICACHE_HOOKS", "HOST_HIT_HOOKS", "STORAGE_HOOKS"]
 
 _MEM = "sglang.srt.mem_cache"
 _HC = f"{_MEM}.hybrid_cache.hybrid_cache_controller.HybridCacheController"
@@ -38,4 +40,31 @@ HICACHE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
     ("run_record_transfers", "forward_hook", "sglang.srt.model_executor.model_runner.ModelRunner.forward",
      "BEFORE", "sglang/srt/model_executor/model_runner.py:1813",
      "Before a forward: the queued record loads and rebuilds in queue order, then the planted locks go."),
+)
+
+# Registered after HICACHE_HOOKS: the match hook wraps lock_planted and the plant (it runs first).
+HOST_HIT_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+    ("host_hit_through_records", "match_hook",
+     f"{_MEM}.unified_cache.components.mamba.MambaComponent.finalize_match_result_in_cache", "AROUND",
+     f"{_AT}/unified_cache/components/mamba.py:196",
+     "A match whose KV runs on into host-only nodes covered by records is a host hit to the KV depth."),
+    ("plant_after_host_load", "load_back_hook", f"{_MEM}.unified_radix_cache.UnifiedRadixCache.init_load_back",
+     "AROUND", f"{_AT}/unified_radix_cache.py:3586",
+     "After the host hit's KV load-back: plant the state at the KV depth, rebuilt from the records."),
+)
+
+STORAGE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+    ("stage_records_for_storage", "write_storage_hook", f"{_HC}.write_storage", "AROUND",
+     f"{_AT}/hybrid_cache/hybrid_cache_controller.py:1401",
+     "A host->storage backup copies the pages' host records out (scheduler thread)."),
+    ("store_records_beside_pages", "backup_hook", f"{_HC}._page_backup", "AROUND",
+     f"{_AT}/hybrid_cache/hybrid_cache_controller.py:1690",
+     "After SGLang's pages (backup thread): each written page's records under its page hash."),
+    ("read_records_with_pages", "transfer_hook", f"{_HC}._page_transfer", "AROUND",
+     f"{_AT}/hybrid_cache/hybrid_cache_controller.py:1604",
+     "After a prefetch's pages (prefetch I/O thread): the pages' records onto the operation."),
+    ("prefetched_records_to_host", "prefetch_result_hook",
+     f"{_MEM}.unified_radix_cache.UnifiedRadixCache._handle_prefetch_result", "AROUND",
+     f"{_AT}/unified_radix_cache.py:2422",
+     "A completed prefetch: the fetched pages' records become host records of its host KV."),
 )

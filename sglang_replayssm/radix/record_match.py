@@ -60,13 +60,19 @@ def _device_target(tree: Any, target: Any, anchor: Any) -> Any:
     """The deepest node from ``target`` up to ``anchor`` whose KV is on device (HiCache evicts a
     node's device KV leaves first, so every node above it is on device too): a match's walk
     (``last_visited_node_id``) may end in host-only nodes that SGLang does not load back (no state
-    past them: ``host_hit_length`` 0), and a planted state's records must be device-resident."""
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-
-    node = target
-    while node != anchor and node is not None and tree.get_component_device_value(node, ComponentType.FULL) is None:
-        node = tree.get_parent_node_id(node)
-    return anchor if node is None else node
+    past them: ``host_hit_length`` 0), and a planted state's records must be device-resident.
+    Read from ``collect_path_info`` (the tree cores' path API; ``get_parent_node_id`` is only on
+    SGLang's test-kit inspectors)."""
+    (path,) = tree.collect_path_info([target])
+    ids = [info.node_id for info in path]
+    node, below = anchor, anchor not in ids  # the root anchor is not on the path
+    for info in path:
+        if below:
+            if info.full_value_len is None:
+                break
+            node = info.node_id
+        below = below or info.node_id == anchor
+    return node
 
 
 def _alloc_slot(component: Any, node_id: Any) -> torch.Tensor | None:
