@@ -444,6 +444,15 @@ def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_b
     return original(runner, forward_batch)
 
 
+@_hook("sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req", "AROUND",
+       at="sglang/srt/session/streaming_session.py:156", fix="session_state_depth")
+def session_state_depth(original: Callable[..., Any], session: Any, req: Any) -> Any:
+    """A finished streaming turn keeps its record at its state's depth (or releases the slot)."""
+    from sglang_replayssm.radix.session_depth import finish_at_state_depth
+
+    return finish_at_state_depth(original, session, req)
+
+
 # ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------
 
 
