@@ -41,9 +41,10 @@ ARMS: dict[str, Arm] = {
         Arm("nextn", "NEXTN speculative decoding, ReplaySSM off, extra_buffer",
             ("--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),
-        Arm("nextn-plugin", "NEXTN + ReplaySSM spec-verify ring and decode ring, extra_buffer, adapter on",
-            ("--enable-linear-replayssm", "--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy",
-             "extra_buffer", *NEXTN_FLAGS),
+        # SGLang refuses the decode ring beside the spec ring (attention_hook.py:499), and the record pool
+        # lives with the decode ring: this arm's hits are extra_buffer's plus the adapter's spec fixes.
+        Arm("nextn-plugin", "NEXTN + ReplaySSM spec-verify ring, extra_buffer, adapter on",
+            ("--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),
     )
 }
