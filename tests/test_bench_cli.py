@@ -166,3 +166,54 @@ def test_server_crash_during_the_run_reports_the_log_tail(model_dir: Path, tmp_p
     doc = read(out)
     assert set(doc["arms"]) == {"baseline"}
     assert "simulated crash" in doc["failed_arms"]["plugin"]["error"]
+
+
+def test_spec_acceptance_reaches_the_table_and_json(model_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that reports SGLang's spec meta_info (4 tokens per verify): 9 output tokens = 1 from
+    prefill + 2 verifies (4 + 4), 6 accepted drafts; a server without spec shows '-' / None."""
+    argv = [*SMALL[:-3], "--gsp-output-len", "9", "--disable-tqdm", "--gsp-ordered"]
+    for label, per_verify in (("spec", 4), ("plain", 0)):
+        with FakeServer(model_path=str(model_dir), vocab_size=300, spec_tokens_per_verify=per_verify) as url:
+            assert cli.main(["--url", url, "--arms", label, "--json", str(tmp_path / f"{label}.json"), *argv]) == 0
+    table = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    spec, plain = read(tmp_path / "spec.json")["arms"]["spec"], read(tmp_path / "plain.json")["arms"]["plain"]
+    assert [(r["spec_verify_ct"], r["spec_correct_drafts"]) for r in spec["requests"]] == [(2, 6)] * 4
+    assert spec["spec_accept_length_mean"] == pytest.approx(4.5)
+    assert spec["spec_accepted_drafts_mean"] == pytest.approx(3.0)
+    assert plain["spec_accept_length_mean"] is None and plain["spec_accepted_drafts_mean"] is None
+    assert table["arm"][-5:-3] == ["accept", "agree"]  # rows end: accept, agree, first diff, ok/req
+    assert table["spec"][-4] == "4.50" and table["plain"][-4] == "-"
+
+
+def _mtp_model_dir(path: Path, name: str) -> Path:
+    model = write_fake_model_dir(path, 2048)
+    (model / "replayssm-model.json").write_text(json.dumps({"name": name}))
+    return model
+
+
+def test_mtp_fit_workload_sends_the_fitted_prompts(tmp_path: Path) -> None:
+    from sglang_replayssm.models.mtp import FIT_PER_GROUP, FIT_PREFIX, fit_prompts
+    from sglang_replayssm.models.specs import SPECS
+
+    model = _mtp_model_dir(tmp_path / "tiny", "tiny-gdn")
+    with FakeServer(model_path=str(model), vocab_size=2048) as url:
+        rc = cli.main(["--url", url, "--dataset-name", "mtp-fit", "--gsp-output-len", "5", "--gsp-ordered",
+                       "--json", str(tmp_path / "r.json"), "--disable-tqdm"])
+    assert rc == 0
+    arm = read(tmp_path / "r.json")["arms"]["url"]
+    prompts = fit_prompts(SPECS["tiny-gdn"], 2048)
+    assert [r["prompt_tokens"] for r in arm["requests"]] == [len(p) for p in prompts]
+    # ordered, ideal cache: every prompt but a group's first hits the group's shared prefix
+    shared = (len(prompts) - len(prompts) // FIT_PER_GROUP) * FIT_PREFIX
+    assert arm["hit_rate"] == pytest.approx(shared / sum(len(p) for p in prompts))
+
+
+@pytest.mark.parametrize("name", ["small-gdn", "someone-elses"])
+def test_mtp_fit_workload_refuses_a_model_without_a_fitted_mtp_layer(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "server_command", lambda *a, **k: pytest.fail("no server expected"))
+    model = _mtp_model_dir(tmp_path / "m", name)
+    rc = cli.main(["--model-path", str(model), "--dataset-name", "mtp-fit", "--json", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "needs an embedded model with a fitted MTP layer (tiny-gdn)" in err

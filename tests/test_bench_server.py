@@ -78,7 +78,12 @@ def test_each_arm_command_has_its_flags_and_the_common_ones(name: str) -> None:
         assert flag in cmd
     strategy = flag_value(cmd, "--mamba-radix-cache-strategy")
     assert strategy == ("no_buffer" if name == "upstream" else "extra_buffer")
-    assert ("--enable-linear-replayssm" in cmd) == (name != "baseline")
+    assert ("--enable-linear-replayssm" in cmd) == (name in ("upstream", "plugin"))
+    spec = name.startswith("nextn")
+    assert (flag_value(cmd, "--speculative-algorithm") == "NEXTN") == spec
+    assert ("--enable-linear-replayssm-spec" in cmd) == (name == "nextn-plugin")
+    if spec:  # chain drafts: the only shape the CPU runtime serves
+        assert flag_value(cmd, "--speculative-eagle-topk") == "1"
 
 
 def test_cpu_command_uses_the_cpu_runtime_flags_once() -> None:
@@ -102,7 +107,7 @@ def test_extra_server_args_win_over_arm_and_cpu_flags() -> None:
 
 def test_arm_environment_whitelists_plugins() -> None:
     assert server_env(ARMS["upstream"], "cuda")["SGLANG_PLUGINS"] == "replayssm_cpu"
-    for name in ("baseline", "plugin"):
+    for name in ("baseline", "plugin", "nextn", "nextn-plugin"):
         assert server_env(ARMS[name], "cuda")["SGLANG_PLUGINS"] == "replayssm_cpu,replayssm_radix"
     # On CPU the package sets the CPU runtime's variables in the server itself (cpu/launch_env.py).
     assert server_env(ARMS["plugin"], "cpu") == {**os.environ, "SGLANG_PLUGINS": "replayssm_cpu,replayssm_radix"}

@@ -9,8 +9,13 @@ tiny fp32 GDN model with its fitted MTP layer), with and without the spec-verify
   ``spec_finish_donation`` fix the node holds the full state; with it off, SGLang donates
   ``temporal`` lagging by the row's pending accepted records next to a current conv window, and the
   follow-up's tokens differ.
+* Streaming sessions (``session_state_depth``): a turn of 13 tokens ends on a verify's bonus token
+  (1 + 3 x 4), whose KV no forward computed, yet SGLang keeps the record as if it were cached; a
+  turn of 14 commits the state 2 tokens past what the session keeps. With the fix the second turns
+  equal plain greedy (ring off and on); with it off they differ.
 
-Servers are shared per module: plain, NEXTN, NEXTN + ring, NEXTN + ring with D1's fix off.
+Servers are shared per module: plain, NEXTN, NEXTN + ring, NEXTN + ring with D1's and the session fix
+off.
 ``SGLANG_REPLAYSSM_SPEC_MODELS`` names a directory to build / reuse the model in (default: a
 temporary one; the MTP build is not the shared cache's tiny-gdn until the branch is merged).
 """
@@ -36,7 +41,7 @@ NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--
          "--speculative-num-draft-tokens", "4", "--prefill-attention-backend", "intel_amx",
          "--decode-attention-backend", "intel_amx", "--speculative-draft-attention-backend", "intel_amx"]
 RING = ["--enable-linear-replayssm-spec", "--linear-replayssm-cache-len", "16"]
-NO_BUFFER = ["--mamba-radix-cache-strategy", "no_buffer"]
+NO_BUFFER = ["--mamba-radix-cache-strategy", "no_buffer", "--enable-streaming-session"]
 #: 1 prefill token + 4 fully accepted verify steps of 4 = 17 generated... with 20 the request finishes after
 #: its 5th verify, whose commit leaves 8 accepted records pending (the ring folds every 3rd full step,
 #: when write_pos + 2T > L), so the finish donation meets a lagging ``temporal`` (24 would end on a fold).
@@ -49,12 +54,19 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_models(Path(out), names=["tiny-gdn"], log=lambda *a: None)["tiny-gdn"]
 
 
-def _generate(url: str, ids: list[int], n: int) -> dict:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}}
-    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+def _post(url: str, path: str, body: dict) -> object:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=900) as resp:
-        out = json.loads(resp.read())
+        text = resp.read()
+    return json.loads(text) if text.strip() else {}
+
+
+def _generate(url: str, ids: list[int], n: int, **extra: object) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
+            **extra}
+    out = _post(url, "/generate", body)
+    assert isinstance(out, dict), out
     meta = out["meta_info"]
     return {"ids": out["output_ids"], "cached": meta["cached_tokens"], "accept": meta.get("spec_accept_length")}
 
@@ -64,14 +76,32 @@ def _workload(url: str) -> dict[str, list[dict]]:
     prompts = fit_prompts(SPECS["tiny-gdn"], 2048)[:4]
     first = [_generate(url, p, NEW_TOKENS) for p in prompts]
     follow = [_generate(url, p + r["ids"] + [11, 12, 13], 8) for p, r in zip(prompts, first)]
-    return {"first": first, "follow": follow}
+    return {"first": first, "follow": follow, "session": [_session(url, n) for n in SESSION_FIRST_TURN]}
+
+
+#: First-turn lengths of the two sessions: 13 = 1 + 3 full verifies (ends on a bonus token), 14 = one
+#: more verify, committed 2 tokens past the turn's end.
+SESSION_FIRST_TURN = (13, 14)
+
+
+def _session(url: str, first_turn: int) -> list[dict]:
+    """A two-turn streaming session on fitted prompts (another group than the D1 workload's)."""
+    prompts = fit_prompts(SPECS["tiny-gdn"], 2048)
+    opened = _post(url, "/open_session", {"capacity_of_str_len": 100000, "streaming": True})
+    sid = opened.get("session_id", opened) if isinstance(opened, dict) else opened
+    try:
+        return [_generate(url, p, n, session_params={"id": sid})
+                for p, n in ((prompts[9], first_turn), (prompts[10][:6], 8))]
+    finally:
+        _post(url, "/close_session", {"session_id": sid})
 
 
 ARMS = {
     "plain": (NO_BUFFER, {}),
     "nextn": ([*NEXTN, *NO_BUFFER], {}),
     "ring": ([*NEXTN, *RING, *NO_BUFFER], {}),
-    "ring_d1_off": ([*NEXTN, *RING, *NO_BUFFER], {"SGLANG_REPLAYSSM_DISABLE_FIXES": "spec_finish_donation"}),
+    "ring_fixes_off": ([*NEXTN, *RING, *NO_BUFFER],
+                       {"SGLANG_REPLAYSSM_DISABLE_FIXES": "spec_finish_donation,session_state_depth"}),
 }
 
 
@@ -114,4 +144,17 @@ def test_nextn_greedy_tokens_equal_plain(runs: _Runs, arm: str) -> None:
 def test_d1_finish_donation_is_exact_only_with_the_fix(runs: _Runs) -> None:
     plain = [r["ids"] for r in runs["plain"]["follow"]]
     assert [r["ids"] for r in runs["ring"]["follow"]] == plain
-    assert [r["ids"] for r in runs["ring_d1_off"]["follow"]] != plain
+    assert [r["ids"] for r in runs["ring_fixes_off"]["follow"]] != plain
+
+
+@pytest.mark.parametrize("arm", ["nextn", "ring"])
+def test_session_turns_equal_plain_only_with_the_fix(runs: _Runs, arm: str) -> None:
+    plain = runs["plain"]["session"]
+    assert [[t["ids"] for t in s] for s in runs[arm]["session"]] == [[t["ids"] for t in s] for s in plain]
+    exact, past = runs[arm]["session"]
+    assert exact[0]["accept"] > 4.0 and past[0]["accept"] >= 3.5  # the turn lengths land as described
+    # ended on a bonus token: the next turn hits what plain decoding hits (that token is prefilled);
+    # committed past the turn: the slot was released, the next turn starts from the radix tree
+    assert exact[1]["cached"] == plain[0][1]["cached"] > 0
+    off = runs["ring_fixes_off"]["session"]
+    assert all(o[1]["ids"] != p[1]["ids"] for o, p in zip(off, plain))  # both cases, fix off

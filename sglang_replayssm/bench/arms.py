@@ -21,6 +21,11 @@ class Arm:
 # reads the server's Prometheus counters.
 COMMON_FLAGS: tuple[str, ...] = ("--disable-overlap-schedule", "--enable-metrics")
 
+# Speculative decoding with the model's MTP layer (``mtp.*``, NEXTN): chain drafts of 3 steps, 4 tokens
+# per verify. Only for a model that has one (the embedded tiny-gdn; run with --dataset-name mtp-fit).
+NEXTN_FLAGS: tuple[str, ...] = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+
 ARMS: dict[str, Arm] = {
     arm.name: arm
     for arm in (
@@ -32,6 +37,14 @@ ARMS: dict[str, Arm] = {
             ("replayssm_cpu",)),
         Arm("plugin", "ReplaySSM on, extra_buffer, adapter on",
             ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix")),
+        Arm("nextn", "NEXTN speculative decoding, ReplaySSM off, extra_buffer",
+            ("--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
+            ("replayssm_cpu", "replayssm_radix")),
+        # SGLang refuses the decode ring beside the spec ring (attention_hook.py:499), and the record pool
+        # lives with the decode ring: this arm's hits are extra_buffer's plus the adapter's spec fixes.
+        Arm("nextn-plugin", "NEXTN + ReplaySSM spec-verify ring, extra_buffer, adapter on",
+            ("--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),
     )
 }

@@ -28,6 +28,7 @@ from sglang_replayssm.bench.model import (
     DEFAULT_MODEL,
     DEFAULT_MODELS_DIR,
     ModelError,
+    mtp_fit_prompts,
     require_linear_attention,
     resolve_model_path,
     vocab_ids,
@@ -42,6 +43,7 @@ from sglang_replayssm.bench.workload import (
     WorkloadError,
     describe,
     first_tokens,
+    fitted_conversations,
     generate_gsp,
     generate_rag,
     warmup_requests,
@@ -61,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("arms and servers")
     g.add_argument("--arms", default=None,
-                   help=f"comma-separated subset of {','.join(ARMS)} (default: all, in that order); "
+                   help=f"comma-separated subset of {','.join(ARMS)} (default: {','.join(DEFAULT_ARMS)}; "
+                        "the nextn arms need a model with an MTP layer, e.g. tiny-gdn with --dataset-name mtp-fit); "
                         "with --url, one label for that server")
     g.add_argument("--url", "--base-url", dest="url", default=None,
                    help="benchmark the SGLang server already running here instead of launching one per arm")
@@ -81,8 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server logs and commands (default: next to --json, else ./sglang-replayssm-bench-logs)")
 
     w = p.add_argument_group("workload")
-    w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag"), default="generated-shared-prefix",
-                   help="generated-shared-prefix (SGLang's shape) or rag (multi-turn, documents reused)")
+    w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag", "mtp-fit"),
+                   default="generated-shared-prefix",
+                   help="generated-shared-prefix (SGLang's shape), rag (multi-turn, documents reused) or mtp-fit "
+                        "(the prompts an embedded model's MTP layer was fitted to, --gsp-output-len tokens each: "
+                        "the workload for the nextn arms)")
     w.add_argument("--gsp-num-groups", type=int, default=4)
     w.add_argument("--gsp-prompts-per-group", type=int, default=6)
     w.add_argument("--gsp-system-prompt-len", type=int, default=1024)
@@ -119,9 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _workload(args: argparse.Namespace, vocab: list[int]) -> list[Conversation]:
+def _workload(args: argparse.Namespace, vocab: list[int], model_dir: Path) -> list[Conversation]:
     if args.gsp_group_distribution == "uniform" and args.gsp_zipf_alpha is not None:
         raise BenchError("--gsp-zipf-alpha is only meaningful with --gsp-group-distribution zipf")
+    if args.dataset_name == "mtp-fit":
+        from sglang_replayssm.models.mtp import FIT_NEW_TOKENS
+
+        prompts, group_size, shared_len = mtp_fit_prompts(model_dir)
+        if args.gsp_output_len >= FIT_NEW_TOKENS:
+            raise BenchError(f"--gsp-output-len {args.gsp_output_len}: mtp-fit continuations are fitted for "
+                             f"{FIT_NEW_TOKENS} tokens; ask for fewer")
+        return fitted_conversations(prompts, group_size, shared_len, args.gsp_output_len, args.gsp_ordered,
+                                    args.seed)
     if args.dataset_name == "rag":
         return generate_rag(RagSpec(
             num_docs=args.rag_num_docs, doc_len=args.rag_doc_len, system_prompt_len=args.rag_system_prompt_len,
@@ -253,8 +268,9 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
                       startup_s=srv.startup_s)
 
 
-def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int]]:
-    """Arms, model dir (None for a remote --url model) and token ids; BenchError on bad input."""
+def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int], Path]:
+    """Arms, model dir (None for a remote --url model), token ids and the local model (tokenizer)
+    directory; BenchError on bad input."""
     from sglang_replayssm.bench.runner import reachable, server_model_path
 
     if args.url is not None:
@@ -276,7 +292,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int
             raise BenchError(str(exc)) from exc
         model_dir = resolve_model_path(args.model_path or DEFAULT_MODEL, args.models_dir)
     require_linear_attention(model_dir)
-    return names, (None if args.url is not None else model_dir), vocab_ids(model_dir)
+    return names, (None if args.url is not None else model_dir), vocab_ids(model_dir), model_dir
 
 
 def main(argv: list[str]) -> int:
@@ -287,8 +303,8 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     bench = Bench(args, list(argv))
     try:
-        names, model_dir, vocab = _prepare(args)
-        conversations = _workload(args, vocab)
+        names, model_dir, vocab, local_model = _prepare(args)
+        conversations = _workload(args, vocab, local_model)
         # Warm up at the workload's prompt length (first-time kernel and allocator costs at that
         # shape), with tokens no workload prompt starts with, so nothing of it is ever a cache hit.
         first_len = max((len(c.turns[0].new_ids) for c in conversations if c.turns), default=16)

@@ -85,6 +85,8 @@ async def generate(session: aiohttp.ClientSession, base_url: str, input_ids: Seq
             record.completion_tokens = int(meta.get("completion_tokens", len(ids)))
             record.prompt_tokens = int(meta.get("prompt_tokens", len(input_ids)))
             record.cached_tokens = int(meta.get("cached_tokens", 0))
+            record.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
+            record.spec_correct_drafts = int(meta.get("spec_num_correct_drafts") or 0)
             if record.ttft_s is None:
                 record.error = "the stream ended without output tokens"
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as exc:

@@ -91,6 +91,18 @@ def agreement(reference_name: str, reference: Sequence[RequestRecord],
     return Agreement(reference_name, n, equal, tokens, matched, first_rid, first_tok)
 
 
+def spec_acceptance(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """Speculative decoding over the completed requests that verified: ``spec_accept_length_mean``,
+    output tokens per verify forward (SGLang's ``spec_accept_length``: accepted drafts + the bonus
+    token), and ``spec_accepted_drafts_mean``, accepted draft tokens per verify; None without spec."""
+    spec = [r for r in records if r.ok and r.spec_verify_ct > 0]
+    verify = sum(r.spec_verify_ct for r in spec)
+    if not verify:
+        return {"spec_accept_length_mean": None, "spec_accepted_drafts_mean": None}
+    return {"spec_accept_length_mean": sum(r.completion_tokens for r in spec) / verify,
+            "spec_accepted_drafts_mean": sum(r.spec_correct_drafts for r in spec) / verify}
+
+
 def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, Any]:
     """Client-side numbers of one arm's measured run (``wall_s``: its duration)."""
     done = [r for r in records if r.ok]
@@ -115,4 +127,5 @@ def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, Any]
         "e2e_p99_s": percentile(e2e, 99),
         "output_tok_s": out_tokens / wall_s if wall_s > 0 else None,
         "wall_s": wall_s,
+        **spec_acceptance(records),
     }

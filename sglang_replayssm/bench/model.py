@@ -82,6 +82,23 @@ def require_linear_attention(model_dir: Path) -> list[int]:
     return layers
 
 
+def mtp_fit_prompts(model_dir: Path) -> tuple[list[list[int]], int, int]:
+    """The prompts the MTP layer of the embedded model in ``model_dir`` was fitted to, with their group
+    size and shared-prefix length (models/mtp.py); ModelError for a model without a fitted MTP layer."""
+    from sglang_replayssm.models.mtp import FIT_PER_GROUP, FIT_PREFIX, fit_prompts
+    from sglang_replayssm.models.specs import SPECS
+
+    meta_path = model_dir / "replayssm-model.json"
+    name = json.loads(meta_path.read_text()).get("name") if meta_path.is_file() else None
+    spec = SPECS.get(name) if isinstance(name, str) else None
+    if spec is None or not spec.mtp:
+        with_mtp = ", ".join(n for n, s in SPECS.items() if s.mtp)
+        raise ModelError(f"--dataset-name mtp-fit needs an embedded model with a fitted MTP layer ({with_mtp}); "
+                         f"{model_dir} is {'not an embedded model' if spec is None else name}")
+    vocab = next(c["vocab_size"] for c in _configs(load_config(model_dir)) if isinstance(c.get("vocab_size"), int))
+    return fit_prompts(spec, vocab), FIT_PER_GROUP, FIT_PREFIX
+
+
 def vocab_ids(model_dir: Path) -> list[int]:
     """Sorted ordinary token ids of the model's tokenizer that its embedding can hold."""
     from transformers import AutoTokenizer  # lazy: slow import

@@ -20,6 +20,9 @@ class RequestRecord:
     ttft_s: float | None = None  # first chunk carrying output tokens
     e2e_s: float | None = None
     output_ids: list[int] = field(default_factory=list)
+    # speculative decoding (SGLang's meta_info; 0 without it): verify forwards, accepted draft tokens
+    spec_verify_ct: int = 0
+    spec_correct_drafts: int = 0
     error: str | None = None
 
     @property

@@ -66,18 +66,24 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _accept(arm: dict[str, Any]) -> str:
+    """Speculative acceptance: output tokens per verify (accepted drafts + bonus), '-' without spec."""
+    length = arm.get("spec_accept_length_mean")
+    return "-" if length is None else f"{length:.2f}"
+
+
 def format_table(arms: dict[str, dict[str, Any]], failed: dict[str, dict[str, Any]] | None = None) -> str:
     """Fixed-width table, one row per arm (failed arms last, with their reason)."""
     header = ("arm", "hit", "ceiling", "hit(srv)", "ttft mean", "p50", "p90", "p99", "e2e mean", "out tok/s",
-              "agree", "first diff", "ok/req")
-    rows = [header, ("", "", "", "", "ms", "ms", "ms", "ms", "ms", "", "", "", "")]
+              "accept", "agree", "first diff", "ok/req")
+    rows = [header, ("", "", "", "", "ms", "ms", "ms", "ms", "ms", "", "tok/ver", "", "", "")]
     for name, a in arms.items():
         detail = a.get("agreement_detail") or {}
         diff = detail.get("first_diff_rid")
         first = "-" if not detail else ("none" if diff is None else f"{diff}@{detail.get('first_diff_token')}")
         rows.append((name, _pct(a["hit_rate"]), _pct(a.get("ceiling_hit_rate")), _pct(a.get("hit_rate_server")), _ms(a["ttft_mean_s"]),
                      _ms(a["ttft_p50_s"]), _ms(a["ttft_p90_s"]), _ms(a["ttft_p99_s"]), _ms(a.get("e2e_mean_s")),
-                     _num(a["output_tok_s"]), _pct(a["agreement"]), first,
+                     _num(a["output_tok_s"]), _accept(a), _pct(a["agreement"]), first,
                      f"{a.get('requests_ok', '?')}/{a.get('requests_total', '?')}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -6,6 +6,8 @@ Two shapes, both deterministic in their seed:
   groups of prompts that share a system prompt, each followed by its own question; groups uniform
   or zipf-distributed, sent ordered or shuffled. With more than one turn, each later turn appends
   the previous answer and a new question to the conversation.
+* ``mtp-fit``: the prompts an embedded model's MTP layer was fitted to (models/mtp.py), one turn
+  each, so NEXTN arms accept most drafts (on other prompts the tiny models' drafts accept ~0).
 * ``rag``: multi-turn retrieval chat. Every conversation starts with one shared system prompt and
   one document from a small corpus, so the prefix tree branches twice (system prompt, then
   document); later turns carry the whole history (documents included) forward and add a question.
@@ -184,6 +186,16 @@ def generate_rag(spec: RagSpec, vocab: Sequence[int], seed: int) -> list[Convers
             turns.append(Turn(new_ids, draw.length(spec.output_len, spec.range_ratio)))
         conversations.append(Conversation(cid, doc, len(system) + len(docs[doc]), tuple(turns)))
     return _order(conversations, spec.ordered, seed)
+
+
+def fitted_conversations(prompts: Sequence[Sequence[int]], group_size: int, shared_len: int, output_len: int,
+                         ordered: bool, seed: int) -> list[Conversation]:
+    """One single-turn conversation per prompt of a fixed set (an embedded model's MTP fit prompts,
+    models/mtp.py: every ``group_size`` consecutive prompts share their first ``shared_len`` tokens)."""
+    _positive(prompts=len(prompts), group_size=group_size, output_len=output_len)
+    conversations = [Conversation(i, i // group_size, shared_len, (Turn(tuple(p), output_len),))
+                     for i, p in enumerate(prompts)]
+    return _order(conversations, ordered, seed)
 
 
 def _order(conversations: list[Conversation], ordered: bool, seed: int) -> list[Conversation]:

@@ -72,6 +72,10 @@ FIXES: dict[str, str] = {
     "records (mixed-chunk decode rows, streaming-session turns; D3, D4)",
     "spec_ring_check": "refuse a GDN spec ring whose length is not a power of two or is < 2 x draft "
     "tokens at startup, in one line (D5)",
+    "session_state_depth": "streaming session, a finished turn (no overlap): the kept record's committed "
+    "length is the depth its KV and mamba state reached, not prompt + output (a speculative turn ending on "
+    "a bonus token); a turn whose mamba state ran past its kept tokens (a verify past max_new_tokens or a "
+    "stop) releases its slot, so the next turn starts from the radix tree",
     # records with HiCache (radix/record_hicache.py)
     "record_hicache": "HiCache: records go to host with their node's KV (a host record pool, "
     "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "

@@ -406,7 +406,6 @@ def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_re
 def check_spec_ring(original: Callable[..., Any], server_args: Any) -> Any:
     """D5: refuse a GDN spec ring length SGLang checks only in a kernel assert."""
     from sglang_replayssm.radix.spec_ring import check_spec_ring_args
-
     result = original(server_args)
     check_spec_ring_args(server_args)
     return result
@@ -419,7 +418,6 @@ def spec_finish_donation(
 ) -> Any:
     """D1: fold the spec row before SGLang donates a finishing no_buffer slot."""
     from sglang_replayssm.radix.spec_ring import fold_before_finish
-
     fold_before_finish(component, req, is_finished)
     return original(component, req, insert_params, token_ids_len, is_finished)
 
@@ -429,7 +427,6 @@ def spec_finish_donation(
 def spec_offload_backup(original: Callable[..., Any], req: Any, req_to_token_pool: Any, *args: Any) -> Any:
     """D2: fold the spec row before its CPU retraction backup."""
     from sglang_replayssm.radix.spec_ring import fold_before_offload
-
     fold_before_offload(req, req_to_token_pool)
     return original(req, req_to_token_pool, *args)
 
@@ -439,9 +436,16 @@ def spec_offload_backup(original: Callable[..., Any], req: Any, req_to_token_poo
 def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
     """D3 / D4: fold every spec row before an extend forward reads the pool."""
     from sglang_replayssm.radix.spec_ring import fold_before_extend
-
     fold_before_extend(runner, forward_batch)
     return original(runner, forward_batch)
+
+
+@_hook("sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req", "AROUND",
+       at="sglang/srt/session/streaming_session.py:156", fix="session_state_depth")
+def session_state_depth(original: Callable[..., Any], session: Any, req: Any) -> Any:
+    """A finished streaming turn keeps its record at its state's depth (or releases the slot)."""
+    from sglang_replayssm.radix.session_depth import finish_at_state_depth
+    return finish_at_state_depth(original, session, req)
 
 
 # ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------

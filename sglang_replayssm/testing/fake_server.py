@@ -1,7 +1,9 @@
 """A stand-in for an SGLang server: the HTTP subset the bench uses, with no model behind it.
 
 It answers ``/health``, ``/model_info``, ``/metrics``, ``/flush_cache`` and streaming
-``/generate`` with ``input_ids``. Outputs are a deterministic function of the prompt (so greedy
+``/generate`` with ``input_ids``. With ``spec_tokens_per_verify=k`` it reports speculative decoding as
+SGLang's meta_info does (``spec_verify_ct``: one verify per k output tokens after the first,
+``spec_num_correct_drafts``: k - 1 per full verify). Outputs are a deterministic function of the prompt (so greedy
 agreement can be exercised), ``cached_tokens`` is the longest prefix shared with any earlier
 prompt+output[:-1] (an ideal token-granular radix cache: the KV a server computed), and the Prometheus counters mirror SGLang's
 names. For tests and for dry runs of the bench: ``python -m sglang_replayssm.testing.fake_server``.
@@ -34,13 +36,14 @@ def fake_output(prompt: Sequence[int], n: int, vocab_size: int, salt: str = "") 
 
 class FakeState:
     def __init__(self, model_path: str, vocab_size: int, salt: str, incremental: bool,
-                 step_s: float, metrics: bool) -> None:
+                 step_s: float, metrics: bool, spec_tokens_per_verify: int = 0) -> None:
         self.model_path = model_path
         self.vocab_size = vocab_size
         self.salt = salt
         self.incremental = incremental
         self.step_s = step_s
         self.metrics = metrics
+        self.spec_tokens_per_verify = spec_tokens_per_verify
         self.cache: list[tuple[int, ...]] = []
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
@@ -60,6 +63,13 @@ class FakeState:
 
 
 STATE = web.AppKey("state", FakeState)
+
+
+def _spec_meta(completion: int, per_verify: int) -> dict[str, int]:
+    """SGLang's spec meta_info after ``completion`` tokens: the first from prefill, then verifies of
+    ``per_verify`` tokens (accepted drafts + bonus; the last one may be cut by max_new_tokens)."""
+    verify = -(-(completion - 1) // per_verify)
+    return {"spec_verify_ct": verify, "spec_num_correct_drafts": max(completion - 1 - verify, 0)}
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -107,6 +117,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     for i in range(1, n + 1):
         await asyncio.sleep(st.step_s)
         meta = {"prompt_tokens": len(prompt), "completion_tokens": i, "cached_tokens": cached}
+        if st.spec_tokens_per_verify:
+            meta.update(_spec_meta(i, st.spec_tokens_per_verify))
         ids = out[i - 1:i] if st.incremental else out[:i]
         await resp.write(f"data: {json.dumps({'output_ids': ids, 'meta_info': meta})}\n\n".encode())
     await resp.write(b"data: [DONE]\n\n")
@@ -118,9 +130,10 @@ async def _generate(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(model_path: str = "", vocab_size: int = 1000, salt: str = "", incremental: bool = False,
-             step_s: float = 0.0, metrics: bool = True, exit_on_generate: bool = False) -> web.Application:
+             step_s: float = 0.0, metrics: bool = True, exit_on_generate: bool = False,
+             spec_tokens_per_verify: int = 0) -> web.Application:
     app = web.Application()
-    app[STATE] = FakeState(model_path, vocab_size, salt, incremental, step_s, metrics)
+    app[STATE] = FakeState(model_path, vocab_size, salt, incremental, step_s, metrics, spec_tokens_per_verify)
     app[STATE].exit_on_generate = exit_on_generate
     app.router.add_get("/health", _health)
     app.router.add_get("/model_info", _model_info)
