@@ -335,3 +335,20 @@ def test_state_interval_from_env(monkeypatch):
         monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", bad)
         with pytest.raises(ValueError, match=f"SGLANG_REPLAYSSM_STATE_INTERVAL.*{why}"):
             interval_from_env()
+
+
+@pytest.mark.parametrize("algorithm", ["NONE", "NEXTN"])
+def test_no_record_pool_with_speculative_decoding(algorithm, monkeypatch):
+    """Record hits under NEXTN gave other tokens than the baseline: a speculative server keeps none."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_replayssm.radix import record_capture
+
+    monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")
+    backend = types.SimpleNamespace(token_to_kv_pool=types.SimpleNamespace(size=100, page_size=1),
+                                    req_to_token_pool=types.SimpleNamespace())
+    mode = types.SimpleNamespace(is_extend=lambda: False)
+    fb = types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+                               out_cache_loc=torch.arange(4), forward_mode=mode)
+    pool = record_capture._new_pool(backend, fb)
+    assert (pool is None) == (algorithm == "NEXTN")

@@ -5,12 +5,9 @@ once, in its ``@_hook`` line (collected into :data:`HOOKS`, checked against the 
 ``tests/test_hook_table.py``), and calls the adapter logic in a sibling module, imported on first
 use. A hook runs behind its switch: with the fix off it is SGLang's function (AROUND: the original
 with the same arguments; AFTER: no change). The two decode-metadata hooks carry two fixes and
-switch each part themselves (:mod:`decode_metadata`).
-
-All hooks are method/function hooks through ``sglang.srt.plugins.hook_registry.HookRegistry``;
-none mutates SGLang's dicts or class attributes (``MambaComponent`` is hooked on the class that
-``COMPONENT_REGISTRY`` already holds). :func:`register` is idempotent and cheap
-(:func:`sglang_replayssm.hook_table.register`).
+switch each part themselves (:mod:`decode_metadata`). All are method/function hooks through
+``HookRegistry``; none mutates SGLang's dicts or class attributes (``MambaComponent`` is hooked on
+the class ``COMPONENT_REGISTRY`` holds); :func:`register` is idempotent.
 """
 
 from __future__ import annotations
