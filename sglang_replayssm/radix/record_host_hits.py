@@ -138,7 +138,7 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
     from sglang_replayssm.radix import record_hicache
-    from sglang_replayssm.radix.record_match import _REQ_ATTR, Rebuild, _alloc_slot, _from_interval_state
+    from sglang_replayssm.radix.record_match import _REQ_ATTR, _alloc_slot, _from_interval_state, rebuild_job
 
     component = cache.components[ComponentType.MAMBA]
     pool: RecordPool | None = pool_of(cache.req_to_token_pool)
@@ -156,12 +156,7 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     if slot is None:
         return False
     tree.set_component_device_value(target, ct, slot.reshape(1).clone())
-    if start is not None:
-        state, lead, slots = start
-        job = Rebuild(dst=slot.reshape(1).clone(), src=None, slots=slots, state=state, lead=lead)
-    else:
-        job = Rebuild(dst=slot.reshape(1).clone(), src=None if src is None else src.reshape(1).clone(),
-                      slots=pool.slots(span).clone())
+    job = rebuild_job(pool, slot, span, start, src)
     pool.pending.append(job)
     record_hicache.lock_rebuild(pool, cache, tree, job, target, anchor)
     req.kv.mamba_cow_src_index = tree.get_component_device_value(target, ct)

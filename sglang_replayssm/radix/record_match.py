@@ -106,6 +106,17 @@ def _from_interval_state(pool: RecordPool, span: torch.Tensor) -> tuple[int, int
     return state, lead, pool.slots(tail).clone()
 
 
+def rebuild_job(pool: RecordPool, slot: torch.Tensor, span: torch.Tensor,
+                start: tuple[int, int, torch.Tensor] | None, src: torch.Tensor | None) -> Rebuild:
+    """The rebuild of ``slot`` over ``span``: from the interval state ``start`` (:func:`_from_interval_state`)
+    when given, else from the tree state ``src`` (None: the zero state)."""
+    if start is not None:
+        state, lead, slots = start
+        return Rebuild(dst=slot.reshape(1).clone(), src=None, slots=slots, state=state, lead=lead)
+    return Rebuild(dst=slot.reshape(1).clone(), src=None if src is None else src.reshape(1).clone(),
+                   slots=pool.slots(span).clone())
+
+
 def plant_and_match(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """Extend an admission match to its KV depth through records, then run SGLang's finalizer."""
     pool: RecordPool | None = pool_of(component.cache.req_to_token_pool)
@@ -131,6 +142,7 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
     if span.numel() == 0 or depth + span.numel() != full:
         return original(component, params, result)
     start = _from_interval_state(pool, span)
+    src = None
     if start is None:
         src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
         if (depth > 0 and src is None) or not pool.covered(span):
@@ -139,12 +151,7 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
     if slot is None:
         return original(component, params, result)
     tree.set_component_device_value(target, ct, slot.reshape(1).clone())
-    if start is not None:
-        state, lead, slots = start
-        job = Rebuild(dst=slot.reshape(1).clone(), src=None, slots=slots, state=state, lead=lead)
-    else:
-        job = Rebuild(dst=slot.reshape(1).clone(), src=None if src is None else src.reshape(1).clone(),
-                      slots=pool.slots(span).clone())
+    job = rebuild_job(pool, slot, span, start, src)
     pool.pending.append(job)
     setattr(params.req, _REQ_ATTR, (int(span.numel()), int(job.slots.numel()) - job.lead))
     extended = result._replace(device_prefix_len=full, last_device_node=target, last_host_node=target,
