@@ -34,7 +34,7 @@ __all__ = [
 _DIR = Path(__file__).parent / "csrc"
 _SRC = _DIR / "read_copy.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, bool], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, bool, bool, bool], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 #: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
 DEFAULT_READ_COPY_BUILD = (3, 3)
@@ -49,7 +49,9 @@ class ReadCopyCudaConfig:
     stream (``high_priority``: a high-priority one, so that its long items start first), else the
     flush pass before the non-flush pass on the current stream; ``tc_flush``: GDN's flush pass in
     the Gram form on tensor cores (3xTF32, ``flush_item_tc``; a build of its own; KDA keeps the
-    sequential replay)."""
+    sequential replay); ``flush_prefetch``: the flush pass requests the next 16-row block's
+    state rows into registers while the current block computes; ``fp8_recip``: the fp8 copy is
+    written as ``x * (448 / amax)`` instead of IEEE ``x / (amax / 448)`` (each a build of its own)."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
@@ -58,6 +60,8 @@ class ReadCopyCudaConfig:
     overlap: bool = True
     high_priority: bool = True
     tc_flush: bool = False
+    flush_prefetch: bool = False
+    fp8_recip: bool = False
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -73,13 +77,13 @@ def _arch() -> str:
 
 
 def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir: Path | None = None,
-          tc_flush: bool = False) -> Path:
+          tc_flush: bool = False, flush_prefetch: bool = False, fp8_recip: bool = False) -> Path:
     """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path."""
     if not 1 <= depth <= 6:
         raise ValueError(f"depth must be 1..6 (got {depth})")
     arch = arch or _arch()
     src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
-    tc = "_tc" if tc_flush else ""
+    tc = ("_tc" if tc_flush else "") + ("_pf" if flush_prefetch else "") + ("_rcp" if fp8_recip else "")
     key = hashlib.sha256(src + f"{arch}:{depth}:{min_blocks}{tc}".encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     so = out_dir / f"read_copy_{arch}_d{depth}_m{min_blocks}{tc}_{key}.so"
@@ -88,13 +92,16 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
     out_dir.mkdir(parents=True, exist_ok=True)
     _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
     return nvcc_shared(_SRC, so, arch, [f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}",
-                                        f"-DRC_TC_FLUSH={int(tc_flush)}"])
+                                        f"-DRC_TC_FLUSH={int(tc_flush)}", f"-DRC_FLUSH_PREFETCH={int(flush_prefetch)}",
+                                        f"-DRC_FP8_RECIP={int(fp8_recip)}"])
 
 
-def _lib(depth: int, min_blocks: int, tc_flush: bool = False) -> ctypes.CDLL:
-    key = (_arch(), depth, min_blocks, tc_flush)
+def _lib(depth: int, min_blocks: int, tc_flush: bool = False, flush_prefetch: bool = False,
+         fp8_recip: bool = False) -> ctypes.CDLL:
+    key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip)
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(key[0], depth, min_blocks, tc_flush=tc_flush)))
+        lib = ctypes.CDLL(str(build(key[0], depth, min_blocks, tc_flush=tc_flush, flush_prefetch=flush_prefetch,
+                                    fp8_recip=fp8_recip)))
         lib.read_copy_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -153,7 +160,7 @@ def read_copy_decode_cuda(
     parts = cfg.flush_parts if cfg.flush_parts is not None else default_flush_parts(shape.B, shape.HV, shape.L)
     if parts not in (1, 2, 4, 8):
         raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {parts})")
-    lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush)
+    lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip)
     fp8 = read_copy_scales is not None
     sc = read_copy_scales if read_copy_scales is not None else initial_state
     strides = (*step.strides, read_copy.stride(0), sc.stride(0), v_cache.stride(0), beta_cache.stride(0))

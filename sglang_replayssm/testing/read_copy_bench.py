@@ -38,13 +38,18 @@ __all__ = ["ARMS", "main", "window_bytes"]
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
         "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
-#: (depth, min_blocks, flush_parts, mode[, tc]) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`;
+#: (depth, min_blocks, flush_parts, mode[, tc[, prefetch[, recip]]]) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`;
 #: mode 0: side stream, 1: high-priority side stream, 2: one stream, flush pass first; tc 1: GDN's
-#: flush on tensor cores (``tc_flush``; not swept for KDA, whose flush it leaves sequential)
+#: flush on tensor cores (``tc_flush``; not swept for KDA, whose flush it leaves sequential); prefetch 1:
+#: the flush pass loads the next block's state rows during the current one (``flush_prefetch``);
+#: recip 1: the fp8 copy written with a reciprocal per row (``fp8_recip``)
 #: (the depth-2 build (2, 3, 4, 1) was the best only at B=64 in the 2026-12-01 run; dropped from the
 #: sweep with the tensor-core flush so that a B=256 / 512 run needs two builds)
-CUDA_SWEEP = ((3, 3, 2, 1), (3, 3, 4, 1), (3, 3, 1, 1), (3, 3, 4, 0),
-              (3, 3, 1, 1, 1), (3, 3, 2, 1, 1), (3, 3, 4, 1, 1))  # fmt: skip
+CUDA_SWEEP = ((3, 3, 1, 1), (3, 3, 4, 1), (3, 3, 1, 1, 1),
+              (3, 4, 1, 1, 0, 1, 1), (3, 4, 2, 1, 0, 1, 1), (3, 4, 4, 1, 0, 1, 1), (3, 5, 1, 1, 0, 1, 1),
+              (2, 4, 1, 1, 0, 1, 1), (4, 4, 1, 1, 0, 1, 1),
+              (3, 4, 1, 1, 0, 0, 1), (3, 4, 2, 1, 0, 0, 1), (3, 4, 4, 1, 0, 0, 1),
+              (3, 3, 1, 1, 0, 0, 1), (3, 3, 2, 1, 0, 0, 1), (3, 3, 4, 1, 0, 0, 1))  # fmt: skip
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -115,7 +120,9 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
     c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=cfg[2], overlap=cfg[3] != 2,
-                           high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1)  # fmt: skip
+                           high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1,
+                           flush_prefetch=len(cfg) > 5 and cfg[5] == 1,
+                           fp8_recip=len(cfg) > 6 and cfg[6] == 1)  # fmt: skip
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
 
 

@@ -29,6 +29,12 @@
 #ifndef RC_TC_FLUSH  // GDN flush pass: 1 = the Gram form on tensor cores (flush_item_tc), 0 = sequential
 #define RC_TC_FLUSH 0
 #endif
+#ifndef RC_FLUSH_PREFETCH  // flush pass: 1 = the next 16-row block's state rows loaded into registers
+#define RC_FLUSH_PREFETCH 0  // while the current block computes (the flush warps have registers to spare)
+#endif
+#ifndef RC_FP8_RECIP  // fp8 copy: 1 = x * (448 / amax) per element, 0 = x / (amax / 448) (IEEE division)
+#define RC_FP8_RECIP 0
+#endif
 static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
 
 namespace rc {
@@ -65,6 +71,16 @@ __device__ __forceinline__ int64_t slot_of(const void* slots, bool idx64, int n)
 }
 __device__ __forceinline__ bool flush_of(const int32_t* write_pos, const int32_t* force_flush, int n, int L) {
   return write_pos[n] == L - 1 || (force_flush != nullptr && force_flush[n] != 0);
+}
+// x in units of a row's fp8 scale s = amax / 448 (inv = 448 / amax), saturated to e4m3's range
+__device__ __forceinline__ float fp8_units(float x, float s, float inv) {
+#if RC_FP8_RECIP
+  (void)s;
+  return fminf(fmaxf(x * inv, -448.f), 448.f);
+#else
+  (void)inv;
+  return fminf(fmaxf(__fdiv_rn(x, s), -448.f), 448.f);
+#endif
 }
 __device__ __forceinline__ float4 fma4(float s, float4 a, float4 c) {
   return make_float4(fmaf(s, a.x, c.x), fmaf(s, a.y, c.y), fmaf(s, a.z, c.z), fmaf(s, a.w, c.w));
@@ -329,13 +345,28 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   // (staging the next 16 rows by cp.async during the replay measured slower: 8 KiB more shared
   // memory per warp, fewer resident flush warps; notes/read-copy.md)
   const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
+#if RC_FLUSH_PREFETCH
+  float4 SN[16];  // the next block's rows, requested before this block's replay
+#pragma unroll
+  for (int i = 0; i < 16; ++i) SN[i] = ld4_cs(sbase + static_cast<int64_t>(rbeg + (i ^ lr)) * K);
+#endif
+#pragma unroll 1
   for (int r0 = rbeg; r0 < rend; r0 += 16) {
     // The decay is deferred: the state is c . St (c: GDN one scalar, KDA this lane's 4 columns),
     // so a step costs one FMA per element for the row sums and one for the update; c is folded
     // back into St (St <- c . St, c <- 1) before any product would fall under 2**-40.
     float4 S[16];
+#if RC_FLUSH_PREFETCH
+#pragma unroll
+    for (int i = 0; i < 16; ++i) S[i] = SN[i];
+    if (r0 + 16 < rend) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) SN[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + 16 + (i ^ lr)) * K);
+    }
+#else
 #pragma unroll
     for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
+#endif
     float cg = 1.f;                                // GDN
     float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);  // KDA
     // steps 0..m-1 replay the records, step m is this token (and its output)
@@ -396,15 +427,13 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
 #pragma unroll
       for (int i = 0; i < 16; ++i) am[i] = fmaxf(fmaxf(fabsf(S[i].x), fabsf(S[i].y)), fmaxf(fabsf(S[i].z), fabsf(S[i].w)));
       const float amax = rs_perm_max16(am);
-      const float scl = amax > 0.f ? amax / 448.f : 1.f;
+      const float scl = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 1.f;
       if ((lane & 1) == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + lr] = scl;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const float si = __shfl_sync(FULL, scl, 2 * (i ^ lr));
-        const float4 x = make_float4(fminf(fmaxf(__fdiv_rn(S[i].x, si), -448.f), 448.f),
-                                     fminf(fmaxf(__fdiv_rn(S[i].y, si), -448.f), 448.f),
-                                     fminf(fmaxf(__fdiv_rn(S[i].z, si), -448.f), 448.f),
-                                     fminf(fmaxf(__fdiv_rn(S[i].w, si), -448.f), 448.f));
+        const float si = __shfl_sync(FULL, scl, 2 * (i ^ lr)), ii = __shfl_sync(FULL, inv, 2 * (i ^ lr));
+        const float4 x = make_float4(fp8_units(S[i].x, si, ii), fp8_units(S[i].y, si, ii), fp8_units(S[i].z, si, ii),
+                                     fp8_units(S[i].w, si, ii));
         *reinterpret_cast<uint32_t*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_e4m3(x);
       }
     }
@@ -642,21 +671,46 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
   const float4* QS4 = reinterpret_cast<const float4*>(QS);
   const int rows_per_part = V / p.parts;
   const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
+  // a block's state rows g, g + 8 (this lane's columns) and its v of the lane's four steps
+  auto load_block = [&](int r0, float4 (&A0)[8], float4 (&A1)[8], float (&w0)[4], float (&w1)[4]) {
+    const float* a0 = sbase + static_cast<int64_t>(r0 + g) * K + 4 * t;
+#pragma unroll
+    for (int pp = 0; pp < 8; ++pp) {
+      A0[pp] = ld4_cs(a0 + 16 * pp);
+      A1[pp] = ld4_cs(a0 + 8 * K + 16 * pp);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      w0[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g]) : 0.f;
+      w1[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g + 8]) : 0.f;
+    }
+  };
+#if RC_FLUSH_PREFETCH
+  float4 N0[8], N1[8];  // the next block, requested before this block computes
+  float nv0[4], nv1[4];
+  load_block(rbeg, N0, N1, nv0, nv1);
+#endif
+#pragma unroll 1
   for (int r0 = rbeg; r0 < rend; r0 += 16) {
     float* s0 = sbase + static_cast<int64_t>(r0 + g) * K + 4 * t;
     float* s1 = s0 + 8 * K;
     float4 F0[8], F1[8];
+    float vv0[4], vv1[4];  // this block's v of the lane's four steps, rows g and g + 8
+#if RC_FLUSH_PREFETCH
 #pragma unroll
     for (int pp = 0; pp < 8; ++pp) {
-      F0[pp] = ld4_cs(s0 + 16 * pp);
-      F1[pp] = ld4_cs(s1 + 16 * pp);
+      F0[pp] = N0[pp];
+      F1[pp] = N1[pp];
     }
-    float vv0[4], vv1[4];  // this block's v of the lane's four steps, rows g and g + 8
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      vv0[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g]) : 0.f;
-      vv1[c] = vsrc[c] != nullptr ? to_f(vsrc[c][r0 + g + 8]) : 0.f;
+      vv0[c] = nv0[c];
+      vv1[c] = nv1[c];
     }
+    if (r0 + 16 < rend) load_block(r0 + 16, N0, N1, nv0, nv1);
+#else
+    load_block(r0, F0, F1, vv0, vv1);
+#endif
     // X = S0 K^T (tiles: steps 0..7, 8..15; accumulators by k-step parity and hi*hi / cross) and x_q
     float Xa[2][2][4], Xc[2][2][4];
 #pragma unroll
@@ -757,13 +811,14 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
       am0 = fmaxf(am0, __shfl_xor_sync(FULL, am0, 2));
       am1 = fmaxf(am1, __shfl_xor_sync(FULL, am1, 2));
       const float sc0 = am0 > 0.f ? am0 / 448.f : 1.f, sc1 = am1 > 0.f ? am1 / 448.f : 1.f;
+      const float in0 = am0 > 0.f ? 448.f / am0 : 1.f, in1 = am1 > 0.f ? 448.f / am1 : 1.f;
       if (t == 0) {
         p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + g] = sc0;
         p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + g + 8] = sc1;
       }
-      auto q8 = [](float4 x, float s) {
-        return pack_e4m3(make_float4(fminf(fmaxf(__fdiv_rn(x.x, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.y, s), -448.f), 448.f),
-                                     fminf(fmaxf(__fdiv_rn(x.z, s), -448.f), 448.f), fminf(fmaxf(__fdiv_rn(x.w, s), -448.f), 448.f)));
+      auto q8 = [](float4 x, float s, float inv) {
+        return pack_e4m3(make_float4(fp8_units(x.x, s, inv), fp8_units(x.y, s, inv), fp8_units(x.z, s, inv),
+                                     fp8_units(x.w, s, inv)));
       };
       // rows staged in shared memory (B / M tables: dead after the setup; 16 rows x 36 words) so that
       // the copy leaves as full 128-byte rows, 16 bytes per lane (4 bytes per lane here would write
@@ -771,8 +826,8 @@ __device__ __forceinline__ void flush_item_tc(const Args& p, int item, float* sm
       uint32_t* stg = reinterpret_cast<uint32_t*>(sm + tc::O_BL);
 #pragma unroll
       for (int pp = 0; pp < 8; ++pp) {
-        stg[g * 36 + 4 * pp + t] = q8(F0[pp], sc0);
-        stg[(g + 8) * 36 + 4 * pp + t] = q8(F1[pp], sc1);
+        stg[g * 36 + 4 * pp + t] = q8(F0[pp], sc0, in0);
+        stg[(g + 8) * 36 + 4 * pp + t] = q8(F1[pp], sc1, in1);
       }
       __syncwarp();
 #pragma unroll
