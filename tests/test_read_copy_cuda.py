@@ -71,12 +71,12 @@ def test_cpu_tensors_refused_with_the_reason() -> None:
 @pytest.mark.parametrize("parts,overlap,tc,prefetch,recip", [
     (1, False, False, False, False), (4, True, False, False, False), (1, True, True, False, False),
     (2, False, True, False, False), (1, True, False, True, False), (2, True, True, True, False),
-    (1, True, False, True, True), (4, True, True, False, True)])
+    (1, True, False, True, True), (4, True, True, False, True), (0, True, False, False, False)])
 def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, overlap: bool, tc: bool,
                                            prefetch: bool, recip: bool) -> None:
     """``tc``: GDN's flush pass in the Gram form on tensor cores (KDA: the same build, sequential flush);
     ``prefetch``: the flush pass loads the next block's rows during the current one; ``recip``: the
-    fp8 copy written with a reciprocal per row."""
+    fp8 copy written with a reciprocal per row; ``parts`` 0: no config (:func:`default_config`)."""
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
@@ -85,7 +85,7 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     bf = torch.bfloat16  # the d~ ring in the io dtype
     ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
     cfg = ReadCopyCudaConfig(flush_parts=parts, overlap=overlap, tc_flush=tc, flush_prefetch=prefetch,
-                             fp8_recip=recip)
+                             fp8_recip=recip) if parts else None
     got = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
     err = rel(got.out, ref.out, (3,))  # [T, B, HV]
     flush = torch.zeros(err.shape[:2], dtype=torch.bool)

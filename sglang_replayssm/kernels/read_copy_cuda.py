@@ -27,7 +27,8 @@ from .ring_decode_args import check_fused_layout, check_ring_decode_args, prepar
 from .ring_decode_cuda import CudaReadUnsupported, cache_dir, nvcc_shared
 
 __all__ = [
-    "DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "default_flush_parts", "read_copy_decode_cuda",
+    "DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "default_config", "default_flush_parts",
+    "read_copy_decode_cuda",
     "read_copy_supports",
 ]  # fmt: skip
 
@@ -69,6 +70,21 @@ def default_flush_parts(B: int, HV: int, L: int) -> int:
     step flushes, 1, 2 or 4 (the H200 table's best: 4 at B=64, 2 or 1 at B=256, 1 at B=512, HV=32)."""
     pairs = max(1, B // max(L, 1)) * HV
     return 4 if pairs <= 256 else 2 if pairs <= 512 else 1
+
+
+def default_config(B: int, HV: int, L: int, is_kda: bool) -> ReadCopyCudaConfig:
+    """The launch :func:`read_copy_decode_cuda` uses when given none, picked from the H200 sweep of
+    2026-12-02 (notes/read-copy-h200-2026-12-02-sweep.json, staggered cursors, B = 64 / 256 / 512):
+    the depth-2 non-flush build at 4 blocks per SM and the fp8 copy written with a reciprocal for
+    both models; GDN's flush prefetches the next block (KDA's, with its per-column decays, has no
+    registers to spare: slower); flush warps per item 4 while a step flushes at most 256 (row, head)
+    pairs, then 1 (GDN) or 2 up to 512 pairs (KDA)."""
+    pairs = max(1, B // max(L, 1)) * HV
+    if is_kda:
+        parts = 4 if pairs <= 256 else 2 if pairs <= 512 else 1
+        return ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, fp8_recip=True)
+    parts = 4 if pairs <= 256 else 1
+    return ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, flush_prefetch=True, fp8_recip=True)
 
 
 def _arch() -> str:
@@ -144,11 +160,11 @@ def read_copy_decode_cuda(
     """Arguments and effects of :func:`.read_copy_ref.read_copy_decode_torch`, fp8 scales per V row
     for both models (:mod:`.read_copy_format`); ``CudaReadUnsupported`` outside what the source is
     compiled for. No per-call range checks on cursors and slots (as for SGLang's kernel)."""
-    cfg = config or ReadCopyCudaConfig()
     shape = check_ring_decode_args(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
         ssm_state_indices, write_pos, force_flush, is_kda,
     )  # fmt: skip
+    cfg = config or default_config(shape.B, shape.HV, shape.L, is_kda)
     check_read_copy_args(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, shape.L, is_kda)
     check_fused_layout(shape, mixed_qkv, a, b, dt_bias, initial_state, d_cache, k_cache, g_cache, out, is_kda)
     step = prepare_step(shape, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache,
