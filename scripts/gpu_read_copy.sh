@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   python3 -c 'import torch, triton, sys; print(sys.version, torch.__version__, triton.__version__)'; } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x tests/test_read_copy_cuda.py 2>&1 | tee "$OUT/pytest.log" | tail -30
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -rs -x tests/test_read_copy_cuda.py tests/test_read_copy_refresh.py 2>&1 | tee "$OUT/pytest.log" | tail -30
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 scripts/bench_read_copy.py gpu --sglang-root .devcarry --json "$OUT/read_copy.json" "$@" 2>&1 \
