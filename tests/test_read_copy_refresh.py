@@ -65,3 +65,26 @@ def test_bad_arguments_are_refused() -> None:
         refresh_stale_torch(state, copy, scales, stale.int(), slots)
     with pytest.raises(ValueError, match="copy must be"):
         refresh_stale_torch(state, copy.float(), scales, stale, slots)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_triton_refresh_replays_in_a_cuda_graph(fmt: str) -> None:
+    """Captured once, replayed after the flags and checkpoints change: the torch twin's result each time."""
+    _, state, c1, s1, st1, slots = _case(fmt, "cuda")
+    c2, s2, st2 = c1.clone(), None if s1 is None else s1.clone(), st1.clone()
+    warm = (c2.clone(), None if s2 is None else s2.clone(), st2.clone())
+    refresh_stale_triton(state, *warm, slots)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        refresh_stale_triton(state, c2, s2, st2, slots)
+    for round_ in range(2):
+        graph.replay()
+        refresh_stale_torch(state, c1, s1, st1, slots)
+        torch.cuda.synchronize()
+        assert torch.equal(st1, st2), round_
+        assert torch.equal(c1.view(torch.uint8), c2.view(torch.uint8)), round_
+        state.mul_(0.5).add_(1.0)  # new checkpoints; slots 3 and 0 entered use again
+        for st in (st1, st2):
+            st[torch.tensor([3, 0], device="cuda")] = True
