@@ -63,6 +63,12 @@ FIXES: dict[str, str] = {
     "pd_decode_ring": "PD disaggregation: the decode server's mamba pool (HybridMambaDecodeReqToTokenPool) "
     "gets the decode ring and --disaggregation-mode decode is admitted with --enable-linear-replayssm "
     "(radix/pd.py); a prefill server is refused with the ring",
+    # PD on the CPU runtime (cpu/hooks_pd.py): SGLang's prefill side records CUDA events on the host
+    "pd_host_indices": "CPU runtime, PD prefill: every KV sender takes SGLang's host page-index path "
+    "(kv_to_page_indices) instead of a pinned D2H copy + CUDA event (no NVIDIA driver)",
+    "pd_early_send_event": "CPU runtime, PD prefill under overlap scheduling: a prefix hit's early KV send "
+    "records no CUDA event (every CPU forward has finished when the scheduler gets control back: there is "
+    "nothing to wait for)",
     # the spec-verify ring (--enable-linear-replayssm-spec, GDN; radix/spec_ring.py)
     "spec_finish_donation": "spec ring, no_buffer finish: fold the row's pending accepted records before "
     "SGLang donates the slot (D1)",
