@@ -63,6 +63,8 @@ FIXES: dict[str, str] = {
     "pd_decode_ring": "PD disaggregation: the decode server's mamba pool (HybridMambaDecodeReqToTokenPool) "
     "gets the decode ring and --disaggregation-mode decode is admitted with --enable-linear-replayssm "
     "(radix/pd.py); a prefill server is refused with the ring",
+    "pd_hits": "PD decode server with its radix cache: log each admission's own prefix hit (the decode "
+    "tree's device hit, host hit, mamba-lost hit) and the running decode hit rate (radix/pd_hits.py)",
     # PD on the CPU runtime (cpu/hooks_pd.py): SGLang's prefill side records CUDA events on the host
     "pd_host_indices": "CPU runtime, PD prefill: every KV sender takes SGLang's host page-index path "
     "(kv_to_page_indices) instead of a pinned D2H copy + CUDA event (no NVIDIA driver)",
