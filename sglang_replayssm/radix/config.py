@@ -3,7 +3,7 @@
 Environment (read once per process, inherited by SGLang's spawned scheduler processes):
 
 * ``SGLANG_REPLAYSSM_ADAPTER=0`` turns the whole adapter off: :func:`hooks.register` installs
-  nothing, so SGLang runs exactly as shipped.
+  nothing, so SGLang runs exactly as shipped (the CPU runtime's own fixes, :data:`RUNTIME_FIXES`, stay on).
 * ``SGLANG_REPLAYSSM_DISABLE_FIXES=a,b`` turns single fixes off (names in :data:`FIXES`); a
   disabled fix's hook calls straight through to SGLang's function with the same arguments.
 
@@ -21,6 +21,7 @@ __all__ = [
     "ADAPTER_ENV",
     "DISABLE_ENV",
     "FIXES",
+    "RUNTIME_FIXES",
     "adapter_enabled",
     "cuda_kernels_enabled",
     "enabled",
@@ -111,14 +112,18 @@ def adapter_enabled() -> bool:
     return os.environ.get(ADAPTER_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+#: Fixes of the CPU runtime (cpu/), not of the adapter: ``SGLANG_REPLAYSSM_ADAPTER=0`` leaves them on (without
+#: them SGLang cannot serve that path on CPU at all); only ``SGLANG_REPLAYSSM_DISABLE_FIXES`` turns them off.
+RUNTIME_FIXES = ("pd_host_indices", "pd_early_send_event")
+
+
 def _from_env() -> dict[str, bool]:
-    if not adapter_enabled():
-        return dict.fromkeys(FIXES, False)
     disabled = {x.strip() for x in os.environ.get(DISABLE_ENV, "").split(",") if x.strip()}
     unknown = disabled - set(FIXES)
     if unknown:
         raise ValueError(f"{DISABLE_ENV}: unknown fix name(s) {sorted(unknown)}; known: {sorted(FIXES)}")
-    return {name: name not in disabled for name in FIXES}
+    on = adapter_enabled()
+    return {name: (on or name in RUNTIME_FIXES) and name not in disabled for name in FIXES}
 
 
 def _current() -> dict[str, bool]:
