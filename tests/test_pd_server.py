@@ -1,23 +1,23 @@
-"""PD disaggregation on one machine: a prefill server (no ring) + a decode server with the decode ring,
-against a non-PD server (opt-in: SGLANG_REPLAYSSM_SLOW=1; three CPU servers, ~5-10 min).
+"""PD disaggregation on one machine, for real: a prefill server (no ring) + a decode server with the
+decode ring and its own radix cache, over mooncake's TCP transport, behind SGLang's router (mini-LB),
+against a non-PD server (opt-in: SGLANG_REPLAYSSM_SLOW=1; three CPU servers and a router, ~10 min).
 
-No transfer backend imports here (notes/pd.md), so SGLang's mooncake connector runs over a loopback
-stand-in of mooncake's ``TransferEngine`` (tests/mooncake_loopback, on the servers' PYTHONPATH):
-bootstrap, handshake, KV pages, the mamba state slots and the metadata buffers are SGLang's own; only
-the bytes travel over local TCP. The client plays SGLang's mini load balancer: each request goes to
-both servers with the same bootstrap host / port / room, the decode server's answer is the result.
-
-The prefill server runs with ``--disable-overlap-schedule``: under overlap its prefix-hit early send
-records a CUDA event (disaggregation/prefill.py:1495-1497), which raises on the CPU runtime.
+Needs the ``pd`` extra (``pip install 'sglang-replayssm[pd]'``: mooncake-transfer-engine-non-cuda,
+sglang-router) and mooncake's ``libibverbs.so.1`` (Debian ``libibverbs1``) loadable by this process: the
+servers inherit the environment. The prefill server runs with SGLang's default overlap scheduling
+(fix ``pd_early_send_event``, cpu/hooks_pd.py). What it prints: each request's cached tokens on the
+prefill side and the decode side's own prefix hits (radix/pd_hits.py), which SGLang does not report.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
+import re
+import subprocess
+import sys
+import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import pytest
 
 from sglang_replayssm.bench.server import pick_port
 from sglang_replayssm.models import make_models
+from sglang_replayssm.radix.pd_hits import LOG_PREFIX
 from sglang_replayssm.testing.serve import cpu_server
 
 pytestmark = [
@@ -35,53 +36,85 @@ pytestmark = [
 ]
 
 RING = 16
-LENGTHS = [100, 300, 700, 300]  # the repeat hits the prefill server's radix cache
-LOOPBACK = Path(__file__).parent / "mooncake_loopback"
+LENGTHS = [100, 300, 700, 300]  # each a prefix of the next; the repeat hits the prefill server's tree
+TAIL = 40  # a fifth request: the 300-token prompt + its answer + TAIL new tokens (a next turn)
 
 
 def _prompt(n: int) -> list[int]:
     return [(7 * i + 3) % 200 + 10 for i in range(n)]
 
 
-def _post(url: str, body: dict) -> dict:
+def _post(url: str, ids: list[int]) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3 * RING, "temperature": 0.0, "ignore_eos": True}}
     req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=900) as resp:
         return json.loads(resp.read())
 
 
-def _body(ids: list[int], **extra: object) -> dict:
-    return {"input_ids": ids, "sampling_params": {"max_new_tokens": 3 * RING, "temperature": 0.0,
-                                                  "ignore_eos": True}, **extra}
+def _serve_all(url: str) -> list[dict]:
+    """The four prompts, then the next turn of the second one (its prompt + answer + TAIL tokens)."""
+    out = [_post(url, _prompt(n)) for n in LENGTHS]
+    turn = _prompt(LENGTHS[1]) + out[1]["output_ids"] + [(5 * i + 1) % 200 + 10 for i in range(TAIL)]
+    return [*out, _post(url, turn)]
 
 
-def test_pd_pair_with_the_decode_ring_serves_the_non_pd_tokens(tmp_path: Path):
+def _needs(module: str, package: str) -> None:
+    try:
+        __import__(module)
+    except ImportError as exc:
+        pytest.skip(f"needs {package} (pip install 'sglang-replayssm[pd]'): {exc}")
+
+
+def _router(stack: ExitStack, prefill: str, bootstrap: int, decode: str, log: Path) -> str:
+    port = pick_port()
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--mini-lb",
+           "--prefill", prefill, str(bootstrap), "--decode", decode, "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    stack.callback(proc.wait, 30)
+    stack.callback(proc.terminate)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        assert proc.poll() is None, log.read_text()
+        try:
+            urllib.request.urlopen(url + "/health", timeout=5)
+            return url
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(log.read_text())
+
+
+def test_pd_pair_with_the_decode_ring_behind_the_router_serves_the_non_pd_tokens(tmp_path: Path):
+    _needs("mooncake.engine", "mooncake-transfer-engine-non-cuda")
+    _needs("sglang_router.mini_lb", "sglang-router")
     model = make_models(names=["tiny-gdn"], log=lambda *a: None)["tiny-gdn"]
+    with cpu_server(model, [], tmp_path / "plain.log", timeout_s=900) as plain:
+        ref = _serve_all(plain)
     bootstrap = pick_port()
-    env = {"PYTHONPATH": os.pathsep.join([str(LOOPBACK), os.environ.get("PYTHONPATH", "")])}
     pd = ["--disaggregation-transfer-backend", "mooncake_tcp", "--disaggregation-bootstrap-port", str(bootstrap)]
-    prefill_flags = [*pd, "--disaggregation-mode", "prefill", "--disable-overlap-schedule",
-                     "--nccl-port", str(pick_port())]
-    decode_flags = [*pd, "--disaggregation-mode", "decode", "--enable-linear-replayssm",
-                    "--linear-replayssm-cache-len", str(RING), "--nccl-port", str(pick_port())]
+    prefill_flags = [*pd, "--disaggregation-mode", "prefill", "--nccl-port", str(pick_port())]
+    decode_flags = [*pd, "--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache",
+                    "--enable-linear-replayssm", "--linear-replayssm-cache-len", str(RING),
+                    "--nccl-port", str(pick_port())]
     with ExitStack() as stack:
-        prefill = stack.enter_context(cpu_server(model, prefill_flags, tmp_path / "prefill.log", env=env,
-                                                 timeout_s=900))
-        decode = stack.enter_context(cpu_server(model, decode_flags, tmp_path / "decode.log", env=env,
-                                                timeout_s=900))
-        plain = stack.enter_context(cpu_server(model, [], tmp_path / "plain.log", timeout_s=900))
-        served = []
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for n in LENGTHS:
-                body = _body(_prompt(n), bootstrap_host="127.0.0.1", bootstrap_port=bootstrap,
-                             bootstrap_room=random.randrange(1 << 62))
-                p, d = pool.map(_post, [prefill, decode], [body, body])
-                served.append((p, d, _post(plain, _body(_prompt(n)))))
-    text = (tmp_path / "decode.log").read_text()
-    assert f"GDN ReplaySSM ring buffers allocated (record_len={RING}" in text
-    for (p, d, ref), n in zip(served, LENGTHS):
-        assert d["output_ids"] == ref["output_ids"], n
-        assert p["output_ids"] == ref["output_ids"][:1], n  # the prefill server samples the first token
-    print("prefill cached tokens per request:", [p["meta_info"]["cached_tokens"] for p, _, _ in served])
-    print("decode cached tokens per request:", [d["meta_info"]["cached_tokens"] for _, d, _ in served])
-    assert served[-1][0]["meta_info"]["cached_tokens"] > 0  # the repeated prompt hit on the prefill side
+        prefill = stack.enter_context(cpu_server(model, prefill_flags, tmp_path / "prefill.log", timeout_s=900))
+        decode = stack.enter_context(cpu_server(model, decode_flags, tmp_path / "decode.log", timeout_s=900))
+        served = _serve_all(_router(stack, prefill, bootstrap, decode, tmp_path / "router.log"))
+    decode_log, prefill_log = (tmp_path / "decode.log").read_text(), (tmp_path / "prefill.log").read_text()
+    assert "MC_FORCE_TCP is set, using TCP transport only" in decode_log  # mooncake's own engine, TCP
+    assert f"GDN ReplaySSM ring buffers allocated (record_len={RING}" in decode_log
+    # one line per admission; the first is SGLang's own 1-token startup request
+    hits = [line.split(f"{LOG_PREFIX}: ", 1)[1] for line in decode_log.splitlines() if LOG_PREFIX in line]
+    hits = hits[-len(served):]
+    # SGLang returns max(prefill side's hit, decode side's): decode_schedule_batch_mixin.py:64-73
+    print("returned cached tokens per request:", [s["meta_info"]["cached_tokens"] for s in served])
+    print("prefill side's cached tokens per batch:", re.findall(r"#cached-token: (\d+)", prefill_log))
+    print("non-PD cached tokens per request:", [r["meta_info"]["cached_tokens"] for r in ref])
+    print("decode side, per admission:", *hits, sep="\n  ")
+    for got, want, n in zip(served, ref, [*LENGTHS, "next turn"]):
+        assert got["output_ids"] == want["output_ids"], n
+    assert "Prefill batch" in prefill_log and served[3]["meta_info"]["cached_tokens"] > 0  # a prefill-side hit
+    prompts = [int(re.search(r"#prompt-token: (\d+)", h).group(1)) for h in hits]  # type: ignore[union-attr]
+    assert prompts == [s["meta_info"]["prompt_tokens"] for s in served], hits
+    decode_hit = [int(re.search(r"#decode-hit-token: (\d+)", h).group(1)) for h in hits]  # type: ignore[union-attr]
+    assert decode_hit[-1] > 0, hits  # the next turn hit the decode server's own tree

@@ -22,7 +22,10 @@ def test_adapter_off_registers_nothing(monkeypatch):
     monkeypatch.setattr(HookRegistry, "register", lambda *a, **k: registered.append(a))
     assert hooks.register().startswith("nothing")
     assert registered == []
+    assert config.reload() == list(config.RUNTIME_FIXES)  # the CPU runtime's fixes are not the adapter's
+    monkeypatch.setenv(config.DISABLE_ENV, ",".join(config.RUNTIME_FIXES))
     assert config.reload() == []
+    monkeypatch.delenv(config.DISABLE_ENV)
     monkeypatch.delenv(config.ADAPTER_ENV)
     assert config.reload() == list(config.FIXES)
 

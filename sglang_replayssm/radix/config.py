@@ -3,7 +3,7 @@
 Environment (read once per process, inherited by SGLang's spawned scheduler processes):
 
 * ``SGLANG_REPLAYSSM_ADAPTER=0`` turns the whole adapter off: :func:`hooks.register` installs
-  nothing, so SGLang runs exactly as shipped.
+  nothing, so SGLang runs exactly as shipped (the CPU runtime's own fixes, :data:`RUNTIME_FIXES`, stay on).
 * ``SGLANG_REPLAYSSM_DISABLE_FIXES=a,b`` turns single fixes off (names in :data:`FIXES`); a
   disabled fix's hook calls straight through to SGLang's function with the same arguments.
 
@@ -21,6 +21,7 @@ __all__ = [
     "ADAPTER_ENV",
     "DISABLE_ENV",
     "FIXES",
+    "RUNTIME_FIXES",
     "adapter_enabled",
     "cuda_kernels_enabled",
     "enabled",
@@ -63,6 +64,14 @@ FIXES: dict[str, str] = {
     "pd_decode_ring": "PD disaggregation: the decode server's mamba pool (HybridMambaDecodeReqToTokenPool) "
     "gets the decode ring and --disaggregation-mode decode is admitted with --enable-linear-replayssm "
     "(radix/pd.py); a prefill server is refused with the ring",
+    "pd_hits": "PD decode server with its radix cache: log each admission's own prefix hit (the decode "
+    "tree's device hit, host hit, mamba-lost hit) and the running decode hit rate (radix/pd_hits.py)",
+    # PD on the CPU runtime (cpu/hooks_pd.py): SGLang's prefill side records CUDA events on the host
+    "pd_host_indices": "CPU runtime, PD prefill: every KV sender takes SGLang's host page-index path "
+    "(kv_to_page_indices) instead of a pinned D2H copy + CUDA event (no NVIDIA driver)",
+    "pd_early_send_event": "CPU runtime, PD prefill under overlap scheduling: a prefix hit's early KV send "
+    "records no CUDA event (every CPU forward has finished when the scheduler gets control back: there is "
+    "nothing to wait for)",
     # the spec-verify ring (--enable-linear-replayssm-spec, GDN; radix/spec_ring.py)
     "spec_finish_donation": "spec ring, no_buffer finish: fold the row's pending accepted records before "
     "SGLang donates the slot (D1)",
@@ -103,14 +112,18 @@ def adapter_enabled() -> bool:
     return os.environ.get(ADAPTER_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+#: Fixes of the CPU runtime (cpu/), not of the adapter: ``SGLANG_REPLAYSSM_ADAPTER=0`` leaves them on (without
+#: them SGLang cannot serve that path on CPU at all); only ``SGLANG_REPLAYSSM_DISABLE_FIXES`` turns them off.
+RUNTIME_FIXES = ("pd_host_indices", "pd_early_send_event")
+
+
 def _from_env() -> dict[str, bool]:
-    if not adapter_enabled():
-        return dict.fromkeys(FIXES, False)
     disabled = {x.strip() for x in os.environ.get(DISABLE_ENV, "").split(",") if x.strip()}
     unknown = disabled - set(FIXES)
     if unknown:
         raise ValueError(f"{DISABLE_ENV}: unknown fix name(s) {sorted(unknown)}; known: {sorted(FIXES)}")
-    return {name: name not in disabled for name in FIXES}
+    on = adapter_enabled()
+    return {name: (on or name in RUNTIME_FIXES) and name not in disabled for name in FIXES}
 
 
 def _current() -> dict[str, bool]:

@@ -19,6 +19,7 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
+from sglang_replayssm.radix.pd_hits import PD_HIT_HOOKS
 from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS, HOST_HIT_HOOKS, STORAGE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
@@ -126,15 +127,8 @@ def decode_metadata_graph(original: Callable[..., Any], backend: Any, *args: Any
 
 @_hook(f"{_BACKEND}._track_mamba_state_decode", "AROUND",
        at="sglang/srt/layers/attention/hybrid_linear_attn_backend.py:975", fix="materialize_track")
-def exact_track_decode(
-    original: Callable[..., Any],
-    backend: Any,
-    forward_batch: Any,
-    conv_states: Any,
-    ssm_states: Any,
-    cache_indices: Any,
-    layer_id: int | None = None,
-) -> Any:
+def exact_track_decode(original: Callable[..., Any], backend: Any, forward_batch: Any, conv_states: Any,
+                       ssm_states: Any, cache_indices: Any, layer_id: int | None = None) -> Any:
     """The decode track snapshot folds the working slot's pending records."""
     from sglang_replayssm.radix.snapshot import track_decode_exact
 
@@ -458,8 +452,9 @@ def _hicache_hook(name: str, body: str, doc: str, module: str = "record_hicache"
 
 for _name, _body, _target, _kind, _at, _doc in HICACHE_HOOKS:  # one row per hook: target, SGLang file:line
     _hook(_target, _kind, at=_at, fix="record_hicache", gate=_kind != "BEFORE")(_hicache_hook(_name, _body, _doc))
-for _rows, _module in ((HOST_HIT_HOOKS, "record_host_hits"), (STORAGE_HOOKS, "record_storage")):
-    for _name, _body, _target, _kind, _at, _doc in _rows:  # radix/record_host_hits.py, record_storage.py
+for _rows, _module in ((HOST_HIT_HOOKS, "record_host_hits"), (STORAGE_HOOKS, "record_storage"),
+                       (PD_HIT_HOOKS, "pd_hits")):
+    for _name, _body, _target, _kind, _at, _doc in _rows:  # radix/<_module>.py
         _hook(_target, _kind, at=_at, fix=_module)(_hicache_hook(_name, _body, _doc, _module))
 
 

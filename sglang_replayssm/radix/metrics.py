@@ -39,6 +39,7 @@ __all__ = [
     "REBUILT_PROMETHEUS_NAME",
     "collect_for_prefill",
     "lost_hit_tokens",
+    "pop_lost_hit",
     "process_total",
     "record_match",
     "report_prefill",
@@ -82,13 +83,18 @@ def record_match(params: Any, result: Any) -> None:
         setattr(req, _REQ_ATTR, lost_hit_tokens(result))
 
 
+def pop_lost_hit(req: Any) -> int:
+    """The lost hit recorded on ``req`` by its last match (0 if none), removed from it."""
+    return int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+
+
 def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
     """Move the recorded lost hits of the newly admitted ``reqs`` onto ``stats``; return the sum."""
     from sglang_replayssm.radix.record_match import rebuild_of
 
     n = tokens = hits = folded = 0
     for req in reqs:
-        n += int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+        n += pop_lost_hit(req)
         t, f = rebuild_of(req)
         tokens, hits, folded = tokens + t, hits + (t > 0), folded + f
     setattr(stats, _STATS_ATTR, n)
