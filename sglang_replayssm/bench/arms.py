@@ -41,6 +41,11 @@ ARMS: dict[str, Arm] = {
         Arm("nextn", "NEXTN speculative decoding, ReplaySSM off, extra_buffer",
             ("--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),
+        # NEXTN beside the decode ring (admitted; every target forward is a verify, so the ring stays empty):
+        # the record pool lives with the decode ring, so this is the spec arm with record hits.
+        Arm("nextn-ring", "NEXTN + ReplaySSM decode ring (records), extra_buffer, adapter on",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
+            ("replayssm_cpu", "replayssm_radix")),
         # SGLang refuses the decode ring beside the spec ring (attention_hook.py:499), and the record pool
         # lives with the decode ring: this arm's hits are extra_buffer's plus the adapter's spec fixes.
         Arm("nextn-plugin", "NEXTN + ReplaySSM spec-verify ring, extra_buffer, adapter on",
