@@ -337,24 +337,6 @@ def test_state_interval_from_env(monkeypatch):
             interval_from_env()
 
 
-@pytest.mark.parametrize("fix_on", [True, False])
-def test_record_pool_with_speculative_decoding(fix_on, monkeypatch):
-    """A speculative server keeps records only with ``record_spec_decode`` on (without it, hits were not exact)."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    from sglang_replayssm.radix import config, record_capture
-
-    monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")
-    backend = types.SimpleNamespace(token_to_kv_pool=types.SimpleNamespace(size=100, page_size=1),
-                                    req_to_token_pool=types.SimpleNamespace())
-    mode = types.SimpleNamespace(is_extend=lambda: False)
-    fb = types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.from_string("NEXTN"),
-                               out_cache_loc=torch.arange(4), forward_mode=mode)
-    with config.override(record_spec_decode=fix_on):
-        pool = record_capture._new_pool(backend, fb)
-    assert (pool is not None) == fix_on
-
-
 @pytest.mark.parametrize("algorithm", ["NONE", "NEXTN"])
 def test_spec_decode_round_keeps_prompt_records(algorithm):
     """SGLang's spec ``prepare_for_decode`` leaves ``out_cache_loc`` as the prefill left it

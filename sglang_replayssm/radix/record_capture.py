@@ -128,11 +128,6 @@ def _speculative(batch: Any) -> bool:
 
 
 def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
-    if _speculative(forward_batch) and not config.enabled("record_spec_decode"):
-        # Without the fix, spec decode rounds re-point cached tokens at unwritten slots (inexact hits).
-        logger.info("sglang-replayssm records: off with speculative decoding (%s) while record_spec_decode "
-                    "is off; SGLang's prefix hits", forward_batch.spec_algorithm)
-        return None
     kv_pool = getattr(backend, "token_to_kv_pool", None)
     if kv_pool is None or not hasattr(kv_pool, "size"):
         return None
