@@ -110,17 +110,36 @@ def test_mamba_sizing_charges_the_decode_ring(kind, explicit_size, adapter_on):
 
 
 def test_spec_ring_sizing_is_left_to_sglang():
-    """``--enable-linear-replayssm-spec`` prices its own ring; the adapter adds nothing there."""
+    """``--enable-linear-replayssm-spec`` prices its own ring; the adapter adds nothing there (records off)."""
     params, _, _ = _pool_bytes_per_slot("gdn", 4)
     results = []
     for on in (True, False):
         schedule = _publish(
             enable_linear_replayssm_spec=True, linear_replayssm_cache_len=4, max_running_requests=8
         )
-        with config.override(on):
+        with config.override(on, record_hits=False):
             left = _sizing(params, kda=False)._handle_max_mamba_cache(0.02)
         results.append((left, schedule.max_mamba_cache_size))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
+def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatch):
+    """With records beside the spec ring (``record_spec_ring``) their pool comes out of the KV budget too."""
+    from sglang_replayssm.radix import records
+
+    params, _, _ = _pool_bytes_per_slot("gdn", 4)
+    monkeypatch.setattr(records, "_budgeted", None)
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "64")
+    lefts = []
+    for records_on in (True, False):
+        _publish(enable_linear_replayssm_spec=True, linear_replayssm_cache_len=4, max_running_requests=8)
+        sizing = _sizing(params, kda=False)
+        sizing.model_config = SimpleNamespace(dtype=torch.float32)
+        with config.override(True, record_hits=records_on, record_spec_ring=fix_on):
+            lefts.append(sizing._handle_max_mamba_cache(0.02))
+    assert (lefts[0] < lefts[1]) == fix_on
+    monkeypatch.setattr(records, "_budgeted", None)
 
 
 def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):

@@ -338,17 +338,42 @@ def test_state_interval_from_env(monkeypatch):
 
 
 @pytest.mark.parametrize("algorithm", ["NONE", "NEXTN"])
-def test_no_record_pool_with_speculative_decoding(algorithm, monkeypatch):
-    """Record hits under NEXTN gave other tokens than the baseline: a speculative server keeps none."""
+def test_spec_decode_round_keeps_prompt_records(algorithm):
+    """SGLang's spec ``prepare_for_decode`` leaves ``out_cache_loc`` as the prefill left it
+    (schedule_batch.py:3754-3762; ``filter_batch`` returns early when it keeps every request, :3859-3861).
+    The decode hook must not hand those (already written) prompt tokens new, unwritten record slots:
+    with ``record_spec_decode`` off the prompt's records read back as zeros (the mtp-fit bench's wrong
+    tokens after 32-token record hits, 2026-12-01). A non-speculative decode's ``out_cache_loc`` is its
+    own fresh tokens, which do get slots."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_replayssm.radix import record_capture
+    from sglang_replayssm.radix import config
+    from sglang_replayssm.radix.record_capture import assign_batch
+    from sglang_replayssm.radix.records import attach
 
-    monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")
-    backend = types.SimpleNamespace(token_to_kv_pool=types.SimpleNamespace(size=100, page_size=1),
-                                    req_to_token_pool=types.SimpleNamespace())
-    mode = types.SimpleNamespace(is_extend=lambda: False)
-    fb = types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
-                               out_cache_loc=torch.arange(4), forward_mode=mode)
-    pool = record_capture._new_pool(backend, fb)
-    assert (pool is None) == (algorithm == "NEXTN")
+    req_pool = types.SimpleNamespace()
+    pool = attach(req_pool, RecordPool(kv_size=64, capacity=32, device=torch.device("cpu")))
+    spec = SpeculativeAlgorithm.from_string(algorithm)
+    prompt = torch.arange(5, 13)  # the prefill's KV indices
+    batch = types.SimpleNamespace(req_to_token_pool=req_pool, token_to_kv_pool_allocator=None,
+                                  out_cache_loc=prompt, prefix_lens=[0], extend_lens=[8], spec_algorithm=spec)
+    assign_batch(batch, decode=False)
+    layer = types.SimpleNamespace(layer_id=0)
+    x, a, b = torch.randn(8, 6), torch.randn(8, 2), torch.randn(8, 2)
+    pool.write(layer, types.SimpleNamespace(), prompt, x, a, b)  # the prefill forward's capture
+    rec = pool.layers[0]
+
+    def prompt_rows_intact() -> bool:
+        slots = pool.slots(prompt)
+        return bool((slots >= 0).all()) and torch.equal(rec.x[slots], x) and torch.equal(rec.a[slots], a)
+
+    assert prompt_rows_intact()
+    if algorithm == "NONE":  # a plain decode allocates fresh KV for its out_cache_loc
+        batch.out_cache_loc = torch.tensor([20])
+        assign_batch(batch, decode=True)
+        assert pool.covered(torch.tensor([20])) and prompt_rows_intact()
+        return
+    for fix_on in (True, False):
+        with config.override(record_spec_decode=fix_on):
+            assign_batch(batch, decode=True)  # out_cache_loc: still the prefill's (stale)
+        assert prompt_rows_intact() == fix_on

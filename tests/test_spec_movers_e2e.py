@@ -5,7 +5,8 @@ streaming session (each turn extends the row the previous turn verified into, cu
 
 Found (2026-12-01): the mixed-chunk generations equal plain greedy with the fix on and off (this
 workload's MIXED steps met no pending records, so D3 is shown only at unit level,
-tests/test_spec_ring.py). The session's later turns differed from plain with the spec fold on and off:
+tests/test_spec_ring.py). 2026-12-02 (records on beside the spec ring): the fold-off arm differed from
+token 36 of the long generation, the fold-on arm stayed equal; timing decides, so fold-off is not asserted. The session's later turns differed from plain with the spec fold on and off:
 SGLang's ``StreamingSession.try_cache_finished_req`` keeps a finished turn's record at prompt + output,
 one token past what a verify that ends on its bonus token computed, and a verify past
 ``max_new_tokens`` leaves the mamba state deeper than the kept KV; with ``session_state_depth``
@@ -130,10 +131,13 @@ def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Run
     yield _Runs(model, tmp_path_factory.mktemp("spec-movers-logs"))
 
 
-@pytest.mark.parametrize("arm", ["ring", "ring_fold_off", "nextn"])
+@pytest.mark.parametrize("arm", ["ring", "nextn"])
 def test_mixed_chunks_equal_plain(runs: _Runs, arm: str) -> None:
-    """D3 is not reproduced here: the MIXED steps of this workload meet no pending records (equal with
-    the fix off too); the fold keeps them equal with the fix on."""
+    """With the fold on (and without the ring) the mixed-chunk generations equal plain greedy. Whether a
+    MIXED step meets pending records depends on when the short requests land: on 2026-12-01 the fold-off
+    arm was equal too, on 2026-12-02 (records on beside the spec ring) it differed from token 36 of the
+    long generation (D3 on a server). So the fold-off arm (``ring_fold_off``, kept for manual A/B) is not asserted;
+    D3's regression is the unit test (tests/test_spec_ring.py)."""
     assert runs[arm]["mixed"] == runs["plain"]["mixed"]
 
 

@@ -204,3 +204,44 @@ def test_d5_spec_ring_length_checked_at_startup(length: int, tokens: int, bad: b
         assert "\n" not in str(info.value)
     else:
         handle()
+
+
+@pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
+def test_records_live_with_the_spec_ring_only_with_the_fix(fix_on: bool) -> None:
+    """``record_spec_ring``: the GDN capture is wanted on a spec-ring pool (a plain extend forward)."""
+    from sglang_replayssm.radix import record_capture
+
+    mode = SimpleNamespace(is_target_verify=lambda: False, is_draft_extend_v2=lambda: False)
+    backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=_pool(), mamba_ckpt_pool=None))
+    with config.override(record_spec_ring=fix_on):
+        assert record_capture._wanted(backend, SimpleNamespace(forward_mode=mode, spec_info=None)) == fix_on
+        verify = SimpleNamespace(is_target_verify=lambda: True, is_draft_extend_v2=lambda: False)
+        assert not record_capture._wanted(backend, SimpleNamespace(forward_mode=verify, spec_info=None))
+
+
+@pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
+def test_records_end_state_copies_the_full_spec_state_only_with_the_fix(fix_on: bool) -> None:
+    """extra_buffer finish with records (``end_state``) copies the working slot to the keep slot: with the
+    spec ring the copy must carry the row's pending accepted records (``record_spec_ring`` folds them)."""
+    from sglang_replayssm.radix.donation import end_state_before_finish_donation
+    from sglang_replayssm.radix.records import RecordPool, attach
+
+    pool = _pool()
+    want = _oracle(pool, 4, 3)
+    temporal = pool.mamba_cache.temporal
+
+    def copy(src: torch.Tensor, dst: torch.Tensor) -> None:  # MambaPool.copy_from: conv + temporal, slot to slot
+        temporal[:, dst] = temporal[:, src]
+
+    req_pool = SimpleNamespace(mamba_pool=pool, mamba_ckpt_pool=None, translate_mamba_indices=lambda x: x,
+                               get_mamba_ping_pong_keep_idx=lambda req: 0, copy_mamba_state=copy)
+    attach(req_pool, RecordPool(kv_size=8, capacity=4, device=torch.device("cpu")))
+    req = _req(4, 3)
+    req.kv.mamba_ping_pong_track_buffer = torch.tensor([2, 5])
+    req.kv.mamba_last_track_seqlen = 32
+    component = SimpleNamespace(cache=SimpleNamespace(enable_mamba_extra_buffer=True, page_size=1,
+                                                      req_to_token_pool=req_pool))
+    with config.override(end_state=True, record_spec_ring=fix_on):
+        end_state_before_finish_donation(component, req, 40, True)
+    assert req.kv.mamba_last_track_seqlen == 40
+    assert (_rel(temporal[:, 2], want) <= 1e-5) == fix_on

@@ -41,8 +41,13 @@ ARMS: dict[str, Arm] = {
         Arm("nextn", "NEXTN speculative decoding, ReplaySSM off, extra_buffer",
             ("--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),
-        # SGLang refuses the decode ring beside the spec ring (attention_hook.py:499), and the record pool
-        # lives with the decode ring: this arm's hits are extra_buffer's plus the adapter's spec fixes.
+        # NEXTN beside the decode ring (admitted; every target forward is a verify, so the ring stays empty):
+        # the record pool lives with the decode ring, so this is the spec arm with record hits.
+        Arm("nextn-ring", "NEXTN + ReplaySSM decode ring (records), extra_buffer, adapter on",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
+            ("replayssm_cpu", "replayssm_radix")),
+        # SGLang refuses the decode ring beside the spec ring (attention_hook.py:499); records live with the
+        # spec ring too (fix record_spec_ring), so this arm's hits are the records' like the plugin arm's.
         Arm("nextn-plugin", "NEXTN + ReplaySSM spec-verify ring, extra_buffer, adapter on",
             ("--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),

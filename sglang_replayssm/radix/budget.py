@@ -56,17 +56,19 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
     """Run SGLang's mamba sizing with the decode ring added to the per-slot price.
 
     Invariant: ``configurator.extra_mamba_cache_bytes_per_req`` is restored afterwards (also on
-    error), and nothing changes unless the decode ring (not the spec ring) is on.
+    error), and nothing changes unless the decode ring (not the spec ring) is on. With the spec ring
+    (which SGLang prices itself) only the record pool is reserved, when it lives there (``record_spec_ring``).
     """
     from sglang.srt.runtime_context import get_exec
 
+    from sglang_replayssm.radix import config
+
     mamba = get_exec().mamba
     mambaish = getattr(configurator, "mambaish_config", None)
-    if (
-        mambaish is None
-        or not mamba.enable_linear_replayssm
-        or getattr(mamba, "enable_linear_replayssm_spec", False)
-    ):
+    if mambaish is not None and getattr(mamba, "enable_linear_replayssm_spec", False):
+        rest = original(configurator, total_rest_memory)
+        return rest - _record_reservation_gib(configurator, rest) if config.enabled("record_spec_ring") else rest
+    if mambaish is None or not mamba.enable_linear_replayssm:
         return original(configurator, total_rest_memory)
     ring = decode_ring_bytes_per_slot(mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len)
     saved = configurator.extra_mamba_cache_bytes_per_req

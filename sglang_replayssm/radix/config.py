@@ -59,6 +59,13 @@ FIXES: dict[str, str] = {
     "record_hits": "keep every computed token's linear-layer inputs (a budgeted record pool, "
     "SGLANG_REPLAYSSM_RECORD_TOKENS) so a prefix hit at any depth rebuilds the exact state from the "
     "deepest state above it (GDN, with the decode ring)",
+    "record_spec_decode": "speculative decode batches (NEXTN / EAGLE) assign no record slots: SGLang's "
+    "spec prepare_for_decode leaves the batch's out_cache_loc from an earlier forward (the prefill's, "
+    "schedule_batch.py:3754-3762, 3859-3861), so assigning it re-pointed cached prompt tokens at unwritten "
+    "record slots and their hits rebuilt wrong states; verify forwards capture nothing either way",
+    "record_spec_ring": "records also with the spec-verify ring (--enable-linear-replayssm-spec, GDN): "
+    "capture, match and rebuild as with the decode ring (a planted tree slot has no row, so no spec cursors); "
+    "end_state folds the finishing row's pending accepted records before it copies the working slot",
     "end_state": "extra_buffer finish: donate the exact state at the request's full depth (the "
     "working slot, pending records folded) instead of the last tracked state",
     "pd_decode_ring": "PD disaggregation: the decode server's mamba pool (HybridMambaDecodeReqToTokenPool) "

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records import pool_of
 from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix.spec_ring import fold_before_copy
 
 __all__ = ["end_state_before_finish_donation", "materialize_before_finish_donation"]
 
@@ -69,6 +71,8 @@ def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: in
         return
     if (req.kv.mamba_last_track_seqlen or 0) >= token_ids_len:
         return
+    if config.enabled("record_spec_ring"):  # the spec ring's pending accepted records, folded first
+        fold_before_copy(req_pool, req)
     req_pool.copy_mamba_state(req_pool.translate_mamba_indices(slot.reshape(1)),
                               req_pool.translate_mamba_indices(track[keep].reshape(1)))
     req.kv.mamba_last_track_seqlen = token_ids_len

@@ -17,7 +17,12 @@ prefill keeps a state slot (keyed by the KV index of their last token), and the 
 per-chunk states ``h`` are written to them as each layer's ``GDNKernelDispatcher.extend`` returns
 (:func:`keep_chunk_states`; only inside a forward's own extend, never inside a rebuild's).
 
-The pool exists only with the ReplaySSM decode ring on and a radix cache; it is created by the first
+Speculative decoding: SGLang's spec ``prepare_for_decode`` leaves ``out_cache_loc`` as an earlier
+forward left it, so a spec decode batch assigns nothing (fix ``record_spec_decode``); its tokens are
+computed by target-verify forwards, which capture none.
+
+The pool exists only with a ReplaySSM ring (the decode ring, or the spec-verify ring with fix
+``record_spec_ring``) and a radix cache; it is created by the first
 GDN forward, which also assigns its own tokens. On CUDA only prefill tokens are captured (a decode
 step replayed from a CUDA graph could not be captured); decode tokens keep the deepest state.
 """
@@ -29,6 +34,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.radix import config
 from sglang_replayssm.radix.interval_states import (
     INTERVAL_ENV,
     IntervalStates,
@@ -46,6 +52,7 @@ from sglang_replayssm.radix.records import (
 )
 from sglang_replayssm.radix.records import OFF_ATTR as _OFF_ATTR
 from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix.spec_ring import spec_ring
 
 __all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states"]
 
@@ -75,6 +82,11 @@ def assign_batch(batch: Any, *, decode: bool) -> None:
         setattr(allocator, _ALLOCATOR_ATTR, pool)
     if decode and not pool.capture_decode:
         return
+    if decode and _speculative(batch) and config.enabled("record_spec_decode"):
+        # SGLang's spec prepare_for_decode allocates in req_to_token and leaves out_cache_loc as an
+        # earlier forward left it (schedule_batch.py:3754-3762; filter_batch keeps it, :3859-3861): those
+        # tokens already hold their records. The verify that computes this step's tokens captures none.
+        return
     loc = getattr(batch, "out_cache_loc", None)
     pool.assign(loc)
     if not decode:
@@ -98,7 +110,10 @@ def _wanted(backend: Any, forward_batch: Any) -> bool:
     req_pool = backend.req_to_token_pool
     if getattr(req_pool, "mamba_ckpt_pool", None) is not None:  # int8 checkpoints: not supported
         return False
-    return ring_pool(getattr(req_pool, "mamba_pool", None)) is not None
+    mamba_pool = getattr(req_pool, "mamba_pool", None)
+    if ring_pool(mamba_pool) is not None:
+        return True
+    return config.enabled("record_spec_ring") and spec_ring(mamba_pool) is not None
 
 
 def _graph_capturing() -> bool:
@@ -106,18 +121,13 @@ def _graph_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _speculative(forward_batch: Any) -> bool:
-    spec = getattr(forward_batch, "spec_algorithm", None)
+def _speculative(batch: Any) -> bool:
+    """A ``ScheduleBatch`` / ``ForwardBatch`` of a speculative server (NEXTN, EAGLE, ...)."""
+    spec = getattr(batch, "spec_algorithm", None)
     return spec is not None and not spec.is_none()
 
 
 def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
-    if _speculative(forward_batch):
-        # Record hits under NEXTN / EAGLE gave other tokens than the baseline (12 of 16 rebuilt requests
-        # of the bench's mtp-fit workload, 2026-12-01): off until that is found; SGLang's hits stand.
-        logger.info("sglang-replayssm records: off with speculative decoding (%s); SGLang's prefix hits",
-                    forward_batch.spec_algorithm)
-        return None
     kv_pool = getattr(backend, "token_to_kv_pool", None)
     if kv_pool is None or not hasattr(kv_pool, "size"):
         return None

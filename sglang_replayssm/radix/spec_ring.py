@@ -33,7 +33,7 @@ import torch
 
 from sglang_replayssm.kernels.materialize import materialize
 
-__all__ = ["SpecRing", "check_spec_ring_args", "spec_ring", "spec_ring_error"]
+__all__ = ["SpecRing", "check_spec_ring_args", "fold_before_copy", "spec_ring", "spec_ring_error"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,15 @@ def fold_before_finish(component: Any, req: Any, is_finished: bool) -> None:
     if not is_finished or component.cache.enable_mamba_extra_buffer:
         return
     req_pool = component.cache.req_to_token_pool
+    view = spec_ring(getattr(req_pool, "mamba_pool", None))
+    pair = _req_slot_row(req_pool, req) if view is not None else None
+    if view is not None and pair is not None:
+        view.fold(*pair)
+
+
+def fold_before_copy(req_pool: Any, req: Any) -> None:
+    """Before the request's working slot is copied whole (records' extra_buffer end state,
+    ``radix/donation.py``): fold its row's pending spec records, so ``temporal`` is the full state."""
     view = spec_ring(getattr(req_pool, "mamba_pool", None))
     pair = _req_slot_row(req_pool, req) if view is not None else None
     if view is not None and pair is not None:
