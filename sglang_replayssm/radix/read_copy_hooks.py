@@ -71,14 +71,17 @@ def stale_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indice
 def stale_on_extend(result: Any, runner: Any, forward_batch: Any) -> None:
     """AFTER ``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear`` (it runs before every forward
     reads the pool): on an extend / MIXED forward every row's slot is stale (the extend writes it)."""
+    if not config.enabled("read_copy_refresh"):
+        return
     from sglang_replayssm.radix.movers import _reads_extend_state
     from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
 
     pool: Any = getattr(runner, "req_to_token_pool", None)
     rc = read_copy_of(getattr(pool, "mamba_pool", None))
     indices = getattr(forward_batch, "req_pool_indices", None)
-    if (rc is None or indices is None or not config.enabled("read_copy_refresh")
-            or not hasattr(pool, "get_mamba_indices") or not _reads_extend_state(runner, forward_batch)):  # fmt: skip
+    if rc is None or indices is None or not hasattr(pool, "get_mamba_indices") or not _reads_extend_state(
+        runner, forward_batch
+    ):
         return
     mark_stale(rc, pool.translate_mamba_indices(pool.get_mamba_indices(indices)))
 
