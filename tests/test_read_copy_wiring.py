@@ -45,10 +45,12 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def _scenario(kind: str, mode: str, **fixes: bool) -> list[list[torch.Tensor]]:
-    """One request lifecycle mix; the full state of every running slot after every step."""
+def _scenario(kind: str, mode: str, strategy: str = "no_buffer", check: bool = False,
+              **fixes: bool) -> list[list[torch.Tensor]]:  # fmt: skip
+    """One request lifecycle mix; the full state of every running slot after every step (with ``check``,
+    also every radix node's and running slot's state against the fp64 oracle, :meth:`Sim.check`)."""
     with config.override(True, **fixes), config.override_read_copy(mode):
-        sim = Sim(SimConfig(kind=kind, strategy="no_buffer", ring_len=4, head_dim=16))
+        sim = Sim(SimConfig(kind=kind, strategy=strategy, ring_len=4, head_dim=16))
         assert (read_copy_of(sim.mamba_pool) is not None) == (mode != "off")
         seen: list[list[torch.Tensor]] = []
 
@@ -56,6 +58,8 @@ def _scenario(kind: str, mode: str, **fixes: bool) -> list[list[torch.Tensor]]:
             sim.decode(reqs)
             live = [r for r in reqs if r in sim.running]
             seen.append([_full_states(sim, [int(r.req.kv.mamba_pool_idx)]) for r in live])
+            if check:
+                sim.check()
 
         a = sim.admit([1, 2, 3, 4, 5], [6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5])
         for _ in range(6):
@@ -75,9 +79,10 @@ def _scenario(kind: str, mode: str, **fixes: bool) -> list[list[torch.Tensor]]:
 
 @KINDS
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
-def test_states_equal_fp32_ring_decode_through_movers(kind, mode):
-    ref = _scenario(kind, "off")
-    got = _scenario(kind, mode)
+@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
+def test_states_equal_fp32_ring_decode_through_movers(kind, mode, strategy):
+    ref = _scenario(kind, "off", strategy)
+    got = _scenario(kind, mode, strategy, check=True)
     assert len(ref) == len(got) and all(len(x) == len(y) for x, y in zip(ref, got))
     worst = max(_rel(g, r) for gs, rs in zip(got, ref) for g, r in zip(gs, rs))
     assert worst <= EXACT, worst
