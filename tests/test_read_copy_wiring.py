@@ -168,7 +168,7 @@ def test_validator_refuses_in_one_line():
     ok = dict(ssm_dtype="float32", decode_ring=True, spec_ring=False, speculative=False)
     assert refusal("bf16", **ok) is None and refusal("off", **{**ok, "decode_ring": False}) is None
     for bad in ({"ssm_dtype": "bfloat16"}, {"ssm_dtype": torch.bfloat16}, {"decode_ring": False},
-                {"spec_ring": True}, {"speculative": True}):  # fmt: skip
+                {"spec_ring": True}, {"speculative": True}, {"cuda_graph": True}):  # fmt: skip
         why = refusal("fp8", **{**ok, **bad})
         assert why is not None and "\n" not in why and "SGLANG_REPLAYSSM_READ_COPY=fp8" in why
     import os
@@ -196,3 +196,18 @@ def test_non_fp32_pool_refused_at_attach():
     object.__setattr__(cache, "temporal", cache.temporal.to(torch.bfloat16))
     with pytest.raises(ValueError, match="needs an fp32 checkpoint"):
         attach(sim.mamba_pool, "bf16", torch.float32)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_budget_prices_what_attach_allocates(mode):
+    """``budget`` charges per slot exactly the bytes ``attach`` allocates beside the ring."""
+    from sglang_replayssm.radix.read_copy import bytes_per_slot
+    from sglang_replayssm.testing.simulate_fixture import cache_params
+
+    with config.override(True), config.override_read_copy(mode):
+        sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_len=4, head_dim=16))
+    rc = read_copy_of(sim.mamba_pool)
+    assert rc is not None and rc.fmt == mode
+    slots = sim.mamba_pool.mamba_cache.temporal.shape[1]
+    params = cache_params(sim.cfg, sim.model, list(range(sim.cfg.mamba_layers)))
+    assert rc.nbytes == slots * bytes_per_slot(params, 4, mode, rc.v.element_size())

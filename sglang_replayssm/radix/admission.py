@@ -97,8 +97,8 @@ def _check_extra_buffer(server_args: Any, strategy: str) -> None:
 
 def check_read_copy(server_args: Any) -> None:
     """Refuse ``SGLANG_REPLAYSSM_READ_COPY`` in one line where it cannot be exact or run: a bad value,
-    no decode ring, the spec ring or speculative decoding, an explicit non-fp32 ``--mamba-ssm-dtype``
-    (an unset one is checked on the allocated checkpoint, :func:`read_copy.attach`)."""
+    no decode ring, the spec ring or speculative decoding, an explicit non-fp32 ``--mamba-ssm-dtype``,
+    CUDA graphs on a GPU server (an unset ssm dtype is checked on the allocated checkpoint, :func:`read_copy.attach`)."""
     from sglang_replayssm.radix.read_copy import refusal
 
     try:
@@ -108,7 +108,9 @@ def check_read_copy(server_args: Any) -> None:
     why = refusal(mode, ssm_dtype=_value(server_args, "mamba_ssm_dtype", None),
                   decode_ring=bool(_value(server_args, "enable_linear_replayssm", False)),
                   spec_ring=bool(_value(server_args, "enable_linear_replayssm_spec", False)),
-                  speculative=_value(server_args, "speculative_algorithm", None) is not None)  # fmt: skip
+                  speculative=_value(server_args, "speculative_algorithm", None) is not None,
+                  cuda_graph=str(_value(server_args, "device", None)) != "cpu"
+                  and not _value(server_args, "disable_cuda_graph", False))  # fmt: skip
     if why is not None:
         raise ReplaySSMArgsError(why)
 

@@ -56,12 +56,15 @@ _FP32 = 4
 _LAYERS: dict[int, tuple[weakref.ref[torch.Tensor], ReadCopyPool, int]] = {}
 
 
-def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, speculative: bool) -> str | None:
+def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, speculative: bool,
+            cuda_graph: bool = False) -> str | None:  # fmt: skip
     """One line saying why ``SGLANG_REPLAYSSM_READ_COPY=mode`` cannot run exactly here, or None.
 
     ``ssm_dtype``: the checkpoint dtype (a torch dtype or SGLang's ``--mamba-ssm-dtype`` string;
     None: not known yet, not refused here). Exact flushes need an fp32 checkpoint, the copy lives
     beside the decode ring, and the spec-verify ring / speculative decoding have their own cursors.
+    ``cuda_graph``: decode runs in CUDA graphs, which the stale refresh (a host read of the stale
+    rows) cannot be captured in yet.
     """
     if mode == "off":
         return None
@@ -73,6 +76,8 @@ def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, sp
     if ssm_dtype is not None and ssm_dtype not in (torch.float32, "float32"):
         name = str(ssm_dtype).replace("torch.", "")
         return f"{pre} needs an fp32 checkpoint for an exact flush: --mamba-ssm-dtype float32 (got {name})."
+    if cuda_graph:
+        return f"{pre} on CUDA needs --disable-cuda-graph (its stale-copy refresh is not graph-capturable yet)."
     return None
 
 

@@ -49,12 +49,18 @@ def server_flags(ring_len: int) -> list[str]:
 
 def run_arm(model_dir: Path, arm: str, log_path: Path, *, n_prompts: int = 8, new_tokens: int = 256,
             ring_len: int = 16, top_k: int = 10) -> dict[str, Any]:  # fmt: skip
-    """One server for ``arm``; the prompts one at a time (so later ones hit the shared prefix)."""
+    """One server for ``arm``: the first prompt alone (it caches the shared prefix), then the others
+    concurrently (batched decode, each hitting the prefix)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from sglang_replayssm.testing.serve import cpu_server, generate
 
     env, flags = ARMS[arm]
+    first, *rest = prompts(n_prompts)
     with cpu_server(model_dir, [*server_flags(ring_len), *flags], log_path, env=env) as url:
-        results = [generate(url, p, new_tokens, top_logprobs=top_k) for p in prompts(n_prompts)]
+        results = [generate(url, first, new_tokens, top_logprobs=top_k)]
+        with ThreadPoolExecutor(max_workers=max(len(rest), 1)) as pool:
+            results += list(pool.map(lambda p: generate(url, p, new_tokens, top_logprobs=top_k), rest))
     log = log_path.read_text(errors="replace")
     return {"arm": arm, "results": results, "read_copy_in_log": "sglang-replayssm read copy" in log}
 
