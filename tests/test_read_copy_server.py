@@ -21,8 +21,11 @@ pytestmark = [
                        reason="opt-in (six CPU servers, ~10 min): SGLANG_REPLAYSSM_SLOW=1"),
 ]
 
-#: Greedy agreement with the fp32 ring, per copy format (4 prompts x 128 tokens).
-MIN_AGREEMENT = {"bf16": 0.95, "fp8": 0.80}
+#: Per copy format: (least greedy agreement with the fp32 ring, largest mean top-k KL), 4 prompts x 128
+#: tokens. The 8 x 256 run (notes/read-copy-e2e-cpu.json, tiny-gdn): bf16 0.88 / 1.3e-8 (7 of 8 prompts
+#: equal to the end; the 8th at a near-tie the bf16 state also flips), fp8 0.45 / 2.3e-6 (the first 4
+#: prompts: one diverges at token 2, the others past 128).
+THRESHOLDS = {"bf16": (0.9, 1e-6), "fp8": (0.5, 1e-4)}
 
 
 @pytest.mark.parametrize("model_name", ["tiny-gdn", "tiny-kda"])
@@ -32,9 +35,9 @@ def test_read_copy_agrees_with_fp32_ring_and_keeps_hits(model_name, tmp_path):
     ref = run_arm(model, "off", tmp_path / "off.log", **kw)
     assert not ref["read_copy_in_log"]
     assert min(r["cached_tokens"] for r in ref["results"][1:]) >= 64  # the shared prefix hits
-    for mode, floor in MIN_AGREEMENT.items():
+    for mode, (floor, kl) in THRESHOLDS.items():
         got = run_arm(model, mode, tmp_path / f"{mode}.log", **kw)
         row = compare(ref, got)
         assert got["read_copy_in_log"], mode
         assert row["cached_equal_off"], (mode, row["cached_tokens"])
-        assert row["greedy_agreement"] >= floor, (mode, row)
+        assert row["greedy_agreement"] >= floor and row["kl_mean"] <= kl, (mode, row)

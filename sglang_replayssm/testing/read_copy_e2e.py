@@ -3,8 +3,9 @@
 One real server per arm (tiny fp32 models, ``--enable-linear-replayssm``, extra_buffer so prompts hit the
 radix cache), the same greedy generations with top-k logprobs in each, compared with arm ``off``:
 
-* greedy agreement: the share of generated positions whose token equals ``off``'s, and the first
-  position where a prompt's tokens differ;
+* greedy agreement: the share of generated positions whose token equals ``off``'s; the first
+  position where a prompt's tokens differ, and the mean share of tokens before it (prefix agreement:
+  after a divergence the contexts differ, so later positions compare different continuations);
 * per-token KL(off || arm), approximated from the top-k logprobs: at each position up to and including
   the first divergence (the contexts are identical there), both distributions restricted to the tokens
   in both top-k lists and renormalised over them; the mean over those positions, and the share of
@@ -24,7 +25,7 @@ from typing import Any
 
 from sglang_replayssm.radix.config import READ_COPY_ENV
 
-__all__ = ["ARMS", "compare", "prompts", "run_arm"]
+__all__ = ["ARMS", "compare", "prefix_agreement", "prompts", "run_arm"]
 
 #: arm -> (extra environment, extra server flags)
 ARMS: dict[str, tuple[dict[str, str], list[str]]] = {
@@ -32,6 +33,7 @@ ARMS: dict[str, tuple[dict[str, str], list[str]]] = {
     "bf16": ({READ_COPY_ENV: "bf16"}, []),
     "fp8": ({READ_COPY_ENV: "fp8"}, []),
     "bf16-state": ({}, ["--mamba-ssm-dtype", "bfloat16"]),
+    "off-repeat": ({}, []),  # the noise floor: a second off server (batch composition may differ)
 }
 
 
@@ -76,6 +78,12 @@ def _kl_topk(p: dict[int, float], q: dict[int, float]) -> tuple[float, float]:
     return max(kl, 0.0), pz / sum(math.exp(v) for v in p.values())
 
 
+def prefix_agreement(first_divergence: list[int | None], lengths: list[int]) -> float:
+    """Mean share of each prompt's tokens generated before its first divergence (None: none)."""
+    shares = [(n if d is None else d) / max(n, 1) for d, n in zip(first_divergence, lengths)]
+    return sum(shares) / max(len(shares), 1)
+
+
 def compare(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
     """Agreement, approximate KL and hit rates of ``got`` against ``ref`` (module docstring)."""
     same = total = 0
@@ -95,6 +103,7 @@ def compare(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
             cover.append(c)
     return {
         "greedy_agreement": same / max(total, 1),
+        "prefix_agreement": prefix_agreement(first_diff, [len(r["output_ids"]) for r in ref["results"]]),
         "first_divergence": first_diff,
         "kl_mean": sum(kls) / max(len(kls), 1),
         "kl_max": max(kls, default=0.0),
