@@ -176,3 +176,18 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
     with config.override(record_hits=False):
         assert budget._record_reservation_gib(configurator, rest) == 0.0
     monkeypatch.setattr(records, "_budgeted", None)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_mamba_sizing_charges_the_read_copy(mode):
+    """``SGLANG_REPLAYSSM_READ_COPY``: the copy and its records are priced per slot beside the ring."""
+    from sglang_replayssm.radix.read_copy import bytes_per_slot
+
+    ring_len, rest_gib = 16, 0.02
+    params, _, ring = _pool_bytes_per_slot("gdn", ring_len)
+    schedule = _publish(enable_linear_replayssm=True, linear_replayssm_cache_len=ring_len, max_mamba_cache_size=100)
+    sizing = _sizing(params, kda=False)
+    with config.override(True, record_hits=False), config.override_read_copy(mode):
+        left = sizing._handle_max_mamba_cache(rest_gib)
+    priced = params.mamba_cache_per_req + ring + bytes_per_slot(params, ring_len, mode, 4)
+    assert left == pytest.approx(rest_gib - (schedule.max_mamba_cache_size + 1) * priced / GIB, rel=1e-12)

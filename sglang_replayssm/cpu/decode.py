@@ -1,6 +1,8 @@
 """Packed GDN decode on CPU tensors: the ReplaySSM ring decode (torch reference with SGLang's exact
 ring layout, cursor and flush semantics) when the pool has rings, the conventional recurrent update
-otherwise. Bound as an AROUND hook on TritonGDNKernel.packed_decode (see cpu/hooks.py)."""
+otherwise. With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, radix/read_copy.py) the ring
+decode is :func:`sglang_replayssm.kernels.read_copy_ref.read_copy_decode_torch`. Bound as an AROUND
+hook on TritonGDNKernel.packed_decode (see cpu/hooks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import torch
 
 from sglang_replayssm.cpu.decode_probe import PROBE
 from sglang_replayssm.cpu.standin import gdn
+from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
+from sglang_replayssm.radix.read_copy import decode_step, layer_of
 
 
 def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out) -> None:
@@ -30,6 +34,13 @@ def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale,
     ring = [kwargs.get(n) for n in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")]
     if all(t is not None for t in ring):
         d, k, g, wp = ring
+        copy = layer_of(ssm_states)
+        if copy is not None:
+            decode_step(read_copy_decode_torch, copy, mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, k, g, out,
+                        cache_indices, wp, kwargs.get("replayssm_force_flush"), is_kda=False)  # fmt: skip
+            if PROBE is not None:
+                PROBE.call("gdn", True, out.shape[0])
+            return out.transpose(0, 1)
         if PROBE is not None:
             PROBE.before_ring_step(ssm_states, d, cache_indices, wp)
         ring_decode_torch(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, d, k, g, out, cache_indices, wp,

@@ -25,7 +25,9 @@ from torch import Tensor
 from sglang_replayssm.cpu import norm
 from sglang_replayssm.cpu.decode_probe import PROBE
 from sglang_replayssm.cpu.standin import gdn, ops
+from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
+from sglang_replayssm.radix.read_copy import decode_step, layer_of
 
 logger = logging.getLogger("sglang_replayssm")
 #: The original SGLang method an AROUND hook wraps.
@@ -141,12 +143,15 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
     if all(t is not None for t in ring):
         d, kc, gc, wp = (t for t in ring if t is not None)
         k_dim = ssm_states.shape[-1]
-        ring_decode_torch(
-            mixed_qkv, a.reshape(n, num_v_heads, k_dim).contiguous(), b.reshape(n, num_v_heads).contiguous(),
-            A_log.reshape(-1), dt_bias.reshape(num_v_heads, k_dim).contiguous(), scale, ssm_states, d, kc, gc,
-            out, cache_indices, wp, kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True,
-            is_kda=True,
-        )
+        a_, b_ = a.reshape(n, num_v_heads, k_dim).contiguous(), b.reshape(n, num_v_heads).contiguous()
+        A_log_, dt_bias_ = A_log.reshape(-1), dt_bias.reshape(num_v_heads, k_dim).contiguous()
+        copy = layer_of(ssm_states)
+        if copy is not None:  # the read copy (radix/read_copy.py)
+            decode_step(read_copy_decode_torch, copy, mixed_qkv, a_, b_, A_log_, dt_bias_, scale, ssm_states, kc, gc,
+                        out, cache_indices, wp, kwargs.get("replayssm_force_flush"), is_kda=True)  # fmt: skip
+        else:
+            ring_decode_torch(mixed_qkv, a_, b_, A_log_, dt_bias_, scale, ssm_states, d, kc, gc, out, cache_indices,
+                              wp, kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True, is_kda=True)  # fmt: skip
         if not _ring_logged:
             _ring_logged = True
             logger.warning("KDA decode runs the ReplaySSM ring decode on CPU (torch ring_decode_torch, is_kda=True, "

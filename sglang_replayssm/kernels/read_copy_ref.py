@@ -36,7 +36,7 @@ from .read_copy_format import dequantize, refresh_slots
 from .ring_decode_args import check_ring_decode_args
 from .ring_decode_ref import current_token, valid_rows
 
-__all__ = ["check_read_copy_args", "read_copy_decode_torch"]
+__all__ = ["check_read_copy_args", "read_copy_decode_torch", "replay_exact"]
 
 
 def check_read_copy_args(
@@ -186,3 +186,9 @@ def _replay_exact(
         S_next = S_dec + dj[..., :, None] * kj[..., None, :]
         S = torch.where(live[:, None, None, None], S_next, S)
     return S
+
+
+#: The exact replay of ``m`` raw records from the fp32 checkpoint (what a flush runs), for movers:
+#: ``replay_exact(initial_state, k_cache, g_cache, v_cache, beta_cache, slots, m, G, is_kda)`` ->
+#: the folded states ``[n, HV, V, K]`` (rows with ``m = 0`` are the checkpoint itself).
+replay_exact = _replay_exact

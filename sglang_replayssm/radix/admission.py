@@ -21,6 +21,8 @@ Refused here, each with one line naming the flags:
 * ``--disaggregation-mode prefill`` with the decode ring (a prefill server never decodes), and
   ``decode`` while the ``pd_decode_ring`` fix is off (:mod:`pd` admits it, wiring SGLang's
   decode-side pool for the ring and answering SGLang's own PD refusal);
+* ``SGLANG_REPLAYSSM_READ_COPY`` (:func:`check_read_copy`) with a bad value, without the decode ring,
+  with speculative decoding or a non-fp32 ``--mamba-ssm-dtype`` (checked first, whatever the fixes);
 * ``extra_buffer_lazy`` with ``--disable-overlap-schedule``: SGLang then sizes a one-entry
   ping-pong buffer, and its lazy prealloc indexes the second entry at the first decode track
   boundary (an IndexError in ``ScheduleBatch.mamba_lazy_prealloc_at_boundary``; not ring-specific).
@@ -34,7 +36,7 @@ from typing import Any
 
 from sglang_replayssm.radix import config
 
-__all__ = ["ReplaySSMArgsError", "admit_linear_attn_args"]
+__all__ = ["ReplaySSMArgsError", "admit_linear_attn_args", "check_read_copy"]
 
 _EXTRA_BUFFER = ("extra_buffer", "extra_buffer_lazy")
 #: The module whose global ``mamba_extra_buffer_of`` SGLang's guard calls
@@ -93,6 +95,24 @@ def _check_extra_buffer(server_args: Any, strategy: str) -> None:
         )
 
 
+def check_read_copy(server_args: Any) -> None:
+    """Refuse ``SGLANG_REPLAYSSM_READ_COPY`` in one line where it cannot be exact or run: a bad value,
+    no decode ring, the spec ring or speculative decoding, an explicit non-fp32 ``--mamba-ssm-dtype``
+    (an unset ssm dtype is checked on the allocated checkpoint, :func:`read_copy.attach`)."""
+    from sglang_replayssm.radix.read_copy import refusal
+
+    try:
+        mode = config.read_copy_mode()
+    except ValueError as exc:
+        raise ReplaySSMArgsError(f"sglang-replayssm: {exc}") from None
+    why = refusal(mode, ssm_dtype=_value(server_args, "mamba_ssm_dtype", None),
+                  decode_ring=bool(_value(server_args, "enable_linear_replayssm", False)),
+                  spec_ring=bool(_value(server_args, "enable_linear_replayssm_spec", False)),
+                  speculative=_value(server_args, "speculative_algorithm", None) is not None)  # fmt: skip
+    if why is not None:
+        raise ReplaySSMArgsError(why)
+
+
 def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> Any:
     """Run SGLang's ``handle_linear_attn_backend`` with the extra_buffer guard answered by us.
 
@@ -100,6 +120,7 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
     untouched. With it on, the only SGLang check skipped is the extra_buffer refusal, and only
     when :func:`_check_extra_buffer` accepted the combination.
     """
+    check_read_copy(server_args)
     if not config.enabled("admission") or not _value(server_args, "enable_linear_replayssm", False):
         return original(server_args)
     if _value(server_args, "enable_mixed_chunk", False) and not config.enabled("extend_fold"):

@@ -10,6 +10,9 @@ Fix: while SGLang sizes the pool, ``extra_mamba_cache_bytes_per_req`` also holds
 slot, which SGLang already adds to every slot's price (both the auto-fit solve and the explicit
 ``--max-mamba-cache-size`` charge), scaled to the rank's pipeline stage.
 
+The read copy (``SGLANG_REPLAYSSM_READ_COPY=bf16|fp8``, :mod:`read_copy`) is charged the same way,
+beside the ring: its bytes per slot are added to ``extra_mamba_cache_bytes_per_req`` too.
+
 Records (``record_hits``, GDN): the record pool (:mod:`records`, ``capacity`` tokens of every GDN
 layer's pre-conv row and two gate rows in the serving dtype, plus one interval state per
 ``interval`` tokens, :mod:`interval_states`) is reserved out of the memory left for the KV cache, as
@@ -71,6 +74,7 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
     if mambaish is None or not mamba.enable_linear_replayssm:
         return original(configurator, total_rest_memory)
     ring = decode_ring_bytes_per_slot(mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len)
+    ring += _read_copy_bytes_per_slot(configurator, mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len)
     saved = configurator.extra_mamba_cache_bytes_per_req
     configurator.extra_mamba_cache_bytes_per_req = saved + ring
     try:
@@ -78,6 +82,21 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
     finally:
         configurator.extra_mamba_cache_bytes_per_req = saved
     return rest - _record_reservation_gib(configurator, rest)
+
+
+def _read_copy_bytes_per_slot(configurator: Any, cache_params: Any, record_len: int) -> int:
+    """The read copy's bytes per slot (radix/read_copy.py: copy, scales, d~, v, beta, stale mark),
+    0 while ``SGLANG_REPLAYSSM_READ_COPY=off``; logged in one line when charged."""
+    from sglang_replayssm.radix import config
+    from sglang_replayssm.radix.read_copy import bytes_per_slot
+
+    mode = config.read_copy_mode()
+    if mode == "off":
+        return 0
+    dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
+    nbytes = bytes_per_slot(cache_params, record_len, mode, getattr(dtype, "itemsize", 4))
+    logger.info("sglang-replayssm read copy (%s): %d B per mamba slot charged beside the decode ring", mode, nbytes)
+    return nbytes
 
 
 def record_bytes_per_token(cache_params: Any, itemsize: int) -> int:

@@ -7,8 +7,15 @@ Environment (read once per process, inherited by SGLang's spawned scheduler proc
 * ``SGLANG_REPLAYSSM_DISABLE_FIXES=a,b`` turns single fixes off (names in :data:`FIXES`); a
   disabled fix's hook calls straight through to SGLang's function with the same arguments.
 
-Tests flip fixes at run time with :func:`override`; hooks read :func:`enabled` on every call, so
-an installed hook with its fix off is a pure pass-through (SGLang's behaviour).
+* ``SGLANG_REPLAYSSM_READ_COPY=off|bf16|fp8`` (default ``off``): the decode ring's non-flush steps
+  read a low-precision read copy of each slot's fp32 checkpoint (bf16, or fp8 e4m3 with fp32
+  per-row scales); flushes replay the raw records against the fp32 checkpoint, so flushed
+  checkpoints are those of fp32 decode (:mod:`read_copy`). Refused at startup in one line where
+  it cannot be exact or run (:func:`sglang_replayssm.radix.read_copy.refusal`).
+
+Tests flip fixes at run time with :func:`override` (the read copy with :func:`override_read_copy`);
+hooks read :func:`enabled` on every call, so an installed hook with its fix off is a pure
+pass-through (SGLang's behaviour).
 """
 
 from __future__ import annotations
@@ -22,15 +29,22 @@ __all__ = [
     "DISABLE_ENV",
     "FIXES",
     "RUNTIME_FIXES",
+    "READ_COPY_ENV",
+    "READ_COPY_MODES",
     "adapter_enabled",
     "cuda_kernels_enabled",
     "enabled",
     "enabled_fixes",
     "override",
+    "override_read_copy",
+    "read_copy_mode",
     "reload",
 ]
 
 ADAPTER_ENV = "SGLANG_REPLAYSSM_ADAPTER"
+READ_COPY_ENV = "SGLANG_REPLAYSSM_READ_COPY"
+#: The values of :data:`READ_COPY_ENV` (``off``: no read copy, today's fp32 ring decode).
+READ_COPY_MODES = ("off", "bf16", "fp8")
 DISABLE_ENV = "SGLANG_REPLAYSSM_DISABLE_FIXES"
 
 #: Every fix the adapter can make, with what it changes (the keys are the switch names).
@@ -103,9 +117,17 @@ FIXES: dict[str, str] = {
     "record_storage": "HiCache L3 storage (--hicache-storage-backend): a page's records are stored beside it "
     "through the same backend (key: page hash + layout) and come back as host records with a prefetch, so "
     "hits inside a prefetched span rebuild exactly (radix/record_storage.py)",
+    # the read copy (SGLANG_REPLAYSSM_READ_COPY, radix/read_copy.py); no effect while it is off
+    "read_copy_refresh": "read copy: a slot whose checkpoint was written by anything but the flush (alloc, "
+    "copy-on-write, HiCache load-back, load_cpu_copy, materialize, extend) is marked stale and its copy "
+    "rewritten from the fp32 checkpoint by its next decode step, per layer",
+    "read_copy_exact_fold": "read copy: a mover that folds a slot's pending records (copy-on-write, track "
+    "snapshot, extend fold, retraction backup) replays the raw records (k, g, v, beta) against the fp32 "
+    "checkpoint, as the flush does, instead of folding the copy-based deltas",
 }
 
 _state: dict[str, bool] | None = None
+_read_copy: str | None = None
 
 
 def cuda_kernels_enabled() -> bool:
@@ -122,6 +144,33 @@ def adapter_enabled() -> bool:
 #: Fixes of the CPU runtime (cpu/), not of the adapter: ``SGLANG_REPLAYSSM_ADAPTER=0`` leaves them on (without
 #: them SGLang cannot serve that path on CPU at all); only ``SGLANG_REPLAYSSM_DISABLE_FIXES`` turns them off.
 RUNTIME_FIXES = ("pd_host_indices", "pd_early_send_event")
+
+
+def read_copy_mode() -> str:
+    """The read-copy mode of this process (:data:`READ_COPY_MODES`), read once from
+    :data:`READ_COPY_ENV`; an unknown value is a ``ValueError`` naming the valid ones (a startup
+    refusal: :func:`sglang_replayssm.radix.read_copy.refusal`). ``off`` while the adapter is off."""
+    global _read_copy
+    if _read_copy is None:
+        value = os.environ.get(READ_COPY_ENV, "off").strip().lower() or "off"
+        if value not in READ_COPY_MODES:
+            raise ValueError(f"{READ_COPY_ENV}={value!r}: expected one of {', '.join(READ_COPY_MODES)}")
+        _read_copy = value if adapter_enabled() else "off"
+    return _read_copy
+
+
+@contextmanager
+def override_read_copy(mode: str) -> Iterator[None]:
+    """Temporarily set the read-copy mode (tests); restores the previous one on exit."""
+    global _read_copy
+    if mode not in READ_COPY_MODES:
+        raise ValueError(f"unknown read-copy mode {mode!r}")
+    saved = _read_copy
+    _read_copy = mode
+    try:
+        yield
+    finally:
+        _read_copy = saved
 
 
 def _from_env() -> dict[str, bool]:
@@ -142,8 +191,9 @@ def _current() -> dict[str, bool]:
 
 def reload() -> list[str]:
     """Re-read the environment (e.g. after a test changed it); returns the enabled fixes."""
-    global _state
+    global _state, _read_copy
     _state = _from_env()
+    _read_copy = None
     return enabled_fixes()
 
 

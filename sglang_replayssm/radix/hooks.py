@@ -20,6 +20,7 @@ from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.pd_hits import PD_HIT_HOOKS
+from sglang_replayssm.radix.read_copy_hooks import READ_COPY_HOOKS
 from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS, HOST_HIT_HOOKS, STORAGE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
@@ -438,7 +439,6 @@ def session_state_depth(original: Callable[..., Any], session: Any, req: Any) ->
     from sglang_replayssm.radix.session_depth import finish_at_state_depth
     return finish_at_state_depth(original, session, req)
 
-
 # ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------
 
 
@@ -460,8 +460,8 @@ for _rows, _module in ((HOST_HIT_HOOKS, "record_host_hits"), (STORAGE_HOOKS, "re
 
 # ---- registration ---------------------------------------------------------------------------------
 
-#: Every hook of the radix adapter, in definition order.
-HOOKS: tuple[Hook, ...] = tuple(_TABLE)
+#: Every hook of the radix adapter, in definition order (the read copy's last: radix/read_copy_hooks.py).
+HOOKS: tuple[Hook, ...] = tuple(_TABLE) + READ_COPY_HOOKS
 
 
 def applied_hooks(*, import_modules: bool = True) -> list[Hook]:

@@ -5,6 +5,12 @@ SGLang 0.5.23's packed-decode methods would launch its own ReplaySSM kernel, on 
 Same ring layout, cursor and flush semantics (the kernel takes SGLang's exact argument list), so the
 swap changes speed, not results; rows without rings, the KDA safe gate (lower_bound) and non-CUDA
 tensors go to SGLang's original method unchanged.
+
+With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, :mod:`read_copy`) the step is
+:func:`sglang_replayssm.kernels.read_copy_cuda.read_copy_decode_cuda`; inputs it does not handle raise
+its ``CudaReadUnsupported`` (never a silent fallback to the torch reference), and so does the KDA safe
+gate, which SGLang's kernel would run without the copy's records. Its stale-row refresh is one Triton
+launch with no host sync (:mod:`sglang_replayssm.kernels.read_copy_refresh`): the step is capturable.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm.kernels.ring_decode import ring_decode
+from sglang_replayssm.radix.read_copy import decode_step, layer_of
 
 _RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
 
@@ -28,6 +35,10 @@ def _ours_applies(mixed_qkv: Any, kwargs: dict[str, Any]) -> bool:
 def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any, a: Any, b: Any, *,
                        is_kda: bool, **kwargs: Any) -> Any:
     """Body of the AROUND hooks on TritonGDNKernel/TritonKDAKernel.packed_decode."""
+    states = kwargs.get("ssm_states")
+    if kwargs.get("lower_bound") is not None and states is not None and layer_of(states) is not None:
+        raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_READ_COPY does not cover the KDA safe gate "
+                           "(lower_bound): run it with SGLANG_REPLAYSSM_READ_COPY=off")
     if not _ours_applies(mixed_qkv, kwargs):
         return original(kernel, mixed_qkv, a, b, **kwargs)
 
@@ -40,6 +51,15 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
         dt_bias = kwargs["dt_bias"].reshape(hv, k_dim).contiguous()
     else:
         dt_bias = kwargs["dt_bias"]
+    copy = layer_of(ssm_states)
+    if copy is not None:
+        from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
+
+        decode_step(read_copy_decode_cuda, copy, mixed_qkv, a, b.reshape(rows, hv).contiguous(),
+                    kwargs["A_log"].reshape(-1), dt_bias, kwargs["scale"], ssm_states, kwargs["replayssm_k"],
+                    kwargs["replayssm_g"], out, kwargs["cache_indices"], kwargs["replayssm_write_pos"],
+                    kwargs.get("replayssm_force_flush"), is_kda)  # fmt: skip
+        return out.transpose(0, 1)
     ring_decode(
         mixed_qkv, a, b.reshape(rows, hv).contiguous(), kwargs["A_log"].reshape(-1), dt_bias,
         kwargs["scale"], ssm_states, kwargs["replayssm_d"], kwargs["replayssm_k"], kwargs["replayssm_g"],

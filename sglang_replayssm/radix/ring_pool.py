@@ -62,6 +62,16 @@ class RingPool:
         ``replayssm_is_kda``, which the ``kda_force_flush`` fix lowers around the decode metadata."""
         return self.g.dim() == 5
 
+    @property
+    def read_copy(self) -> tuple[Any, bool]:
+        """``(the pool's read copy or None, whether folds replay its raw records)``: a pool with a
+        read copy (radix/read_copy.py) keeps copy-based deltas in its own ``d`` ring, so its folds
+        replay ``k, g, v, beta`` from the checkpoint (the ``read_copy_exact_fold`` fix; off: fold ``d~``)."""
+        from sglang_replayssm.radix import config
+        from sglang_replayssm.radix.read_copy import read_copy_of
+
+        return read_copy_of(self.pool), config.enabled("read_copy_exact_fold")
+
     def index(self, slots: Any) -> torch.Tensor:
         """``slots`` (any shape, tensor or int) as a flat long tensor on the pool's device."""
         return torch.as_tensor(slots).reshape(-1).to(device=self.write_pos.device, dtype=torch.long)
@@ -88,6 +98,15 @@ class RingPool:
         temporal, d, k, g = self.temporal, self.d, self.k, self.g
         if layers is not None:
             temporal, d, k, g = temporal[layers], d[layers], k[layers], g[layers]
+        rc, exact = self.read_copy
+        if rc is not None:  # the destinations' checkpoints are rewritten: their copies are stale
+            from sglang_replayssm.radix.read_copy import mark_stale, replay_into
+
+            mark_stale(rc, dst)
+            if exact:  # copy-based deltas in the ring: replay the raw records (radix/read_copy.py)
+                replay_into(rc, temporal, k, g, src, dst, cnt, is_kda=self.is_kda, layers=layers)
+                return
+            d = (rc.d if layers is None else rc.d[layers]).to(temporal.dtype)  # exact fold off: fold d~
         # Host-side index validation would sync the device on every copy; rows built here satisfy
         # it (distinct destinations from SGLang's allocator, skipped rows marked -1): CPU only.
         materialize(temporal, d, k, g, src, dst, cnt, is_kda=self.is_kda, check_values=not temporal.is_cuda)
@@ -124,7 +143,17 @@ class RingPool:
         temporal = self.temporal[:, idx].clone()
         rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
         d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
-        materialize(temporal, d, k, g, rows, rows, counts, is_kda=self.is_kda)
+        rc, exact = self.read_copy
+        if rc is not None and exact:  # exact replay of the raw records (radix/read_copy.py), into the copy only
+            from sglang_replayssm.radix.read_copy import ReadCopyPool, replay_into
+
+            gathered = ReadCopyPool(rc.fmt, rc.copy, rc.scales, rc.d, rc.v[:, idx], rc.beta[:, idx],
+                                    torch.zeros_like(rc.stale))  # fmt: skip
+            replay_into(gathered, temporal, k, g, rows, rows, counts, is_kda=self.is_kda)
+        else:
+            if rc is not None:  # read_copy_exact_fold off: the copy-based deltas
+                d = rc.d[:, idx].to(temporal.dtype).contiguous()
+            materialize(temporal, d, k, g, rows, rows, counts, is_kda=self.is_kda)
         return temporal.reshape(self.temporal[:, torch.as_tensor(indices)].shape)
 
     def empty(self, slots: Any) -> None:

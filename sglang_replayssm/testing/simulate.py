@@ -234,7 +234,9 @@ class Sim(SimInvariants):
         from sglang.srt.managers.schedule_batch import ScheduleBatch, set_mamba_track_indices_from_reqs
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+        from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
         from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
+        from sglang_replayssm.radix.read_copy import decode_step, layer_of
 
         batch_reqs = list(self.running if reqs is None else reqs)
         if not batch_reqs:
@@ -295,24 +297,19 @@ class Sim(SimInvariants):
         for li in range(self.cfg.mamba_layers):
             mixed_qkv, a, b = m.decode_inputs(li, fed)
             out = torch.empty(len(reqs_), 1, m.HV, m.V)
-            ring_decode_torch(
-                mixed_qkv,
-                a,
-                b,
-                m.A_log[li],
-                m.dt_bias[li].contiguous(),
-                m.K**-0.5,
-                cache.temporal[li],
-                cache.replayssm_d[li],
-                cache.replayssm_k[li],
-                cache.replayssm_g[li],
-                out,
-                md.mamba_cache_indices,
-                md.replayssm_write_pos,
-                md.replayssm_force_flush,
-                use_qk_l2norm_in_kernel=True,
-                is_kda=self.cfg.is_kda,
-            )
+            copy = layer_of(cache.temporal[li])
+            if copy is not None:  # SGLANG_REPLAYSSM_READ_COPY: the CPU hook's read-copy step (radix/read_copy.py)
+                decode_step(read_copy_decode_torch, copy, mixed_qkv, a, b, m.A_log[li], m.dt_bias[li].contiguous(),
+                            m.K**-0.5, cache.temporal[li], cache.replayssm_k[li], cache.replayssm_g[li], out,
+                            md.mamba_cache_indices, md.replayssm_write_pos, md.replayssm_force_flush,
+                            is_kda=self.cfg.is_kda)  # fmt: skip
+            else:
+                ring_decode_torch(
+                    mixed_qkv, a, b, m.A_log[li], m.dt_bias[li].contiguous(), m.K**-0.5, cache.temporal[li],
+                    cache.replayssm_d[li], cache.replayssm_k[li], cache.replayssm_g[li], out,
+                    md.mamba_cache_indices, md.replayssm_write_pos, md.replayssm_force_flush,
+                    use_qk_l2norm_in_kernel=True, is_kda=self.cfg.is_kda,
+                )
             for row, slot in enumerate(md.mamba_cache_indices.tolist()):
                 self.conv[li, slot] = m.extend_conv(self.conv[li, slot], li, [int(fed[row])])
             with torch_track_copy(not self.cfg.triton_track_copy):

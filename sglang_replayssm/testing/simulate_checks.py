@@ -42,8 +42,15 @@ class SimInvariants:
     def slot_state(self, slot: int) -> list[torch.Tensor]:
         """Checkpoint of ``slot`` folded with its live ring records (fp64), per layer."""
         from sglang_replayssm.kernels.naive import fold_records_fp64
+        from sglang_replayssm.radix.read_copy import read_copy_of
+        from sglang_replayssm.radix.ring_pool import ring_pool
 
         cache = self.mamba_pool.mamba_cache
+        view = ring_pool(self.mamba_pool)
+        if view is not None and read_copy_of(self.mamba_pool) is not None:  # the ring holds d~: replay exactly
+            folded = view.folded_temporal(torch.tensor([slot]))
+            full = cache.temporal[:, [slot]] if folded is None else folded
+            return [full[li, 0].double() for li in range(self.cfg.mamba_layers)]
         count = int(self.write_pos[slot])
         return [
             fold_records_fp64(

@@ -1,0 +1,224 @@
+"""The read copy beside the decode ring (``SGLANG_REPLAYSSM_READ_COPY=bf16|fp8``, issue 15): its
+buffers, the stale marks that keep it equal to the fp32 checkpoint, the exact fold movers use.
+
+Per decode-ring ``MambaPool`` (:func:`attach`, right after SGLang allocates the ring), layer dim
+first like SGLang's ring:
+
+* ``copy`` ``[layers, slots, HV, V, K]`` bf16, or e4m3 with ``scales`` fp32 ``[layers, slots, HV, V]``
+  (:mod:`sglang_replayssm.kernels.read_copy_format`);
+* ``d`` ``[layers, slots, HV, L, V]`` in the io dtype: the copy-based deltas ``d~`` of the non-flush
+  steps (read only by later non-flush folds of the same window; SGLang's own ``replayssm_d`` ring is
+  not used while the read copy is on);
+* ``v`` ``[layers, slots, HV, L, V]`` (io dtype) and ``beta`` ``[layers, slots, HV, L]`` fp32: the raw
+  inputs the exact flush replays (with SGLang's ``replayssm_k`` / ``replayssm_g``, fp32 with an fp32
+  checkpoint);
+* ``stale`` ``[layers, slots]`` bool.
+
+Invariants:
+
+* The copy is read only by non-flush decode steps. The fp32 checkpoint (``temporal``) is the only
+  state that moves: every mover (copy-on-write, HiCache, retraction, materialize, records) reads and
+  writes it, never the copy, and nothing writes the checkpoint from the copy.
+* ``copy[l, s]`` equals ``quantize(temporal[l, s])`` whenever ``stale[l, s]`` is False and slot ``s``
+  has an empty ring: the flush rewrites the copy with the checkpoint it writes, and every other
+  writer of a checkpoint marks the slot stale (:func:`mark_stale`: slot handed out by the allocator,
+  ``copy_from`` destination, ``load_cpu_copy``, a fold, any extend forward's rows); the next decode
+  step of each layer refreshes its stale rows before it reads them (:func:`decode_step`).
+* A slot's full state is ``temporal`` replayed exactly over its pending records (``k``, ``g``, ``v``,
+  ``beta``: :func:`replay_into`), not ``temporal`` folded with ``d~``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sglang_replayssm.kernels.read_copy_format import COPY_DTYPES, alloc_read_copy
+from sglang_replayssm.kernels.read_copy_ref import replay_exact
+from sglang_replayssm.kernels.read_copy_refresh import refresh_stale
+from sglang_replayssm.radix import config
+
+__all__ = [
+    "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "decode_step", "layer_of", "mark_stale",
+    "read_copy_of", "refusal", "replay_into",
+]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+_ATTR = "_replayssm_read_copy"
+#: Set on a ``MambaSlotAllocator`` whose slots index a read-copy pool (stale at alloc).
+ALLOCATOR_ATTR = "_replayssm_read_copy"
+_FP32 = 4
+#: ``ssm_states.data_ptr()`` of each layer view -> (weakref to the pool's temporal, pool, layer).
+_LAYERS: dict[int, tuple[weakref.ref[torch.Tensor], ReadCopyPool, int]] = {}
+
+
+def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, speculative: bool) -> str | None:
+    """One line saying why ``SGLANG_REPLAYSSM_READ_COPY=mode`` cannot run exactly here, or None.
+
+    ``ssm_dtype``: the checkpoint dtype (a torch dtype or SGLang's ``--mamba-ssm-dtype`` string;
+    None: not known yet, not refused here). Exact flushes need an fp32 checkpoint, the copy lives
+    beside the decode ring, and the spec-verify ring / speculative decoding have their own cursors.
+    """
+    if mode == "off":
+        return None
+    pre = f"sglang-replayssm: {config.READ_COPY_ENV}={mode}"
+    if spec_ring or speculative:
+        return f"{pre} is unsupported with speculative decoding (--enable-linear-replayssm-spec / --speculative-*)."
+    if not decode_ring:
+        return f"{pre} needs the decode ring: add --enable-linear-replayssm."
+    if ssm_dtype is not None and ssm_dtype not in (torch.float32, "float32"):
+        name = str(ssm_dtype).replace("torch.", "")
+        return f"{pre} needs an fp32 checkpoint for an exact flush: --mamba-ssm-dtype float32 (got {name})."
+    return None
+
+
+def bytes_per_slot(cache_params: Any, record_len: int, fmt: str, io_itemsize: int) -> int:
+    """Bytes of one slot's read copy and records over all layers (:func:`attach`'s buffers)."""
+    hv, v_dim, k_dim = cache_params.shape.temporal
+    copy = hv * v_dim * k_dim * COPY_DTYPES[fmt].itemsize + (hv * v_dim * _FP32 if fmt == "fp8" else 0)
+    records = 2 * hv * record_len * v_dim * io_itemsize + hv * record_len * _FP32
+    return (copy + records + 1) * len(cache_params.layers)
+
+
+@dataclass(frozen=True)
+class ReadCopyLayer:
+    """One layer's read copy (shapes as :class:`ReadCopyPool` without the layer dim)."""
+
+    copy: torch.Tensor
+    scales: torch.Tensor | None
+    d: torch.Tensor
+    v: torch.Tensor
+    beta: torch.Tensor
+    stale: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ReadCopyPool:
+    """A pool's read copy and records (module docstring), format ``fmt`` (``"bf16"`` / ``"fp8"``)."""
+
+    fmt: str
+    copy: torch.Tensor
+    scales: torch.Tensor | None
+    d: torch.Tensor
+    v: torch.Tensor
+    beta: torch.Tensor
+    stale: torch.Tensor
+
+    def layer(self, i: int) -> ReadCopyLayer:
+        return ReadCopyLayer(self.copy[i], None if self.scales is None else self.scales[i], self.d[i], self.v[i],
+                             self.beta[i], self.stale[i])  # fmt: skip
+
+    @property
+    def nbytes(self) -> int:
+        ts = [self.copy, self.d, self.v, self.beta, self.stale] + ([] if self.scales is None else [self.scales])
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def read_copy_of(mamba_pool: Any) -> ReadCopyPool | None:
+    """The read copy :func:`attach` gave ``mamba_pool``, or None."""
+    return getattr(mamba_pool, _ATTR, None)
+
+
+def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
+    """Allocate the read copy of a decode-ring pool (every slot stale), remember its layers, log its bytes.
+
+    Refuses (``ValueError``, one line) a checkpoint that is not fp32 and, on CUDA, shapes the CUDA
+    passes are not compiled for (no silent torch fallback on a GPU).
+    """
+    cache = mamba_pool.mamba_cache
+    temporal, g = cache.temporal, cache.replayssm_g
+    layers, slots, hv, v_dim, k_dim = temporal.shape
+    L = g.shape[3]
+    why = refusal(fmt, ssm_dtype=temporal.dtype, decode_ring=True, spec_ring=False, speculative=False)
+    if why is None and temporal.is_cuda and not config.enabled("ring_kernels"):
+        why = f"sglang-replayssm: {config.READ_COPY_ENV}={fmt} on CUDA needs the ring_kernels fix (our decode binding)."
+    if why is None and temporal.is_cuda and ((k_dim, v_dim) != (128, 128) or L > 16):
+        why = (f"sglang-replayssm: {config.READ_COPY_ENV}={fmt}: the CUDA read-copy passes are compiled for "
+               f"K = V = 128 and ring length <= 16 (got K={k_dim}, V={v_dim}, L={L}).")  # fmt: skip
+    if why is not None:
+        raise ValueError(why)
+    dev = temporal.device
+    copy, scales = alloc_read_copy(layers * slots, hv, v_dim, k_dim, fmt, False, dev)  # type: ignore[arg-type]
+    rc = ReadCopyPool(
+        fmt,
+        copy.view(layers, slots, hv, v_dim, k_dim),
+        None if scales is None else scales.view(layers, slots, hv, v_dim),
+        torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
+        torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
+        torch.zeros(layers, slots, hv, L, dtype=torch.float32, device=dev),
+        torch.ones(layers, slots, dtype=torch.bool, device=dev),
+    )
+    setattr(mamba_pool, _ATTR, rc)
+    ref = weakref.ref(temporal)
+    for i in range(layers):
+        _LAYERS[temporal[i].data_ptr()] = (ref, rc, i)
+    logger.info("sglang-replayssm read copy (%s): %d layers x %d slots, %.1f MiB beside the decode ring",
+                fmt, layers, slots, rc.nbytes / (1 << 20))
+    return rc
+
+
+def layer_of(ssm_states: torch.Tensor) -> ReadCopyLayer | None:
+    """The read copy of the pool layer ``ssm_states`` is (``temporal[layer]``), or None."""
+    entry = _LAYERS.get(ssm_states.data_ptr())
+    if entry is None:
+        return None
+    ref, rc, i = entry
+    temporal = ref()
+    if temporal is None or tuple(temporal.shape[1:]) != tuple(ssm_states.shape):
+        _LAYERS.pop(ssm_states.data_ptr(), None)
+        return None
+    return rc.layer(i)
+
+
+def mark_stale(rc: ReadCopyPool | None, slots: Any) -> None:
+    """``stale[:, slots] = True`` (any shape; entries < 0 are padding and skipped; no host sync)."""
+    if rc is None or slots is None:
+        return
+    flat = torch.as_tensor(slots).reshape(-1).to(device=rc.stale.device, dtype=torch.long)
+    if flat.numel():
+        rc.stale.index_fill_(1, flat.clamp(min=0), True)  # -1 -> the padding slot 0, never live
+
+
+def _refresh_stale(layer: ReadCopyLayer, ssm_states: torch.Tensor, cache_indices: torch.Tensor) -> None:
+    """Rewrite this layer's copy of every stale row of the batch from its fp32 checkpoint and clear
+    their flags (:func:`sglang_replayssm.kernels.read_copy_refresh.refresh_stale`: one Triton launch
+    with no host sync on CUDA, so the step stays capturable in a CUDA graph; torch on CPU)."""
+    refresh_stale(ssm_states, layer.copy, layer.scales, layer.stale, cache_indices.reshape(-1))
+
+
+def decode_step(decode: Callable[..., Any], layer: ReadCopyLayer, mixed_qkv: torch.Tensor, a: torch.Tensor,
+                b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float, ssm_states: torch.Tensor,
+                k_ring: torch.Tensor, g_ring: torch.Tensor, out: torch.Tensor, cache_indices: torch.Tensor,
+                write_pos: torch.Tensor, force_flush: torch.Tensor | None, is_kda: bool) -> None:  # fmt: skip
+    """One read-copy decode step of one layer: stale rows refreshed, then ``decode`` (the torch reference
+    or the CUDA passes, :func:`sglang_replayssm.kernels.read_copy_ref.read_copy_decode_torch`'s arguments)."""
+    if config.enabled("read_copy_refresh"):
+        _refresh_stale(layer, ssm_states, cache_indices)
+    decode(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, layer.copy, layer.scales, layer.d, k_ring, g_ring,
+           layer.v, layer.beta, out, cache_indices, write_pos, force_flush, use_qk_l2norm_in_kernel=True,
+           is_kda=is_kda)  # fmt: skip
+
+
+def replay_into(rc: ReadCopyPool, temporal: torch.Tensor, k: torch.Tensor, g: torch.Tensor, src: torch.Tensor,
+                dst: torch.Tensor, counts: torch.Tensor, *, is_kda: bool, layers: slice | None = None) -> None:  # fmt: skip
+    """``temporal[:, dst[i]] = temporal[:, src[i]]`` replayed exactly over its first ``counts[i]`` records.
+
+    The exact fold of a read-copy pool (``k``, ``g``: SGLang's rings; ``v``, ``beta``: ours), the same
+    recurrence the flush runs, so a moved state equals fp32 decode. Rows with ``src < 0``, ``dst < 0``
+    or ``counts <= 0`` are skipped (the caller marks ``dst`` stale). One host read of the row mask.
+    """
+    src, dst, counts = (t.reshape(-1).to(device=temporal.device, dtype=torch.long) for t in (src, dst, counts))
+    live = torch.nonzero((src >= 0) & (dst >= 0) & (counts > 0)).flatten()
+    v, beta = rc.v, rc.beta
+    if layers is not None:
+        v, beta = v[layers], beta[layers]
+    if live.numel():
+        s, d_, m = src[live], dst[live], counts[live]
+        G = temporal.shape[2] // k.shape[2]
+        for li in range(temporal.shape[0]):
+            temporal[li, d_] = replay_exact(temporal[li], k[li], g[li], v[li], beta[li], s, m, G, is_kda)
