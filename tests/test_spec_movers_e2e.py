@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sglang_replayssm.bench.arms import ARMS as BENCH_ARMS
+from sglang_replayssm.bench.arms import COMMON_FLAGS
 from sglang_replayssm.models import make_models
 from sglang_replayssm.models.mtp import fit_prompts
 from sglang_replayssm.models.specs import SPECS
@@ -114,14 +117,14 @@ ARMS = {
 class _Runs:
     """Each arm's server is started (and its workload run) the first time a test asks for it."""
 
-    def __init__(self, model: Path, logs: Path) -> None:
-        self.model, self.logs, self.done = model, logs, {}
+    def __init__(self, model: Path, logs: Path, arms: dict = ARMS, workload: Callable[[str], dict] = _workload) -> None:
+        self.model, self.logs, self.done, self.arms, self.workload = model, logs, {}, arms, workload
 
     def __getitem__(self, name: str) -> dict:
         if name not in self.done:
-            flags, env = ARMS[name]
+            flags, env = self.arms[name]
             with cpu_server(self.model, flags, self.logs / f"{name}.log", env=env, timeout_s=600) as url:
-                self.done[name] = _workload(url)
+                self.done[name] = self.workload(url)
             (self.logs / "runs.json").write_text(json.dumps(self.done))
         return self.done[name]
 
@@ -129,6 +132,77 @@ class _Runs:
 @pytest.fixture(scope="module")
 def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
     yield _Runs(model, tmp_path_factory.mktemp("spec-movers-logs"))
+
+
+# --- HiCache eviction + load-back and retraction under memory pressure (one pressured server per arm) ---
+
+#: 200 KV tokens for five concurrent ~100-token generations, admission told to expect 4 new tokens per
+#: request: decode runs out of KV and SGLang retracts mid-decode (tests/test_movers_e2e.py's budget).
+PRESSURE = ["--max-total-tokens", "200", "--max-mamba-cache-size", "8"]
+PRESSURE_ENV = {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "4"}
+#: Device prefixes evicted to a host pool 4x the device's; the 64-token track interval leaves mamba
+#: states at 64 and 128 inside each 150-token system prompt, so a revisit loads KV and state back.
+HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "4", "--mamba-track-interval", "64"]
+
+
+def _bench_flags(arm: str) -> list[str]:
+    return [*COMMON_FLAGS, *BENCH_ARMS[arm].flags]
+
+
+PRESSURE_ARMS = {
+    "plain": (_bench_flags("baseline"), {}),  # no spec, no pressure, no HiCache: the reference tokens
+    "nextn": ([*_bench_flags("nextn"), *PRESSURE, *HICACHE], PRESSURE_ENV),  # NEXTN without the ring
+    "nextn-ring": ([*_bench_flags("nextn-ring"), *PRESSURE, *HICACHE], PRESSURE_ENV),  # + decode ring
+    "nextn-plugin": ([*_bench_flags("nextn-plugin"), *PRESSURE, *HICACHE], PRESSURE_ENV),  # + spec ring
+}
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _pressure_workload(url: str) -> dict:
+    """HiCache: three 150-token system prompts (each + a fitted prompt, so drafts are accepted and
+    records pend), revisited after the others pushed them out of the 200-token device pool.
+    Retraction: five fitted prompts decoding 60 tokens each, concurrently."""
+    prompts = fit_prompts(SPECS["tiny-gdn"], 2048)
+    rng = random.Random(11)
+    system = {g: [rng.randrange(10, 2000) for _ in range(150)] for g in "ABC"}
+    hicache = []
+    for i, g in enumerate("AABBCABC"):
+        body = {"input_ids": system[g] + prompts[i][-8:],
+                "sampling_params": {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}}
+        out = _post(url, "/generate", body)
+        hicache.append({"output_ids": out["output_ids"],
+                        "host": (out["meta_info"].get("cached_tokens_details") or {}).get("host", 0)})
+    results: list[dict | None] = [None] * 5
+
+    def run(i: int) -> None:
+        body = {"input_ids": prompts[4 * (i % 4) + i // 4], "sampling_params": {
+            "max_new_tokens": 60, "temperature": 0.0, "ignore_eos": True}}
+        out = _post(url, "/generate", body)
+        results[i] = {"output_ids": out["output_ids"], "retractions": out["meta_info"].get("num_retractions", 0),
+                      "accept": out["meta_info"].get("spec_accept_length")}
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    load_back = {pool: _metric(metrics, "sglang:load_back_tokens_total", pool=pool) for pool in ("kv", "mamba")}
+    return {"hicache": hicache, "load_back": load_back, "retraction": results,
+            "retracted_reqs": _metric(metrics, "sglang:num_retracted_reqs_total")}
+
+
+@pytest.fixture(scope="module")
+def pressure_runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
+    yield _Runs(model, tmp_path_factory.mktemp("spec-pressure-logs"), PRESSURE_ARMS, _pressure_workload)
 
 
 @pytest.mark.parametrize("arm", ["ring", "nextn"])
@@ -144,3 +218,24 @@ def test_mixed_chunks_equal_plain(runs: _Runs, arm: str) -> None:
 @pytest.mark.parametrize("arm", ["ring", "nextn"])
 def test_session_turns_equal_plain(runs: _Runs, arm: str) -> None:
     assert runs[arm]["session"] == runs["plain"]["session"]
+
+
+@pytest.mark.parametrize("arm", ["nextn", "nextn-ring", "nextn-plugin"])
+def test_hicache_load_back_equals_plain(pressure_runs: _Runs, arm: str) -> None:
+    """Revisited system prompts come back from host (KV and mamba state loaded back) and every
+    generation's greedy tokens equal plain greedy (no spec, no pressure, no HiCache)."""
+    got, want = pressure_runs[arm], pressure_runs["plain"]
+    assert sum(r["host"] for r in got["hicache"]) > 0, [r["host"] for r in got["hicache"]]
+    assert got["load_back"]["kv"] > 0 and got["load_back"]["mamba"] > 0, got["load_back"]
+    assert [r["output_ids"] for r in got["hicache"]] == [r["output_ids"] for r in want["hicache"]]
+
+
+@pytest.mark.parametrize("arm", ["nextn", "nextn-ring", "nextn-plugin"])
+def test_retraction_equals_plain(pressure_runs: _Runs, arm: str) -> None:
+    """Concurrent long generations are retracted mid-decode (meta_info.num_retractions) and still
+    equal plain greedy."""
+    got, want = pressure_runs[arm], pressure_runs["plain"]
+    assert not any(r["retractions"] for r in want["retraction"])
+    assert sum(r["retractions"] for r in got["retraction"]) > 0, [r["retractions"] for r in got["retraction"]]
+    for i, (g, w) in enumerate(zip(got["retraction"], want["retraction"])):
+        assert g["output_ids"] == w["output_ids"], f"request {i} ({g['retractions']} retractions) differs"
