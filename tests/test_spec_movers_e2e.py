@@ -12,20 +12,30 @@ one token past what a verify that ends on its bonus token computed, and a verify
 ``max_new_tokens`` leaves the mamba state deeper than the kept KV; with ``session_state_depth``
 (radix/session_depth.py; tests/test_spec_e2e.py shows it off) they equal plain. Servers start per arm
 on first use.
+
+Issue 14's HiCache and retraction lines: one pressured server per arm (bench arms nextn, nextn-ring,
+nextn-plugin; 200 KV tokens, 8 mamba slots, HiCache ratio 4, track interval 64) runs evicted prefixes
+loaded back from host (``cached_tokens_details.host``, ``sglang:load_back_tokens_total`` kv and mamba),
+second turns that load a finished turn's end state back, and five concurrent fitted generations that
+SGLang retracts mid-decode (``meta_info.num_retractions``, ``sglang:num_retracted_requests_total``).
+2026-12-02: every arm equal to plain greedy (notes/records-spec.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sglang_replayssm.bench.arms import ARMS as BENCH_ARMS
+from sglang_replayssm.bench.arms import COMMON_FLAGS
 from sglang_replayssm.models import make_models
 from sglang_replayssm.models.mtp import fit_prompts
 from sglang_replayssm.models.specs import SPECS
@@ -114,14 +124,14 @@ ARMS = {
 class _Runs:
     """Each arm's server is started (and its workload run) the first time a test asks for it."""
 
-    def __init__(self, model: Path, logs: Path) -> None:
-        self.model, self.logs, self.done = model, logs, {}
+    def __init__(self, model: Path, logs: Path, arms: dict = ARMS, workload: Callable[[str], dict] = _workload) -> None:
+        self.model, self.logs, self.done, self.arms, self.workload = model, logs, {}, arms, workload
 
     def __getitem__(self, name: str) -> dict:
         if name not in self.done:
-            flags, env = ARMS[name]
+            flags, env = self.arms[name]
             with cpu_server(self.model, flags, self.logs / f"{name}.log", env=env, timeout_s=600) as url:
-                self.done[name] = _workload(url)
+                self.done[name] = self.workload(url)
             (self.logs / "runs.json").write_text(json.dumps(self.done))
         return self.done[name]
 
@@ -129,6 +139,84 @@ class _Runs:
 @pytest.fixture(scope="module")
 def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
     yield _Runs(model, tmp_path_factory.mktemp("spec-movers-logs"))
+
+
+# --- HiCache eviction + load-back and retraction under memory pressure (one pressured server per arm) ---
+
+#: 200 KV tokens for five concurrent ~100-token generations, admission told to expect 4 new tokens per
+#: request: decode runs out of KV and SGLang retracts mid-decode (tests/test_movers_e2e.py's budget).
+PRESSURE = ["--max-total-tokens", "200", "--max-mamba-cache-size", "8"]
+PRESSURE_ENV = {"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION": "4"}
+#: Device prefixes evicted to a host pool 4x the device's; the 64-token track interval leaves mamba
+#: states at 64 and 128 inside each 150-token system prompt, so a revisit loads KV and state back.
+HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "4", "--mamba-track-interval", "64"]
+
+
+def _bench_flags(arm: str) -> list[str]:
+    return [*COMMON_FLAGS, *BENCH_ARMS[arm].flags]
+
+
+PRESSURE_ARMS = {
+    "plain": (_bench_flags("baseline"), {}),  # no spec, no pressure, no HiCache: the reference tokens
+    "nextn": ([*_bench_flags("nextn"), *PRESSURE, *HICACHE], PRESSURE_ENV),  # NEXTN without the ring
+    "nextn-ring": ([*_bench_flags("nextn-ring"), *PRESSURE, *HICACHE], PRESSURE_ENV),  # + decode ring
+    "nextn-plugin": ([*_bench_flags("nextn-plugin"), *PRESSURE, *HICACHE], PRESSURE_ENV),  # + spec ring
+}
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _pressure_workload(url: str) -> dict:
+    """HiCache: three 140-token system prompts (each + the tail of a fitted prompt), revisited after the
+    others pushed them out of the 200-token device pool, then a second turn of each group's first
+    request (prompt + output + 3 tokens). Retraction: five fitted prompts (drafts accepted, so records
+    pend across verify steps) decoding 60 tokens each, concurrently."""
+    prompts = fit_prompts(SPECS["tiny-gdn"], 2048)
+    rng = random.Random(11)
+    system = {g: [rng.randrange(10, 2000) for _ in range(140)] for g in "ABC"}
+    hicache: list[dict] = []
+
+    def ask(ids: list[int], n: int) -> None:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}}
+        meta = (out := _post(url, "/generate", body))["meta_info"]
+        hicache.append({"input_ids": ids, "output_ids": out["output_ids"], "cached": meta.get("cached_tokens", 0),
+                        "host": (meta.get("cached_tokens_details") or {}).get("host", 0),
+                        "accept": meta.get("spec_accept_length")})
+
+    for i, g in enumerate("AABBCABC"):
+        ask(system[g] + prompts[i][-8:], 16)
+    for first in hicache[:5:2]:  # second turns of A, B, C's first requests: each finished request's end state
+        ask(first["input_ids"] + first["output_ids"] + [11, 12, 13], 8)  # (folded records) comes back from host
+    results: list[dict | None] = [None] * 5
+
+    def run(i: int) -> None:
+        body = {"input_ids": prompts[4 * (i % 4) + i // 4], "sampling_params": {
+            "max_new_tokens": 60, "temperature": 0.0, "ignore_eos": True}}
+        out = _post(url, "/generate", body)
+        results[i] = {"output_ids": out["output_ids"], "retractions": out["meta_info"].get("num_retractions", 0),
+                      "accept": out["meta_info"].get("spec_accept_length")}
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    load_back = {pool: _metric(metrics, "sglang:load_back_tokens_total", pool=pool) for pool in ("kv", "mamba")}
+    return {"hicache": hicache, "load_back": load_back, "retraction": results,
+            "retracted_reqs": _metric(metrics, "sglang:num_retracted_requests_total")}
+
+
+@pytest.fixture(scope="module")
+def pressure_runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Runs]:
+    yield _Runs(model, tmp_path_factory.mktemp("spec-pressure-logs"), PRESSURE_ARMS, _pressure_workload)
 
 
 @pytest.mark.parametrize("arm", ["ring", "nextn"])
@@ -144,3 +232,30 @@ def test_mixed_chunks_equal_plain(runs: _Runs, arm: str) -> None:
 @pytest.mark.parametrize("arm", ["ring", "nextn"])
 def test_session_turns_equal_plain(runs: _Runs, arm: str) -> None:
     assert runs[arm]["session"] == runs["plain"]["session"]
+
+
+@pytest.mark.parametrize("arm", ["nextn", "nextn-ring", "nextn-plugin"])
+def test_hicache_load_back_equals_plain(pressure_runs: _Runs, arm: str) -> None:
+    """Revisited system prompts come back from host (KV and mamba state loaded back) and every
+    generation's greedy tokens equal plain greedy (no spec, no pressure, no HiCache). With records
+    (nextn-ring, nextn-plugin) each second turn hits 163 tokens from host: the state SGLang donated at
+    the first turn's finish (``end_state``, the spec ring's pending records folded first), backed up
+    and loaded back; NEXTN without the ring keeps only the tracked state at 128."""
+    got, want = pressure_runs[arm], pressure_runs["plain"]
+    assert sum(r["host"] for r in got["hicache"]) > 0, [r["host"] for r in got["hicache"]]
+    assert got["load_back"]["kv"] > 0 and got["load_back"]["mamba"] > 0, got["load_back"]
+    if arm != "nextn":  # with records the second turns resume from the finished end state, loaded back
+        assert all(r["host"] > 140 for r in got["hicache"][8:]), [r["host"] for r in got["hicache"]]
+    assert [r["output_ids"] for r in got["hicache"]] == [r["output_ids"] for r in want["hicache"]]
+
+
+@pytest.mark.parametrize("arm", ["nextn", "nextn-ring", "nextn-plugin"])
+def test_retraction_equals_plain(pressure_runs: _Runs, arm: str) -> None:
+    """Concurrent long generations are retracted mid-decode (meta_info.num_retractions) and still
+    equal plain greedy."""
+    got, want = pressure_runs[arm], pressure_runs["plain"]
+    assert not any(r["retractions"] for r in want["retraction"])
+    assert sum(r["retractions"] for r in got["retraction"]) > 0, [r["retractions"] for r in got["retraction"]]
+    assert got["retracted_reqs"] > 0  # sglang:num_retracted_requests_total
+    for i, (g, w) in enumerate(zip(got["retraction"], want["retraction"])):
+        assert g["output_ids"] == w["output_ids"], f"request {i} ({g['retractions']} retractions) differs"
