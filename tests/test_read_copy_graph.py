@@ -34,7 +34,9 @@ def test_captured_step_equals_eager_reference(fmt: str) -> None:
     B, H, HV, n = 8, 2, 4, 11
     slots = torch.arange(1, B + 1, dtype=torch.int32)
     state = torch.randn(n, HV, V, K, generator=g) * 0.05
-    rings = [torch.full((n, H, L, K), float("nan")), torch.full((n, HV, L), float("nan"))]
+    # rows start at staggered cursors, so their first records are live unwritten ones: zeros (k = 0,
+    # g = 0, v = beta = 0) replay as no-ops on both paths (NaN here would poison both states)
+    rings = [torch.zeros(n, H, L, K), torch.zeros(n, HV, L)]
     A_log, dt_bias = torch.randn(HV, generator=g) * 0.3, torch.randn(HV, generator=g) * 0.3
     T = 2 * L + 5
     qkv = torch.randn(T, B, 2 * H * K + HV * V, generator=g)
@@ -43,9 +45,9 @@ def test_captured_step_equals_eager_reference(fmt: str) -> None:
     fresh = {L + 2: (3, torch.randn(HV, V, K, generator=g) * 0.05)}  # slot 3 re-enters use mid-run
 
     def run(device: str, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        st, kr, gr = state.to(device), *(r.to(device) for r in rings)
+        st, kr, gr = state.to(device, copy=True), *(r.to(device, copy=True) for r in rings)  # each run its own
         layer = _layer(n, HV, fmt, device)
-        x, aa, bb, wp = qkv[0].to(device), a[0].to(device), b[0].to(device), wps[0].to(device)
+        x, aa, bb, wp = (t[0].to(device, copy=True) for t in (qkv, a, b, wps))  # static inputs, refilled per step
         out = torch.zeros(B, 1, HV, V, device=device)
         idx, al, dt = slots.to(device).long() if device == "cpu" else slots.to(device), A_log.to(device), dt_bias.to(device)
         fn = read_copy_decode_cuda if device == "cuda" else read_copy_decode_torch
