@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sglang_replayssm.bench.metrics import agreement, hit_rate, mean, percentile, summarize
 from sglang_replayssm.bench.records import RequestRecord
-from sglang_replayssm.bench.server_metrics import CacheCounters, metric_sums, server_hit_rate
+from sglang_replayssm.bench.server_metrics import CacheCounters, metric_sum, metric_sums, server_hit_rate
 
 
 def rec(rid: str, prompt: int = 10, cached: int = 0, out: list[int] | None = None, ttft: float | None = 0.1,
@@ -129,3 +129,13 @@ def test_server_counters_absent_or_without_hits() -> None:
     assert CacheCounters.parse("") == CacheCounters(None, None)
     assert server_hit_rate(None, no_hits)["hit_rate"] is None
     assert server_hit_rate(no_hits, no_hits)["hit_rate"] is None  # no prompt tokens in between
+
+
+def test_metric_sum_filters_by_labels() -> None:
+    page = ('# HELP sglang:load_back_tokens_total x\n'
+            'sglang:load_back_tokens_total{model_name="m",pool="kv"} 12.0\n'
+            'sglang:load_back_tokens_total{model_name="m",pool="mamba"} 3.0\n'
+            'sglang:load_back_tokens_total_other{pool="kv"} 100.0\n')  # fmt: skip
+    assert metric_sum(page, "sglang:load_back_tokens_total", pool="kv") == 12.0
+    assert metric_sum(page, "sglang:load_back_tokens_total") == 15.0
+    assert metric_sum(page, "sglang:load_back_tokens_total", pool="host") == 0.0

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_replayssm.bench.server_metrics import metric_sum
+
 NEW_TOKENS = 12
 RING_LEN = 4
 # Device pool far smaller than the prompts: 512 KV tokens and 8 mamba slots for 4 x 200-token prompts.
@@ -51,14 +53,6 @@ def _generate(url: str, ids: list[int]) -> dict:
         return json.loads(resp.read())
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @pytest.mark.server
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", list(SERVER_CASES))
@@ -77,9 +71,9 @@ def test_evicted_prefix_loads_back_from_host(models, tmp_path, case):
 
     details = out["meta_info"].get("cached_tokens_details") or {}
     assert details.get("host", 0) >= 64, details  # the hit came from host memory ...
-    assert _metric(metrics, "sglang:load_back_tokens_total", pool="kv") > 0  # ... loaded back: KV
-    assert _metric(metrics, "sglang:load_back_tokens_total", pool="mamba") > 0  # and the mamba state
-    assert _metric(metrics, "sglang:cached_tokens_total", cache_source="host") >= details["host"]
+    assert metric_sum(metrics, "sglang:load_back_tokens_total", pool="kv") > 0  # ... loaded back: KV
+    assert metric_sum(metrics, "sglang:load_back_tokens_total", pool="mamba") > 0  # and the mamba state
+    assert metric_sum(metrics, "sglang:cached_tokens_total", cache_source="host") >= details["host"]
     if not multiturn:
         assert out["output_ids"] == outs[0]["output_ids"], "host hit differs from the uncached run"
 
@@ -144,7 +138,7 @@ def test_l3_storage_hit_then_a_hit_inside_the_prefetched_span(models, tmp_path, 
         metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
 
     assert again["cached_tokens"] == again2["cached_tokens"] == 192  # the deepest stored state (64-grid)
-    assert _metric(metrics, "sglang:cached_tokens_total", cache_source="storage") >= 192
+    assert metric_sum(metrics, "sglang:cached_tokens_total", cache_source="storage") >= 192
     want = 150 if switch == "on" else 0
     assert (inside["cached_tokens"], inside2["cached_tokens"]) == (want, want)
     expected = hf_greedy(model, [prompts[0], prompts[1], *leave], NEW_TOKENS, ignore_eos=True)

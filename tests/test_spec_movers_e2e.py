@@ -36,6 +36,7 @@ import pytest
 
 from sglang_replayssm.bench.arms import ARMS as BENCH_ARMS
 from sglang_replayssm.bench.arms import COMMON_FLAGS
+from sglang_replayssm.bench.server_metrics import metric_sum
 from sglang_replayssm.models import make_models
 from sglang_replayssm.models.mtp import fit_prompts
 from sglang_replayssm.models.specs import SPECS
@@ -164,14 +165,6 @@ PRESSURE_ARMS = {
 }
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def _pressure_workload(url: str) -> dict:
     """HiCache: three 140-token system prompts (each + the tail of a fitted prompt), revisited after the
     others pushed them out of the 200-token device pool, then a second turn of each group's first
@@ -209,9 +202,9 @@ def _pressure_workload(url: str) -> dict:
     for t in threads:
         t.join()
     metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
-    load_back = {pool: _metric(metrics, "sglang:load_back_tokens_total", pool=pool) for pool in ("kv", "mamba")}
+    load_back = {pool: metric_sum(metrics, "sglang:load_back_tokens_total", pool=pool) for pool in ("kv", "mamba")}
     return {"hicache": hicache, "load_back": load_back, "retraction": results,
-            "retracted_reqs": _metric(metrics, "sglang:num_retracted_requests_total")}
+            "retracted_reqs": metric_sum(metrics, "sglang:num_retracted_requests_total")}
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,20 @@ def metric_sums(text: str) -> dict[str, float]:
     return sums
 
 
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose label sets include every ``key="value"`` of ``labels``
+    (0.0 when none matches)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m.group("name") == name and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            try:
+                total += float(m.group("value"))
+            except ValueError:
+                continue
+    return total
+
+
 @dataclass(frozen=True)
 class CacheCounters:
     cached_tokens: float | None  # None: the page lacks the counter

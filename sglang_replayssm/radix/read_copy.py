@@ -98,16 +98,11 @@ class ReadCopyLayer:
 
 
 @dataclass(frozen=True)
-class ReadCopyPool:
-    """A pool's read copy and records (module docstring), format ``fmt`` (``"bf16"`` / ``"fp8"``)."""
+class ReadCopyPool(ReadCopyLayer):
+    """A pool's read copy and records (module docstring): :class:`ReadCopyLayer`'s fields with the layer
+    dim first, format ``fmt`` (``"bf16"`` / ``"fp8"``)."""
 
-    fmt: str
-    copy: torch.Tensor
-    scales: torch.Tensor | None
-    d: torch.Tensor
-    v: torch.Tensor
-    beta: torch.Tensor
-    stale: torch.Tensor
+    fmt: str = "bf16"
 
     def layer(self, i: int) -> ReadCopyLayer:
         return ReadCopyLayer(self.copy[i], None if self.scales is None else self.scales[i], self.d[i], self.v[i],
@@ -145,13 +140,13 @@ def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
     dev = temporal.device
     copy, scales = alloc_read_copy(layers * slots, hv, v_dim, k_dim, fmt, False, dev)  # type: ignore[arg-type]
     rc = ReadCopyPool(
-        fmt,
-        copy.view(layers, slots, hv, v_dim, k_dim),
-        None if scales is None else scales.view(layers, slots, hv, v_dim),
-        torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
-        torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
-        torch.zeros(layers, slots, hv, L, dtype=torch.float32, device=dev),
-        torch.ones(layers, slots, dtype=torch.bool, device=dev),
+        copy=copy.view(layers, slots, hv, v_dim, k_dim),
+        scales=None if scales is None else scales.view(layers, slots, hv, v_dim),
+        d=torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
+        v=torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
+        beta=torch.zeros(layers, slots, hv, L, dtype=torch.float32, device=dev),
+        stale=torch.ones(layers, slots, dtype=torch.bool, device=dev),
+        fmt=fmt,
     )
     setattr(mamba_pool, _ATTR, rc)
     ref = weakref.ref(temporal)

@@ -17,6 +17,7 @@ operation runs on the pool's device without host syncs unless it says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,10 +146,9 @@ class RingPool:
         d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
         rc, exact = self.read_copy
         if rc is not None and exact:  # exact replay of the raw records (radix/read_copy.py), into the copy only
-            from sglang_replayssm.radix.read_copy import ReadCopyPool, replay_into
+            from sglang_replayssm.radix.read_copy import replay_into
 
-            gathered = ReadCopyPool(rc.fmt, rc.copy, rc.scales, rc.d, rc.v[:, idx], rc.beta[:, idx],
-                                    torch.zeros_like(rc.stale))  # fmt: skip
+            gathered = dataclasses.replace(rc, v=rc.v[:, idx], beta=rc.beta[:, idx], stale=torch.zeros_like(rc.stale))
             replay_into(gathered, temporal, k, g, rows, rows, counts, is_kda=self.is_kda)
         else:
             if rc is not None:  # read_copy_exact_fold off: the copy-based deltas
