@@ -68,15 +68,17 @@ def test_cpu_tensors_refused_with_the_reason() -> None:
 @pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("is_kda", [False, True])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-@pytest.mark.parametrize("parts,overlap,tc,prefetch,recip", [
-    (1, False, False, False, False), (4, True, False, False, False), (1, True, True, False, False),
-    (2, False, True, False, False), (1, True, False, True, False), (2, True, True, True, False),
-    (1, True, False, True, True), (4, True, True, False, True), (0, True, False, False, False)])
+@pytest.mark.parametrize("parts,overlap,tc,prefetch,recip,stages", [
+    (1, False, False, False, False, 0), (4, True, False, False, False, 0), (1, True, True, False, False, 0),
+    (2, False, True, False, False, 0), (1, True, False, True, False, 0), (2, True, True, True, False, 0),
+    (1, True, False, True, True, 0), (4, True, True, False, True, 0), (1, True, False, True, True, 4),
+    (4, False, False, False, True, 3), (2, True, False, False, True, 6), (0, True, False, False, False, 0)])  # fmt: skip
 def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, overlap: bool, tc: bool,
-                                           prefetch: bool, recip: bool) -> None:
+                                           prefetch: bool, recip: bool, stages: int) -> None:
     """``tc``: GDN's flush pass in the Gram form on tensor cores (KDA: the same build, sequential flush);
     ``prefetch``: the flush pass loads the next block's rows during the current one; ``recip``: the
-    fp8 copy written with a reciprocal per row; ``parts`` 0: no config (:func:`default_config`)."""
+    fp8 copy written with a reciprocal per row; ``stages``: the non-flush pass's chunks staged in
+    shared memory (0: in registers); ``parts`` 0: no config (:func:`default_config`)."""
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
@@ -85,7 +87,7 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     bf = torch.bfloat16  # the d~ ring in the io dtype
     ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
     cfg = ReadCopyCudaConfig(flush_parts=parts, overlap=overlap, tc_flush=tc, flush_prefetch=prefetch,
-                             fp8_recip=recip) if parts else None
+                             fp8_recip=recip, stages=stages) if parts else None
     got = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
     err = rel(got.out, ref.out, (3,))  # [T, B, HV]
     flush = torch.zeros(err.shape[:2], dtype=torch.bool)
@@ -101,6 +103,34 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
         assert (t, r) == (t2, r2)
         assert float(rel(c, c2)) <= 1e-5, (t, r)  # fp32, reassociated
         assert float(rel(c, oracle[t][r])) <= 1e-5, (t, r)  # fp32 decode's own distance to fp64
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("stages", [0, 4])
+def test_cuda_fp32_io_matches_reference(is_kda: bool, stages: int) -> None:
+    """fp32 io (qkv, a, b, out and the d~ / v rings fp32): the staged non-flush pass copies two 16-byte
+    pieces per d~ record and chunk instead of one."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+
+    H, HV = (4, 4) if is_kda else (2, 4)
+    inp = make_inputs(2 * L + 3, 12, H, HV, 128, 128, is_kda, seed=7)
+    inp.qkv, inp.b = inp.qkv.float(), inp.b.float()
+    f32 = torch.float32
+    ref = run_copy(inp, "bf16", L, decode=read_copy_decode_torch, d_dtype=f32, v_dtype=f32)
+    cfg = ReadCopyCudaConfig(flush_parts=1, stages=stages)
+
+    def cuda(*args: Any, **kw: Any) -> Any:
+        return read_copy_decode_cuda(*args, **kw, config=cfg)
+
+    got = run_copy(inp, "bf16", L, decode=cuda, d_dtype=f32, v_dtype=f32)
+    err = rel(got.out, ref.out, (3,))
+    assert float(err.max()) <= 1e-3  # fp32 io: the reference's arithmetic reassociated (measured 1.3e-4)
+    assert len(got.flushed) == len(ref.flushed) >= 12
+    for (t, r, c), (t2, r2, c2) in zip(got.flushed, ref.flushed, strict=True):
+        assert (t, r) == (t2, r2)
+        assert float(rel(c, c2)) <= 1e-5, (t, r)
 
 
 @gpu
@@ -126,3 +156,14 @@ def test_padding_rows_zero_and_untouched(fmt: str) -> None:
     assert torch.all(out == 0)
     for x, y in zip((state, copy, *rings), before, strict=True):
         assert torch.equal(x.float().nan_to_num(1.5), y.float().nan_to_num(1.5))
+
+
+def test_default_config_follows_the_flush_rows() -> None:
+    """The product's launch by regime (docstring of :func:`default_config`): the register path while a
+    step flushes at most 256 (row, head) pairs, staged chunks above; KDA's flush split in two up to 512."""
+    from sglang_replayssm.kernels.read_copy_cuda import default_config
+
+    small, big = default_config(64, 32, 16, False), default_config(256, 32, 16, False)
+    assert (small.stages, small.flush_parts) == (0, 4) and (big.stages, big.flush_parts) == (4, 1)
+    assert [default_config(B, 32, 16, True).flush_parts for B in (64, 256, 512)] == [4, 2, 1]
+    assert default_config(256, 32, 16, False, "fp8").min_blocks == 5

@@ -35,7 +35,7 @@ __all__ = [
 _DIR = Path(__file__).parent / "csrc"
 _SRC = _DIR / "read_copy.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, bool, bool, bool], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, bool, bool, bool, int, bool], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 #: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
 DEFAULT_READ_COPY_BUILD = (3, 3)
@@ -52,7 +52,11 @@ class ReadCopyCudaConfig:
     the Gram form on tensor cores (3xTF32, ``flush_item_tc``; a build of its own; KDA keeps the
     sequential replay); ``flush_prefetch``: the flush pass requests the next 16-row block's
     state rows into registers while the current block computes; ``fp8_recip``: the fp8 copy is
-    written as ``x * (448 / amax)`` instead of IEEE ``x / (amax / 448)`` (each a build of its own)."""
+    written as ``x * (448 / amax)`` instead of IEEE ``x / (amax / 448)``; ``stages``: the non-flush
+    pass stages its chunks (copy rows, ``d~`` tile, fp8 scales) in a cp.async ring of that many
+    chunks per warp in shared memory, 0: ``depth`` chunks in registers; ``d_tile`` (with ``stages``
+    0): the live ``d~`` records copied to shared memory once per (row, head) instead of loaded with
+    every chunk (each a build of its own)."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
@@ -63,6 +67,8 @@ class ReadCopyCudaConfig:
     tc_flush: bool = False
     flush_prefetch: bool = False
     fp8_recip: bool = False
+    stages: int = 0
+    d_tile: bool = False
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -72,19 +78,22 @@ def default_flush_parts(B: int, HV: int, L: int) -> int:
     return 4 if pairs <= 256 else 2 if pairs <= 512 else 1
 
 
-def default_config(B: int, HV: int, L: int, is_kda: bool) -> ReadCopyCudaConfig:
-    """The launch :func:`read_copy_decode_cuda` uses when given none, picked from the H200 sweep of
-    2026-12-02 (notes/read-copy-h200-2026-12-02-sweep.json, staggered cursors, B = 64 / 256 / 512):
-    the depth-2 non-flush build at 4 blocks per SM and the fp8 copy written with a reciprocal for
-    both models; GDN's flush prefetches the next block (KDA's, with its per-column decays, has no
-    registers to spare: slower); flush warps per item 4 while a step flushes at most 256 (row, head)
-    pairs, then 1 (GDN) or 2 up to 512 pairs (KDA)."""
+def default_config(B: int, HV: int, L: int, is_kda: bool, fmt: str = "bf16") -> ReadCopyCudaConfig:
+    """The launch :func:`read_copy_decode_cuda` uses when given none, picked from the H200 sweeps of
+    2026-12-02 (staggered cursors, B = 64 / 256 / 512; notes/read-copy.md, "Staged chunks").
+
+    Up to 256 flush (row, head) pairs per step (B <= 128 at HV = 32): the register-path non-flush
+    build (depth 2, 4 blocks per SM) with 4 flush warps per item. Above: the non-flush pass stages
+    4 chunks per warp in shared memory (GDN's fp8 copy at 5 blocks per SM), the flush pass
+    prefetches the next block, 1 flush warp per item (KDA: 2 up to 512 pairs). Every fp8 copy is
+    written with a reciprocal per row."""
     pairs = max(1, B // max(L, 1)) * HV
-    if is_kda:
-        parts = 4 if pairs <= 256 else 2 if pairs <= 512 else 1
-        return ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, fp8_recip=True)
-    parts = 4 if pairs <= 256 else 1
-    return ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, flush_prefetch=True, fp8_recip=True)
+    if pairs <= 256:
+        return ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=4, flush_prefetch=not is_kda, fp8_recip=True)
+    parts = 2 if is_kda and pairs <= 512 else 1
+    mb = 5 if fmt == "fp8" and not is_kda else 4
+    return ReadCopyCudaConfig(depth=2, min_blocks=mb, flush_parts=parts, flush_prefetch=True, fp8_recip=True,
+                              stages=4)
 
 
 def _arch() -> str:
@@ -93,13 +102,17 @@ def _arch() -> str:
 
 
 def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir: Path | None = None,
-          tc_flush: bool = False, flush_prefetch: bool = False, fp8_recip: bool = False) -> Path:
+          tc_flush: bool = False, flush_prefetch: bool = False, fp8_recip: bool = False, stages: int = 0,
+          d_tile: bool = False) -> Path:
     """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path."""
     if not 1 <= depth <= 6:
         raise ValueError(f"depth must be 1..6 (got {depth})")
+    if stages != 0 and not 2 <= stages <= 8:
+        raise ValueError(f"stages must be 0 or 2..8 (got {stages})")
     arch = arch or _arch()
     src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
     tc = ("_tc" if tc_flush else "") + ("_pf" if flush_prefetch else "") + ("_rcp" if fp8_recip else "")
+    tc += (f"_st{stages}" if stages else "") + ("_dt" if d_tile else "")
     key = hashlib.sha256(src + f"{arch}:{depth}:{min_blocks}{tc}".encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     so = out_dir / f"read_copy_{arch}_d{depth}_m{min_blocks}{tc}_{key}.so"
@@ -109,15 +122,16 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
     _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
     return nvcc_shared(_SRC, so, arch, [f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}",
                                         f"-DRC_TC_FLUSH={int(tc_flush)}", f"-DRC_FLUSH_PREFETCH={int(flush_prefetch)}",
-                                        f"-DRC_FP8_RECIP={int(fp8_recip)}"])
+                                        f"-DRC_FP8_RECIP={int(fp8_recip)}", f"-DRC_STAGES={stages}",
+                                        f"-DRC_DTILE={int(d_tile)}"])
 
 
 def _lib(depth: int, min_blocks: int, tc_flush: bool = False, flush_prefetch: bool = False,
-         fp8_recip: bool = False) -> ctypes.CDLL:
-    key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip)
+         fp8_recip: bool = False, stages: int = 0, d_tile: bool = False) -> ctypes.CDLL:
+    key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip, stages, d_tile)
     if key not in _LIBS:
         lib = ctypes.CDLL(str(build(key[0], depth, min_blocks, tc_flush=tc_flush, flush_prefetch=flush_prefetch,
-                                    fp8_recip=fp8_recip)))
+                                    fp8_recip=fp8_recip, stages=stages, d_tile=d_tile)))
         lib.read_copy_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -127,7 +141,7 @@ def read_copy_supports(
     mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     out: torch.Tensor, initial_state: torch.Tensor, read_copy: torch.Tensor, d_cache: torch.Tensor,
     k_cache: torch.Tensor, g_cache: torch.Tensor, v_cache: torch.Tensor, beta_cache: torch.Tensor,
-    slots: torch.Tensor, K: int, V: int, L: int,
+    slots: torch.Tensor, K: int, V: int, L: int, scales: torch.Tensor | None = None,
 ) -> str | None:  # fmt: skip
     """``None`` when ``read_copy.cu`` handles these inputs, else the reason it does not."""
     if not mixed_qkv.is_cuda:
@@ -146,6 +160,12 @@ def read_copy_supports(
     for name, t in (("read_copy", read_copy), ("v_cache", v_cache), ("beta_cache", beta_cache)):
         if t.shape[0] and not t[0].is_contiguous():
             return f"{name} must be contiguous within a slot"
+    # the staged non-flush pass copies 16-byte pieces of the copy rows, d~ rows and fp8 scales
+    staged: list[tuple[str, torch.Tensor | None]] = [("read_copy", read_copy), ("d_cache", d_cache),
+                                                     ("read_copy_scales", scales)]
+    for name, x in staged:
+        if x is not None and (x.data_ptr() % 16 or (x.shape[0] > 1 and x.stride(0) * x.element_size() % 16)):
+            return f"{name} must be 16-byte aligned per slot"
     return None
 
 
@@ -164,19 +184,21 @@ def read_copy_decode_cuda(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
         ssm_state_indices, write_pos, force_flush, is_kda,
     )  # fmt: skip
-    cfg = config or default_config(shape.B, shape.HV, shape.L, is_kda)
+    cfg = config or default_config(shape.B, shape.HV, shape.L, is_kda, "fp8" if read_copy_scales is not None else "bf16")
     check_read_copy_args(read_copy, read_copy_scales, v_cache, beta_cache, initial_state, shape.L, is_kda)
     check_fused_layout(shape, mixed_qkv, a, b, dt_bias, initial_state, d_cache, k_cache, g_cache, out, is_kda)
     step = prepare_step(shape, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache,
                         out, ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda)  # fmt: skip
     why = read_copy_supports(step.qkv, step.a, step.b, A_log, dt_bias, out, initial_state, read_copy, d_cache,
-                             k_cache, g_cache, v_cache, beta_cache, ssm_state_indices, shape.K, shape.V, shape.L)
+                             k_cache, g_cache, v_cache, beta_cache, ssm_state_indices, shape.K, shape.V, shape.L,
+                             read_copy_scales)
     if why is not None:
         raise CudaReadUnsupported(why)
     parts = cfg.flush_parts if cfg.flush_parts is not None else default_flush_parts(shape.B, shape.HV, shape.L)
     if parts not in (1, 2, 4, 8):
         raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {parts})")
-    lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip)
+    lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip, cfg.stages,
+               cfg.d_tile)
     fp8 = read_copy_scales is not None
     sc = read_copy_scales if read_copy_scales is not None else initial_state
     strides = (*step.strides, read_copy.stride(0), sc.stride(0), v_cache.stride(0), beta_cache.stride(0))

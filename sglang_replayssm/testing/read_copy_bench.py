@@ -38,17 +38,18 @@ __all__ = ["ARMS", "main", "window_bytes"]
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
         "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
-#: (depth, min_blocks, flush_parts, mode[, tc[, prefetch[, recip]]]) of :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`;
-#: mode 0: side stream, 1: high-priority side stream, 2: one stream, flush pass first; tc 1: GDN's
-#: flush on tensor cores (``tc_flush``; not swept for KDA, whose flush it leaves sequential); prefetch 1:
-#: the flush pass loads the next block's state rows during the current one (``flush_prefetch``);
-#: recip 1: the fp8 copy written with a reciprocal per row (``fp8_recip``)
-#: (the depth-2 build (2, 3, 4, 1) was the best only at B=64 in the 2026-12-01 run; dropped from the
-#: sweep with the tensor-core flush so that a B=256 / 512 run needs two builds)
-CUDA_SWEEP = ((3, 3, 1, 1), (3, 3, 4, 1),
-              (2, 4, 1, 1, 0, 1, 1), (2, 4, 2, 1, 0, 1, 1), (2, 4, 4, 1, 0, 1, 1), (2, 5, 1, 1, 0, 1, 1),
-              (2, 5, 2, 1, 0, 1, 1), (2, 6, 1, 1, 0, 1, 1), (1, 4, 1, 1, 0, 1, 1), (1, 6, 1, 1, 0, 1, 1),
-              (2, 4, 1, 1, 0, 0, 1), (2, 4, 2, 1, 0, 0, 1), (2, 4, 4, 1, 0, 0, 1))  # fmt: skip
+#: (depth, min_blocks, flush_parts, mode[, tc[, prefetch[, recip[, stages[, d_tile]]]]]) of
+#: :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig` (then d_tile); flush_parts 0: :func:`default_config`'s; mode 0:
+#: side stream, 1: high-priority side stream, 2: one stream, flush pass first; tc 1: GDN's flush on
+#: tensor cores (``tc_flush``; not swept for KDA, whose flush it leaves sequential); prefetch 1: the
+#: flush pass loads the next block's state rows during the current one (``flush_prefetch``); recip 1:
+#: the fp8 copy written with a reciprocal per row (``fp8_recip``); stages: the non-flush pass's chunks
+#: staged in shared memory (``stages``; 0: in registers). The register-path launches of the
+#: 2026-12-02 morning sweep are in notes/read-copy-h200-2026-12-02-sweep.json; this sweep is the
+#: staged builds (the arm's ``default`` entry is the product's launch beside them).
+CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 0, 1), (2, 4, 0, 1, 0, 0, 1, 0, 1), (2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 0, 1, 0, 1, 1, 3),
+              (2, 5, 0, 1, 0, 1, 1, 4), (2, 5, 0, 1, 0, 0, 1, 4), (2, 4, 1, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4),
+              (2, 4, 4, 1, 0, 1, 1, 4), (2, 4, 1, 1, 0, 1, 1, 0, 1), (2, 4, 2, 1, 0, 1, 1, 0, 1))  # fmt: skip
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -116,15 +117,21 @@ def _copy_launch(pb: StaggeredProblem, fmt: str, bv: int, nw: int, wp: torch.Ten
 
 
 def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch.Tensor) -> object:
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+    from sglang_replayssm.kernels.read_copy_cuda import (
+        ReadCopyCudaConfig,
+        default_config,
+        read_copy_decode_cuda,
+    )
 
     if not cfg:  # the product's launch (read_copy_cuda.default_config)
         return pb.copy_step(read_copy_decode_cuda, fmt, wp)
 
-    c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=cfg[2], overlap=cfg[3] != 2,
+    parts = cfg[2] or default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt).flush_parts
+    c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=parts, overlap=cfg[3] != 2,
                            high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1,
                            flush_prefetch=len(cfg) > 5 and cfg[5] == 1,
-                           fp8_recip=len(cfg) > 6 and cfg[6] == 1)  # fmt: skip
+                           fp8_recip=len(cfg) > 6 and cfg[6] == 1, stages=cfg[7] if len(cfg) > 7 else 0,
+                           d_tile=len(cfg) > 8 and cfg[8] == 1)  # fmt: skip
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
 
 
@@ -217,11 +224,15 @@ def bench(model: str, B: int, sgl: Any, triton_arms: bool = False) -> dict:
                 row[f"{arm}_best_sweep"] = [best, ok[best]]
                 picked = () if "default" in ok else tuple(int(x) for x in best.split("_"))
                 # where the time goes: every row at one cursor (0 and 7: non-flush; L-1: all rows flush)
-                per_m = {}
-                for m in (0, 7, L_RING - 1):
-                    wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
-                    per_m[str(m)] = time_us(functools.partial(launch, pb, fmt, *_args(picked), wp))[0]
-                row[f"{arm}_uniform_cursor_us"] = per_m
+                best_cfg = () if best == "default" else tuple(int(x) for x in best.split("_"))
+                for key, cfg in (("uniform_cursor_us", picked), ("best_uniform_cursor_us", best_cfg)):
+                    if key.startswith("best") and cfg == picked:
+                        continue
+                    per_m = {}
+                    for m in (0, 7, L_RING - 1):
+                        wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
+                        per_m[str(m)] = time_us(functools.partial(launch, pb, fmt, *_args(cfg), wp))[0]
+                    row[f"{arm}_{key}"] = per_m
             try:
                 small = StaggeredProblem(model, min(B, 64))
                 if launch is _cuda_launch and ok:

@@ -164,11 +164,11 @@ def run_shared(inp: DriftInputs, fmt: CopyFormat) -> torch.Tensor:
 
 def run_copy(
     inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = True, decode: Callable = read_copy_decode_torch,
-    d_dtype: torch.dtype = torch.float32,
+    d_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype = torch.bfloat16,
 ) -> DriftRun:
     """The read-copy decode over all steps, rows at staggered cursors (module docstring); ``decode``:
-    the torch reference or a fused kernel with its signature (run on ``inp``'s device); ``d_dtype``:
-    the ``d~`` ring's dtype."""
+    the torch reference or a fused kernel with its signature (run on ``inp``'s device); ``d_dtype`` /
+    ``v_dtype``: the ``d~`` / ``v`` rings' dtypes."""
     B, H, HV, K, V, kda = inp.B, inp.H, inp.HV, inp.K, inp.V, inp.is_kda
     n = B + 1
     state = torch.zeros(n, HV, V, K)
@@ -182,7 +182,7 @@ def run_copy(
     d_c = torch.full((n, HV, L, V), nan, dtype=d_dtype)
     k_c = torch.full((n, H, L, K), nan)
     g_c = torch.full((n, HV, L, K) if kda else (n, HV, L), nan)
-    v_c = torch.full((n, HV, L, V), nan, dtype=torch.bfloat16)
+    v_c = torch.full((n, HV, L, V), nan, dtype=v_dtype)
     b_c = torch.full((n, HV, L), nan)
     slots = torch.arange(1, B + 1, dtype=torch.int32)
     wp = torch.zeros(B, dtype=torch.int32)

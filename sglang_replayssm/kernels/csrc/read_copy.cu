@@ -35,7 +35,14 @@
 #ifndef RC_FP8_RECIP  // fp8 copy: 1 = x * (448 / amax) per element, 0 = x / (amax / 448) (IEEE division)
 #define RC_FP8_RECIP 0
 #endif
+#ifndef RC_STAGES  // non-flush pass: 0 = RC_DEPTH chunks in registers (chunk loop unrolled); >= 2 = a
+#define RC_STAGES 0  // cp.async ring of that many chunks per warp in shared memory (rows, d~ tile, scales)
+#endif
+#ifndef RC_DTILE  // non-flush pass, register path (RC_STAGES 0): 1 = the live d~ records copied to shared
+#define RC_DTILE 0  // memory once per (row, head) by cp.async (their latency under the setup's), else loaded per chunk
+#endif
 static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
+static_assert(RC_STAGES == 0 || (RC_STAGES >= 2 && RC_STAGES <= 8), "RC_STAGES is 0 or 2..8");
 
 namespace rc {
 
@@ -134,6 +141,30 @@ struct Args {
   bool idx64, l2n;
 };
 
+// 16-byte global -> shared copy of any element type (both 16-byte aligned)
+__device__ __forceinline__ void cp_async16v(void* smem, const void* gmem) {
+  cp_async16(static_cast<float4*>(smem), static_cast<const float*>(gmem));
+}
+
+// RC_STAGES > 0: one staged chunk of one warp, in float4: the chunk's 8 copy rows (as in memory),
+// its d~ tile (record j's 8 rows at j * ROWS, io dtype T; dead records not copied, never read),
+// the fp8 rows' scales
+template <typename T, int CF> struct Stage {
+  static constexpr int ROWS_F4 = ROWS * K * (CF == 1 ? 2 : 1) / 16;
+  static constexpr int TILE_F4 = 16 * ROWS * static_cast<int>(sizeof(T)) / 16;
+  static constexpr int F4 = ROWS_F4 + TILE_F4 + (CF == 2 ? ROWS / 4 : 0);
+};
+// RC_DTILE: a warp's d~ records [16][DT_STRIDE] in the io dtype (padded: lanes reading records 4 s + t
+// at once fall into two bank groups, not one)
+template <typename T> struct DTile {
+  static constexpr int STRIDE = V + 16 / static_cast<int>(sizeof(T));
+  static constexpr int F4 = 16 * STRIDE * static_cast<int>(sizeof(T)) / 16;
+};
+__host__ __device__ constexpr int read_smem_f4(int io_bytes, int cf) {
+  return RC_STAGES > 0 ? RC_STAGES * (ROWS * K * (cf == 1 ? 2 : 1) / 16 + 16 * ROWS * io_bytes / 16 + (cf == 2 ? ROWS / 4 : 0))
+         : RC_DTILE ? 16 * (V + 16 / io_bytes) * io_bytes / 16 : 0;
+}
+
 // ---- non-flush pass: one warp per (row, value head)
 template <typename T, bool KDA, int CF>
 __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) {
@@ -160,8 +191,47 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
   const T* vptr = row + 2 * H * K + hv * V + sigma;
   const int jt = m - 4 * s;  // records t < jt of this lane's four are live
 
-  Raw<CF> raw[RC_DEPTH];
-  float dd[RC_DEPTH][4], vv[RC_DEPTH], sc[RC_DEPTH];
+  constexpr int ST = RC_STAGES, DP = RC_STAGES > 0 ? 1 : RC_DEPTH;
+  using SG = Stage<T, CF>;
+  extern __shared__ float4 rc_read_smem[];
+  float4* stage = rc_read_smem + (threadIdx.x >> 5) * (ST > 0 ? ST * SG::F4 : DTile<T>::F4);  // this warp's
+  constexpr bool DT = ST == 0 && RC_DTILE;  // (staged chunks, or its d~ records)
+  T* dtile = reinterpret_cast<T*>(stage);
+  if constexpr (DT) {  // every live record, 16-byte pieces (16 per record in bf16, 32 in fp32)
+    constexpr int PER = V * static_cast<int>(sizeof(T)) / 16, EL = 16 / static_cast<int>(sizeof(T));
+    for (int q = lane; q < m * PER; q += 32) {
+      const int j = q / PER, e = (q - j * PER) * EL;
+      cp_async16v(dtile + j * DTile<T>::STRIDE + e, static_cast<const T*>(p.d_ring) + slot * p.s_d +
+                  (static_cast<int64_t>(hv) * L + j) * V + e);
+    }
+    cp_async_commit();
+  }
+  const CT* chead = static_cast<const CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K;
+  const T* dhead = static_cast<const T*>(p.d_ring) + slot * p.s_d + static_cast<int64_t>(hv) * L * V;
+  const float* shead = p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V;
+  auto issue = [&](int c) {  // ST > 0: stage chunk c (rows v0 .. v0 + 7 of this head)
+    float4* buf = stage + (c % ST) * SG::F4;
+    const int v0 = c * ROWS;
+    const float4* src = reinterpret_cast<const float4*>(chead + static_cast<int64_t>(v0) * K);
+#pragma unroll
+    for (int i = 0; i < SG::ROWS_F4 / 32; ++i) cp_async16v(buf + 32 * i + lane, src + 32 * i + lane);
+    if constexpr (sizeof(T) == 2) {
+      if (lane < m) cp_async16v(buf + SG::ROWS_F4 + lane, dhead + lane * V + v0);
+    } else {
+      if ((lane >> 1) < m) cp_async16v(buf + SG::ROWS_F4 + lane, dhead + (lane >> 1) * V + v0 + 4 * (lane & 1));
+    }
+    if (CF == 2 && lane < ROWS / 4) cp_async16v(buf + SG::ROWS_F4 + SG::TILE_F4 + lane, shead + v0 + 4 * lane);
+  };
+  if constexpr (ST > 0) {
+#pragma unroll
+    for (int c = 0; c < ST - 1; ++c) {
+      issue(c);
+      cp_async_commit();
+    }
+  }
+
+  Raw<CF> raw[DP];
+  float dd[DP][4], vv[DP], sc[DP];
   auto load = [&](int b, int c) {
     const int v0 = c * ROWS;
 #pragma unroll
@@ -171,13 +241,17 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
       else
         raw[b].r[i] = __ldcs(reinterpret_cast<const unsigned int*>(cbase + static_cast<int64_t>(v0 + i) * K));
     }
+    if constexpr (!DT) {
 #pragma unroll
-    for (int t = 0; t < 4; ++t) dd[b][t] = (t < jt) ? to_f(dptr[t * V + v0]) : 0.f;
+      for (int t = 0; t < 4; ++t) dd[b][t] = (t < jt) ? to_f(dptr[t * V + v0]) : 0.f;
+    }
     vv[b] = to_f(vptr[v0]);
     sc[b] = CF == 2 ? scp[v0] : 1.f;
   };
+  if constexpr (ST == 0) {
 #pragma unroll
-  for (int c = 0; c < RC_DEPTH; ++c) load(c, c);
+    for (int c = 0; c < RC_DEPTH; ++c) load(c, c);
+  }
 
   Head h;
   if (p.l2n)
@@ -207,20 +281,9 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
 
   T* optr = outp + sigma;
   T* wptr = static_cast<T*>(p.d_ring) + slot * p.s_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) {
-    constexpr int D = RC_DEPTH;
-    const int b = c % D;
-    float4 sr[ROWS];
-#pragma unroll
-    for (int i = 0; i < ROWS; ++i) {
-      if constexpr (CF == 1)
-        sr[i] = bf16x4(raw[b].r[i]);
-      else
-        sr[i] = e4m3x4(raw[b].r[i]);
-    }
-    const float d0 = dd[b][0], d1 = dd[b][1], d2 = dd[b][2], d3 = dd[b][3], v = vv[b], scl = sc[b];
-    if (c + D < NCH) load(b, c + D);
+  // one chunk: rows v0 .. v0 + 7 (sr: this lane's columns), d[t]: record 4 s + t at row v0 + sigma
+  // (zero when dead), v: this step's value at that row, scl: its fp8 scale
+  auto chunk = [&](const float4 (&sr)[ROWS], const float (&d)[4], float v, float scl, int v0) {
     float pq[ROWS], pk[ROWS];
 #pragma unroll
     for (int i = 0; i < ROWS; ++i) {
@@ -235,13 +298,12 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
     rs_round<2>(pk, lane, 8);
     rs_round<1>(pq, lane, 4);
     rs_round<1>(pk, lane, 4);
-    float rq = h.cqs[0] * d0, rk = h.cks[0] * d0;
-    rq = fmaf(h.cqs[1], d1, rq);
-    rk = fmaf(h.cks[1], d1, rk);
-    rq = fmaf(h.cqs[2], d2, rq);
-    rk = fmaf(h.cks[2], d2, rk);
-    rq = fmaf(h.cqs[3], d3, rq);
-    rk = fmaf(h.cks[3], d3, rk);
+    float rq = h.cqs[0] * d[0], rk = h.cks[0] * d[0];
+#pragma unroll
+    for (int t = 1; t < 4; ++t) {
+      rq = fmaf(h.cqs[t], d[t], rq);
+      rk = fmaf(h.cks[t], d[t], rk);
+    }
     float sq = CF == 2 ? fmaf(pq[0], scl, rq) : pq[0] + rq;
     float sk = CF == 2 ? fmaf(pk[0], scl, rk) : pk[0] + rk;
     sq += __shfl_xor_sync(FULL, sq, 2);
@@ -250,8 +312,64 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
     sk += __shfl_xor_sync(FULL, sk, 1);
     const float dcur = h.beta * (v - sk);
     if (s == 0) {
-      optr[c * ROWS] = from_f<T>(fmaf(dcur, h.kq, sq));
-      wptr[c * ROWS] = from_f<T>(dcur);
+      optr[v0] = from_f<T>(fmaf(dcur, h.kq, sq));
+      wptr[v0] = from_f<T>(dcur);
+    }
+  };
+  if constexpr (ST > 0) {
+    // this step's v, element 32 r + lane in vr[r]; row v0 + sigma's is lane (v0 & 31) + sigma's vr[v0 >> 5]
+    float vr[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) vr[r] = to_f(row[2 * H * K + hv * V + 32 * r + lane]);
+#pragma unroll 1
+    for (int c = 0; c < NCH; ++c) {
+      __syncwarp();  // every lane is done with chunk c - 1's stage, which chunk c + ST - 1 refills
+      if (c + ST - 1 < NCH) issue(c + ST - 1);
+      cp_async_commit();
+      cp_async_wait<ST - 1>();  // chunk c has landed (this lane's copies) ...
+      __syncwarp();             // ... and every lane's
+      const float4* buf = stage + (c % ST) * SG::F4;
+      float4 sr[ROWS];
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) {
+        if constexpr (CF == 1)
+          sr[i] = bf16x4(reinterpret_cast<const uint2*>(buf)[32 * i + lane]);
+        else
+          sr[i] = e4m3x4(reinterpret_cast<const uint32_t*>(buf)[32 * i + lane]);
+      }
+      const T* tile = reinterpret_cast<const T*>(buf + SG::ROWS_F4);
+      float d[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) d[t] = t < jt ? to_f(tile[(4 * s + t) * ROWS + sigma]) : 0.f;
+      const float scl = CF == 2 ? reinterpret_cast<const float*>(buf + SG::ROWS_F4 + SG::TILE_F4)[sigma] : 1.f;
+      const int v0 = c * ROWS, vreg = v0 >> 5;
+      const float vsel = vreg == 0 ? vr[0] : vreg == 1 ? vr[1] : vreg == 2 ? vr[2] : vr[3];
+      chunk(sr, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+    }
+  } else {
+    if constexpr (DT) {
+      cp_async_wait<0>();  // this lane's pieces of the d~ records ...
+      __syncwarp();        // ... and every lane's
+    }
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      constexpr int D = RC_DEPTH;
+      const int b = c % D;
+      float4 sr[ROWS];
+#pragma unroll
+      for (int i = 0; i < ROWS; ++i) {
+        if constexpr (CF == 1)
+          sr[i] = bf16x4(raw[b].r[i]);
+        else
+          sr[i] = e4m3x4(raw[b].r[i]);
+      }
+      float d[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        d[t] = !DT ? dd[b][t] : t < jt ? to_f(dtile[(4 * s + t) * DTile<T>::STRIDE + c * ROWS + sigma]) : 0.f;
+      const float v = vv[b], scl = sc[b];
+      if (c + D < NCH) load(b, c + D);
+      chunk(sr, d, v, scl, c * ROWS);
     }
   }
 }
@@ -886,7 +1004,15 @@ template <typename T, bool KDA, int CF>
 cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
   if (!flush) {
     const int pairs = p.B * p.HV;
-    read_kernel<T, KDA, CF><<<(pairs + 3) / 4, 128, 0, stream>>>(p);
+    const size_t smem = 4 * read_smem_f4(static_cast<int>(sizeof(T)), CF) * sizeof(float4);  // 4 warps
+    static bool smem_set = false;  // per instantiation (host call only: safe under capture)
+    if (smem > 48 * 1024 && !smem_set) {
+      const cudaError_t e = cudaFuncSetAttribute(read_kernel<T, KDA, CF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+      smem_set = true;
+    }
+    read_kernel<T, KDA, CF><<<(pairs + 3) / 4, 128, smem, stream>>>(p);
     return cudaGetLastError();
   }
   auto kern = flush_kernel<T, KDA, CF>;

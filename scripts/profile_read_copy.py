@@ -1,0 +1,41 @@
+"""Launch the read-copy decode step a few times for a profiler (GPU box, e.g. under ``ncu``).
+
+    ncu --clock-control none --kernel-name regex:read_kernel --launch-skip 2 --launch-count 1 \
+        python3 scripts/profile_read_copy.py --model kda --batch 256 --fmt bf16 --cursor 0
+
+``--cursor m``: every row at cursor ``m`` (0..L-2: the non-flush pass only; L-1: every row flushes);
+``--cursor -1``: the staggered serving window (row r at (r + t) mod L). The launch is the product's
+default (:func:`sglang_replayssm.kernels.read_copy_cuda.default_config`). Needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
+from sglang_replayssm.testing.kernel_bench import L_RING
+from sglang_replayssm.testing.read_copy_bench import StaggeredProblem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("gdn", "kda"), default="gdn")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--fmt", choices=("bf16", "fp8"), default="bf16")
+    ap.add_argument("--cursor", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=4)
+    a = ap.parse_args()
+    pb = StaggeredProblem(a.model, a.batch)
+    for t in range(a.steps):
+        if a.cursor < 0:
+            wp = pb.stag[t % L_RING]
+        else:
+            wp = torch.full((a.batch,), a.cursor, dtype=torch.int32, device=pb.state.device)
+        pb.copy_step(read_copy_decode_cuda, a.fmt, wp)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
