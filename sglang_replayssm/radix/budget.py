@@ -103,7 +103,7 @@ def _read_copy_bytes_per_slot(configurator: Any, cache_params: Any, record_len: 
     nbytes = bytes_per_slot(cache_params, record_len, mode, io_itemsize)
     hv, v_dim, _ = cache_params.shape.temporal
     records = 2 * hv * record_len * v_dim * io_itemsize * len(cache_params.layers)
-    carved = records_in_d_ring(cache_params.dtype.temporal.itemsize, io_itemsize)
+    carved = records_in_d_ring(cache_params.dtype.temporal.itemsize, io_itemsize, hv * record_len * v_dim)
     logger.info("sglang-replayssm read copy (%s): %d B (%.3f MiB) per mamba slot charged beside the decode ring; "
                 "d~ / v records %.3f MiB per slot %s", mode, nbytes, nbytes / (1 << 20), records / (1 << 20),
                 "carved out of SGLang's replayssm_d (not charged)" if carved else "allocated (charged)")  # fmt: skip

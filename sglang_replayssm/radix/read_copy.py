@@ -95,11 +95,14 @@ def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, sp
     return None
 
 
-def records_in_d_ring(ring_itemsize: int, io_itemsize: int) -> bool:
+def records_in_d_ring(ring_itemsize: int, io_itemsize: int, record_elems: int) -> bool:
     """Whether the ``d~`` / ``v`` records live in SGLang's ``replayssm_d`` (fix ``read_copy_d_ring``):
-    one slot's ring, ``HV * L * V`` elements of ``ring_itemsize`` bytes, is exactly the two records'
-    ``2 * HV * L * V`` of ``io_itemsize`` (an fp32 ring, a bf16 / fp16 io dtype)."""
-    return config.enabled("read_copy_d_ring") and 2 * io_itemsize == ring_itemsize
+    one slot's ring, ``record_elems = HV * L * V`` elements of ``ring_itemsize`` bytes, is exactly the two
+    records' ``2 * HV * L * V`` of ``io_itemsize`` (an fp32 ring, a bf16 / fp16 io dtype), and ``v`` (the
+    second half) starts 16-byte aligned for the CUDA passes' vector loads. The one test :func:`attach`
+    and the budget (:func:`bytes_per_slot`) share."""
+    return (config.enabled("read_copy_d_ring") and 2 * io_itemsize == ring_itemsize
+            and (record_elems * io_itemsize) % 16 == 0)  # fmt: skip
 
 
 def bytes_per_slot(cache_params: Any, record_len: int, fmt: str, io_itemsize: int) -> int:
@@ -108,7 +111,7 @@ def bytes_per_slot(cache_params: Any, record_len: int, fmt: str, io_itemsize: in
     checkpoint's, ``cache_params.dtype.temporal``; :func:`records_in_d_ring`)."""
     hv, v_dim, k_dim = cache_params.shape.temporal
     copy = hv * v_dim * k_dim * COPY_DTYPES[fmt].itemsize + (hv * v_dim * _FP32 if fmt == "fp8" else 0)
-    carved = records_in_d_ring(cache_params.dtype.temporal.itemsize, io_itemsize)
+    carved = records_in_d_ring(cache_params.dtype.temporal.itemsize, io_itemsize, hv * record_len * v_dim)
     records = (0 if carved else 2 * hv * record_len * v_dim * io_itemsize) + hv * record_len * _FP32
     return (copy + records + 1) * len(cache_params.layers)
 
@@ -159,14 +162,12 @@ def read_copy_of(mamba_pool: Any) -> ReadCopyPool | None:
 def _carved_records(d_ring: torch.Tensor | None, shape: tuple[int, ...],
                     io_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
     """``(d, v)`` ``[layers, slots, HV, L, V]`` of ``io_dtype`` as views of SGLang's ``replayssm_d``
-    (module docstring), or None when it cannot hold them: the switch off, not the ring's size in
-    bytes (:func:`records_in_d_ring`), not contiguous ``shape``, or ``v`` not 16-byte aligned."""
-    if d_ring is None or not records_in_d_ring(d_ring.element_size(), io_dtype.itemsize):
-        return None
-    if tuple(d_ring.shape) != shape or not d_ring.is_contiguous() or not d_ring.dtype.is_floating_point:
-        return None
+    (module docstring), or None when it cannot hold them: not :func:`records_in_d_ring`, not a contiguous
+    ``shape`` (SGLang's decode ring always is, memory_pool.py:793), or an unaligned base."""
     layers, slots, hv, L, v_dim = shape
-    if (hv * L * v_dim * io_dtype.itemsize) % 16 or d_ring.data_ptr() % 16:
+    if d_ring is None or not records_in_d_ring(d_ring.element_size(), io_dtype.itemsize, hv * L * v_dim):
+        return None
+    if tuple(d_ring.shape) != shape or not d_ring.is_contiguous() or d_ring.data_ptr() % 16:
         return None
     pair = d_ring.view(io_dtype).view(layers, slots, 2, hv, L, v_dim)
     return pair[:, :, 0], pair[:, :, 1]
