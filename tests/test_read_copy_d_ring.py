@@ -149,3 +149,23 @@ def test_bytes_per_slot_leave_out_carved_records():
         assert off - on == records
     with config.override(True, read_copy_d_ring=True):  # fp32 io: nothing to carve
         assert bytes_per_slot(_params(torch.float32), 16, "bf16", 4) > bytes_per_slot(params, 16, "bf16", 2)
+
+
+def _same_runs(got, ref) -> bool:
+    return torch.equal(got.out, ref.out) and len(got.flushed) == len(ref.flushed) > 0 and all(
+        (t, r) == (t2, r2) and torch.equal(c, c2) for (t, r, c), (t2, r2, c2) in zip(got.flushed, ref.flushed))
+
+
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_torch_step_on_carved_records_equals_dense(fmt, is_kda):
+    """The torch read-copy step (the CPU decode) over staggered cursors and forced flushes, NaN in every
+    record not yet written: ``d~`` / ``v`` as the two halves of one fp32 ring's slots give bit-equal outputs
+    and flushed checkpoints to dense rings."""
+    from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, run_copy
+
+    H, HV, L = (2, 2, 4) if is_kda else (1, 2, 4)
+    inp = make_inputs(2 * L + 3, 6, H, HV, 16, 16, is_kda, seed=3)
+    dense = run_copy(inp, fmt, L, d_dtype=torch.bfloat16)  # type: ignore[arg-type]
+    carved = run_copy(inp, fmt, L, d_dtype=torch.bfloat16, records_in_ring=True)  # type: ignore[arg-type]
+    assert _same_runs(carved, dense)
