@@ -191,3 +191,27 @@ def test_mamba_sizing_charges_the_read_copy(mode):
         left = sizing._handle_max_mamba_cache(rest_gib)
     priced = params.mamba_cache_per_req + ring + bytes_per_slot(params, ring_len, mode, 4)
     assert left == pytest.approx(rest_gib - (schedule.max_mamba_cache_size + 1) * priced / GIB, rel=1e-12)
+
+
+def test_carved_read_copy_records_admit_more_slots(caplog):
+    """``read_copy_d_ring``: with a bf16 io dtype the read copy's d~ / v records live in SGLang's
+    (already priced) fp32 ring, so SGLang's auto-fit sizing admits more slots; the log line says which."""
+    import logging
+
+    ring_len, rest_gib = 16, 0.02
+    cfg = SimConfig(kind="gdn", ring_len=ring_len, io_dtype=torch.bfloat16)
+    params = cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers)))
+    sizes = {}
+    for carve in (True, False):
+        schedule = _publish(enable_linear_replayssm=True, linear_replayssm_cache_len=ring_len)
+        sizing = _sizing(params, kda=False)
+        sizing.model_config = SimpleNamespace(dtype=torch.bfloat16)
+        caplog.clear()
+        with config.override(True, record_hits=False, read_copy_d_ring=carve), config.override_read_copy("bf16"), \
+                caplog.at_level(logging.INFO, logger="sglang_replayssm.radix.budget"):  # fmt: skip
+            sizing._handle_max_mamba_cache(rest_gib)
+        line = next(r.getMessage() for r in caplog.records if "read copy" in r.getMessage())
+        assert ("carved out of SGLang's replayssm_d (not charged)" in line) == carve
+        assert ("allocated (charged)" in line) == (not carve)
+        sizes[carve] = schedule.max_mamba_cache_size
+    assert sizes[True] > sizes[False], sizes

@@ -158,6 +158,31 @@ def test_padding_rows_zero_and_untouched(fmt: str) -> None:
         assert torch.equal(x.float().nan_to_num(1.5), y.float().nan_to_num(1.5))
 
 
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("stages", [0, 4])
+def test_cuda_on_records_carved_out_of_an_fp32_ring(fmt: str, is_kda: bool, stages: int) -> None:
+    """``read_copy_d_ring``: ``d~`` / ``v`` as the two bf16 halves of each slot of one fp32 ring (slot stride
+    ``2 * HV * L * V``, as ``radix/read_copy.attach`` carves SGLang's ``replayssm_d``): the CUDA passes take
+    the slot strides, so outputs and flushed checkpoints are bit-equal to dense rings."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+
+    H, HV = (4, 4) if is_kda else (2, 4)
+    inp = make_inputs(2 * L + 3, 20, H, HV, 128, 128, is_kda, seed=7)
+    cfg = ReadCopyCudaConfig(flush_parts=1, stages=stages)
+    inp.a = inp.a.to(torch.bfloat16).float()
+    bf = torch.bfloat16
+    dense = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
+    carved = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf,  # type: ignore[arg-type]
+                      records_in_ring=True)  # fmt: skip
+    assert torch.equal(carved.out, dense.out)
+    assert len(carved.flushed) == len(dense.flushed) >= 2 * 20
+    for (t, r, c), (t2, r2, c2) in zip(carved.flushed, dense.flushed, strict=True):
+        assert (t, r) == (t2, r2) and torch.equal(c, c2), (t, r)
+
+
 def test_default_config_follows_the_flush_rows() -> None:
     """The product's launch by regime (docstring of :func:`default_config`): the register path while a
     step flushes at most 256 (row, head) pairs, staged chunks above; KDA's flush split in two up to 512."""

@@ -5,6 +5,8 @@
   over its pending records) equals the fp32 ring decode's (mode off) after every step, through
   copy-on-write hits, a CPU retraction backup + resume and a MIXED extend over pending records
   (rel <= 1e-6); with ``read_copy_exact_fold`` off the movers fold copy-based deltas and it fails;
+  with a bf16 io dtype too, the records carved out of SGLang's ``replayssm_d`` (fix ``read_copy_d_ring``)
+  or allocated (the fix off);
 * stale refresh: after each writer of a checkpoint (alloc + prefill, copy-on-write, load_cpu_copy,
   extend fold) the next decode step reads a copy equal to ``quantize(checkpoint)``; fails with
   ``read_copy_refresh`` off;
@@ -25,6 +27,9 @@ from sglang_replayssm.testing.simulate import Sim, SimConfig
 
 EXACT = 1e-6
 KINDS = pytest.mark.parametrize("kind", ["gdn", "kda"])
+#: io dtype of the simulated model -> (its dtype, fix ``read_copy_d_ring``): fp32 io never carves the
+#: records; bf16 io carves them out of SGLang's fp32 ``replayssm_d``, or allocates them with the fix off.
+IO = {"fp32": (torch.float32, True), "bf16": (torch.bfloat16, True), "bf16-allocated": (torch.bfloat16, False)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,13 +50,17 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def _scenario(kind: str, mode: str, strategy: str = "no_buffer", check: bool = False,
+def _scenario(kind: str, mode: str, strategy: str = "no_buffer", check: bool = False, io: str = "fp32",
               **fixes: bool) -> list[list[torch.Tensor]]:  # fmt: skip
     """One request lifecycle mix; the full state of every running slot after every step (with ``check``,
-    also every radix node's and running slot's state against the fp64 oracle, :meth:`Sim.check`)."""
-    with config.override(True, **fixes), config.override_read_copy(mode):
-        sim = Sim(SimConfig(kind=kind, strategy=strategy, ring_len=4, head_dim=16))
-        assert (read_copy_of(sim.mamba_pool) is not None) == (mode != "off")
+    also every radix node's and running slot's state against the fp64 oracle, :meth:`Sim.check`).
+    ``io``: a key of :data:`IO`."""
+    io_dtype, d_ring = IO[io]
+    with config.override(True, read_copy_d_ring=d_ring, **fixes), config.override_read_copy(mode):
+        sim = Sim(SimConfig(kind=kind, strategy=strategy, ring_len=4, head_dim=16, io_dtype=io_dtype))
+        rc = read_copy_of(sim.mamba_pool)
+        assert (rc is not None) == (mode != "off")
+        assert rc is None or rc.records_carved == (io == "bf16")
         seen: list[list[torch.Tensor]] = []
 
         def step(reqs):
@@ -80,19 +89,46 @@ def _scenario(kind: str, mode: str, strategy: str = "no_buffer", check: bool = F
 @KINDS
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
 @pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
-def test_states_equal_fp32_ring_decode_through_movers(kind, mode, strategy):
-    ref = _scenario(kind, "off", strategy)
-    got = _scenario(kind, mode, strategy, check=True)
+@pytest.mark.parametrize("io", list(IO))
+def test_states_equal_fp32_ring_decode_through_movers(kind, mode, strategy, io):
+    ref = _scenario(kind, "off", strategy, io=io)
+    got = _scenario(kind, mode, strategy, check=True, io=io)
     assert len(ref) == len(got) and all(len(x) == len(y) for x, y in zip(ref, got))
     worst = max(_rel(g, r) for gs, rs in zip(got, ref) for g, r in zip(gs, rs))
     assert worst <= EXACT, worst
 
 
-def test_exact_fold_off_folds_copy_rounding():
-    ref = _scenario("gdn", "off")
-    got = _scenario("gdn", "fp8", read_copy_exact_fold=False)
+@pytest.mark.parametrize("io", ["fp32", "bf16"])
+def test_exact_fold_off_folds_copy_rounding(io):
+    ref = _scenario("gdn", "off", io=io)
+    got = _scenario("gdn", "fp8", read_copy_exact_fold=False, io=io)
     worst = max(_rel(g, r) for gs, rs in zip(got, ref) for g, r in zip(gs, rs))
     assert worst > 1e-4, worst
+
+
+@KINDS
+@pytest.mark.parametrize("mode", ["bf16", "fp8"])
+def test_carved_records_change_no_output(kind, mode, monkeypatch):
+    """The states above check only what the flush replays (``v``); the non-flush outputs also read ``d~``.
+    With the records carved out of ``replayssm_d`` every decode output and state is bit-equal to the
+    allocated records' (a carving that let ``d~`` and ``v`` overlap fails here)."""
+    from sglang_replayssm.kernels import read_copy_ref
+
+    outputs: list[torch.Tensor] = []
+    decode = read_copy_ref.read_copy_decode_torch
+
+    def recorded(*args, **kwargs):
+        result = decode(*args, **kwargs)
+        outputs.append(result[0].clone())
+        return result
+
+    monkeypatch.setattr(read_copy_ref, "read_copy_decode_torch", recorded)
+    allocated = _scenario(kind, mode, io="bf16-allocated")
+    out_allocated, outputs[:] = list(outputs), []
+    carved = _scenario(kind, mode, io="bf16")
+    assert len(outputs) == len(out_allocated) > 0
+    assert all(torch.equal(x, y) for x, y in zip(outputs, out_allocated))
+    assert all(torch.equal(g, r) for gs, rs in zip(carved, allocated) for g, r in zip(gs, rs))
 
 
 def _copy_matches(sim: Sim, slot: int, mode: str) -> bool:
@@ -167,8 +203,9 @@ def test_off_is_todays_path():
 def test_validator_refuses_in_one_line():
     ok = dict(ssm_dtype="float32", decode_ring=True, spec_ring=False, speculative=False)
     assert refusal("bf16", **ok) is None and refusal("off", **{**ok, "decode_ring": False}) is None
+    assert refusal("bf16", **ok, decode_backend="triton") is None
     for bad in ({"ssm_dtype": "bfloat16"}, {"ssm_dtype": torch.bfloat16}, {"decode_ring": False},
-                {"spec_ring": True}, {"speculative": True}):  # fmt: skip
+                {"spec_ring": True}, {"speculative": True}, {"decode_backend": "helion"}):  # fmt: skip
         why = refusal("fp8", **{**ok, **bad})
         assert why is not None and "\n" not in why and "SGLANG_REPLAYSSM_READ_COPY=fp8" in why
     import os
@@ -187,6 +224,25 @@ def test_validator_refuses_in_one_line():
         config.reload()
 
 
+def test_helion_decode_backend_refused_at_startup():
+    """KDA's Helion decode runs SGLang's own ReplaySSM kernel on ``replayssm_d`` (kda_helion.py:83-102),
+    never the copy's step: refused in one line; Triton (explicit or the default) is admitted."""
+    from types import SimpleNamespace
+
+    from sglang_replayssm.radix.admission import ReplaySSMArgsError, check_read_copy
+
+    args = SimpleNamespace(enable_linear_replayssm=True, enable_linear_replayssm_spec=False, mamba_ssm_dtype=None,
+                           speculative_algorithm=None, linear_attn_backend="triton", linear_attn_decode_backend=None)
+    with config.override_read_copy("bf16"):
+        check_read_copy(args)
+        for field in ("linear_attn_decode_backend", "linear_attn_backend"):
+            bad = SimpleNamespace(**{**vars(args), field: "helion"})
+            with pytest.raises(ReplaySSMArgsError, match="Triton linear-attention decode backend only"):
+                check_read_copy(bad)
+    with config.override_read_copy("off"):
+        check_read_copy(SimpleNamespace(**{**vars(args), "linear_attn_backend": "helion"}))
+
+
 def test_non_fp32_pool_refused_at_attach():
     from sglang_replayssm.radix.read_copy import attach
 
@@ -199,18 +255,21 @@ def test_non_fp32_pool_refused_at_attach():
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
-def test_budget_prices_what_attach_allocates(mode):
-    """``budget`` charges per slot exactly the bytes ``attach`` allocates beside the ring."""
+@pytest.mark.parametrize("io", list(IO))
+def test_budget_prices_what_attach_allocates(mode, io):
+    """``budget`` charges per slot exactly the bytes ``attach`` allocates beside the ring (carved
+    records are SGLang's ring, charged with it)."""
     from sglang_replayssm.radix.read_copy import bytes_per_slot
     from sglang_replayssm.testing.simulate_fixture import cache_params
 
-    with config.override(True), config.override_read_copy(mode):
-        sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_len=4, head_dim=16))
-    rc = read_copy_of(sim.mamba_pool)
-    assert rc is not None and rc.fmt == mode
-    slots = sim.mamba_pool.mamba_cache.temporal.shape[1]
-    params = cache_params(sim.cfg, sim.model, list(range(sim.cfg.mamba_layers)))
-    assert rc.nbytes == slots * bytes_per_slot(params, 4, mode, rc.v.element_size())
+    io_dtype, d_ring = IO[io]
+    with config.override(True, read_copy_d_ring=d_ring), config.override_read_copy(mode):
+        sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_len=4, head_dim=16, io_dtype=io_dtype))
+        rc = read_copy_of(sim.mamba_pool)
+        assert rc is not None and rc.fmt == mode and rc.v.dtype == io_dtype
+        slots = sim.mamba_pool.mamba_cache.temporal.shape[1]
+        params = cache_params(sim.cfg, sim.model, list(range(sim.cfg.mamba_layers)))
+        assert rc.nbytes == slots * bytes_per_slot(params, 4, mode, rc.v.element_size())
 
 
 def test_kda_safe_gate_with_a_read_copy_is_refused(monkeypatch):

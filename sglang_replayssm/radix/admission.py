@@ -98,17 +98,21 @@ def _check_extra_buffer(server_args: Any, strategy: str) -> None:
 def check_read_copy(server_args: Any) -> None:
     """Refuse ``SGLANG_REPLAYSSM_READ_COPY`` in one line where it cannot be exact or run: a bad value,
     no decode ring, the spec ring or speculative decoding, an explicit non-fp32 ``--mamba-ssm-dtype``
-    (an unset ssm dtype is checked on the allocated checkpoint, :func:`read_copy.attach`)."""
+    (an unset ssm dtype is checked on the allocated checkpoint, :func:`read_copy.attach`), the Helion
+    decode backend."""
     from sglang_replayssm.radix.read_copy import refusal
 
     try:
         mode = config.read_copy_mode()
     except ValueError as exc:
         raise ReplaySSMArgsError(f"sglang-replayssm: {exc}") from None
+    decode_backend = _value(server_args, "linear_attn_decode_backend", None) or _value(
+        server_args, "linear_attn_backend", None)
     why = refusal(mode, ssm_dtype=_value(server_args, "mamba_ssm_dtype", None),
                   decode_ring=bool(_value(server_args, "enable_linear_replayssm", False)),
                   spec_ring=bool(_value(server_args, "enable_linear_replayssm_spec", False)),
-                  speculative=_value(server_args, "speculative_algorithm", None) is not None)  # fmt: skip
+                  speculative=_value(server_args, "speculative_algorithm", None) is not None,
+                  decode_backend=decode_backend)  # fmt: skip
     if why is not None:
         raise ReplaySSMArgsError(why)
 

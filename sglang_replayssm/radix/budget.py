@@ -11,7 +11,8 @@ slot, which SGLang already adds to every slot's price (both the auto-fit solve a
 ``--max-mamba-cache-size`` charge), scaled to the rank's pipeline stage.
 
 The read copy (``SGLANG_REPLAYSSM_READ_COPY=bf16|fp8``, :mod:`read_copy`) is charged the same way,
-beside the ring: its bytes per slot are added to ``extra_mamba_cache_bytes_per_req`` too.
+beside the ring: its bytes per slot are added to ``extra_mamba_cache_bytes_per_req`` too, less its
+``d~`` / ``v`` records where they are carved out of SGLang's (already charged) ``replayssm_d``.
 
 Records (``record_hits``, GDN): the record pool (:mod:`records`, ``capacity`` tokens of every GDN
 layer's pre-conv row and two gate rows in the serving dtype, plus one interval state per
@@ -85,17 +86,27 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
 
 
 def _read_copy_bytes_per_slot(configurator: Any, cache_params: Any, record_len: int) -> int:
-    """The read copy's bytes per slot (radix/read_copy.py: copy, scales, d~, v, beta, stale mark),
-    0 while ``SGLANG_REPLAYSSM_READ_COPY=off``; logged in one line when charged."""
+    """The read copy's bytes per slot (radix/read_copy.py: copy, scales, d~, v, beta, stale mark; not
+    the d~ / v records where they are carved out of SGLang's ``replayssm_d``, fix ``read_copy_d_ring``),
+    0 while ``SGLANG_REPLAYSSM_READ_COPY=off``; logged in one line when charged.
+
+    The records' io dtype is the conv pool's (``cache_params.dtype.conv``, what ``attach`` allocates
+    them in), else the served dtype."""
     from sglang_replayssm.radix import config
-    from sglang_replayssm.radix.read_copy import bytes_per_slot
+    from sglang_replayssm.radix.read_copy import bytes_per_slot, records_in_d_ring
 
     mode = config.read_copy_mode()
     if mode == "off":
         return 0
-    dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
-    nbytes = bytes_per_slot(cache_params, record_len, mode, getattr(dtype, "itemsize", 4))
-    logger.info("sglang-replayssm read copy (%s): %d B per mamba slot charged beside the decode ring", mode, nbytes)
+    served = getattr(getattr(configurator, "model_config", None), "dtype", None)
+    io_itemsize = getattr(getattr(cache_params.dtype, "conv", None), "itemsize", getattr(served, "itemsize", 4))
+    nbytes = bytes_per_slot(cache_params, record_len, mode, io_itemsize)
+    hv, v_dim, _ = cache_params.shape.temporal
+    records = 2 * hv * record_len * v_dim * io_itemsize * len(cache_params.layers)
+    carved = records_in_d_ring(cache_params.dtype.temporal.itemsize, io_itemsize, hv * record_len * v_dim)
+    logger.info("sglang-replayssm read copy (%s): %d B (%.3f MiB) per mamba slot charged beside the decode ring; "
+                "d~ / v records %.3f MiB per slot %s", mode, nbytes, nbytes / (1 << 20), records / (1 << 20),
+                "carved out of SGLang's replayssm_d (not charged)" if carved else "allocated (charged)")  # fmt: skip
     return nbytes
 
 

@@ -124,6 +124,10 @@ FIXES: dict[str, str] = {
     "read_copy_exact_fold": "read copy: a mover that folds a slot's pending records (copy-on-write, track "
     "snapshot, extend fold, retraction backup) replays the raw records (k, g, v, beta) against the fp32 "
     "checkpoint, as the flush does, instead of folding the copy-based deltas",
+    "read_copy_d_ring": "read copy: with a 2-byte io dtype (bf16 / fp16) and SGLang's fp32 decode ring, the copy's "
+    "d~ and v records live in SGLang's replayssm_d (dead while the copy is on: nothing else reads or writes "
+    "it) as views, per slot [2, HV, L, V] of the io dtype, instead of a second allocation; the budget no "
+    "longer charges them (off: allocated beside the ring and charged)",
 }
 
 _state: dict[str, bool] | None = None

@@ -7,12 +7,22 @@ first like SGLang's ring:
 * ``copy`` ``[layers, slots, HV, V, K]`` bf16, or e4m3 with ``scales`` fp32 ``[layers, slots, HV, V]``
   (:mod:`sglang_replayssm.kernels.read_copy_format`);
 * ``d`` ``[layers, slots, HV, L, V]`` in the io dtype: the copy-based deltas ``d~`` of the non-flush
-  steps (read only by later non-flush folds of the same window; SGLang's own ``replayssm_d`` ring is
-  not used while the read copy is on);
+  steps (read only by later non-flush folds of the same window);
 * ``v`` ``[layers, slots, HV, L, V]`` (io dtype) and ``beta`` ``[layers, slots, HV, L]`` fp32: the raw
   inputs the exact flush replays (with SGLang's ``replayssm_k`` / ``replayssm_g``, fp32 with an fp32
   checkpoint);
 * ``stale`` ``[layers, slots]`` bool.
+
+SGLang's own ``replayssm_d`` ring (``[layers, slots, HV, L, V]`` in the checkpoint dtype) is dead while
+the read copy is on: the decode step is ours (the CPU hooks, ``kernel_binding``; SGLang's ReplaySSM decode
+kernels are never called with a copy: the KDA safe gate and the Helion decode backend are refused), the
+spec paths are refused, and no mover copies it (``MambaPool.copy_from`` / ``get_cpu_copy`` /
+``load_cpu_copy`` move conv + temporal only, memory_pool.py:1163-1243; HiCache's host pool and PD
+transfers skip every ``replayssm_*`` field, memory_pool.py:1247-1258). With a 2-byte io dtype and an
+fp32 ring (every real model) its bytes are exactly ``d`` + ``v``: fix ``read_copy_d_ring`` carves them out
+of it (:func:`records_in_d_ring`): per slot ``[2, HV, L, V]`` of the io dtype, ``d = [:, :, 0]``,
+``v = [:, :, 1]``, each contiguous within a slot, slot stride ``2 * HV * L * V`` (the CUDA passes take
+the slot strides; the torch paths index). Otherwise (fp32 io, the switch off) they are allocated.
 
 Invariants:
 
@@ -45,7 +55,7 @@ from sglang_replayssm.radix import config
 
 __all__ = [
     "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "decode_step", "layer_of", "mark_stale",
-    "read_copy_of", "refusal", "replay_into",
+    "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -57,12 +67,18 @@ _FP32 = 4
 _LAYERS: dict[int, tuple[weakref.ref[torch.Tensor], ReadCopyPool, int]] = {}
 
 
-def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, speculative: bool) -> str | None:
+def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, speculative: bool,
+            decode_backend: str | None = None) -> str | None:  # fmt: skip
     """One line saying why ``SGLANG_REPLAYSSM_READ_COPY=mode`` cannot run exactly here, or None.
 
     ``ssm_dtype``: the checkpoint dtype (a torch dtype or SGLang's ``--mamba-ssm-dtype`` string;
     None: not known yet, not refused here). Exact flushes need an fp32 checkpoint, the copy lives
     beside the decode ring, and the spec-verify ring / speculative decoding have their own cursors.
+    ``decode_backend``: the linear-attention decode backend (``--linear-attn-decode-backend``, else
+    ``--linear-attn-backend``; None: SGLang's default). The copy's step replaces ``TritonGDNKernel`` /
+    ``TritonKDAKernel.packed_decode`` only, so ``helion`` (KDA; kda_helion.py:83-102 runs its own
+    ReplaySSM kernel on ``replayssm_d``, leaving the copy and its records stale) is refused; SGLang
+    itself refuses the ring with any backend but triton and helion (attention_hook.py:410).
     """
     if mode == "off":
         return None
@@ -71,17 +87,32 @@ def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, sp
         return f"{pre} is unsupported with speculative decoding (--enable-linear-replayssm-spec / --speculative-*)."
     if not decode_ring:
         return f"{pre} needs the decode ring: add --enable-linear-replayssm."
+    if decode_backend == "helion":
+        return f"{pre} runs on the Triton linear-attention decode backend only (got helion)."
     if ssm_dtype is not None and ssm_dtype not in (torch.float32, "float32"):
         name = str(ssm_dtype).replace("torch.", "")
         return f"{pre} needs an fp32 checkpoint for an exact flush: --mamba-ssm-dtype float32 (got {name})."
     return None
 
 
+def records_in_d_ring(ring_itemsize: int, io_itemsize: int, record_elems: int) -> bool:
+    """Whether the ``d~`` / ``v`` records live in SGLang's ``replayssm_d`` (fix ``read_copy_d_ring``):
+    one slot's ring, ``record_elems = HV * L * V`` elements of ``ring_itemsize`` bytes, is exactly the two
+    records' ``2 * HV * L * V`` of ``io_itemsize`` (an fp32 ring, a bf16 / fp16 io dtype), and ``v`` (the
+    second half) starts 16-byte aligned for the CUDA passes' vector loads. The one test :func:`attach`
+    and the budget (:func:`bytes_per_slot`) share."""
+    return (config.enabled("read_copy_d_ring") and 2 * io_itemsize == ring_itemsize
+            and (record_elems * io_itemsize) % 16 == 0)  # fmt: skip
+
+
 def bytes_per_slot(cache_params: Any, record_len: int, fmt: str, io_itemsize: int) -> int:
-    """Bytes of one slot's read copy and records over all layers (:func:`attach`'s buffers)."""
+    """Bytes of one slot's read copy and records over all layers that :func:`attach` allocates: the
+    ``d~`` / ``v`` records only when they are not carved out of SGLang's decode ring (whose dtype is the
+    checkpoint's, ``cache_params.dtype.temporal``; :func:`records_in_d_ring`)."""
     hv, v_dim, k_dim = cache_params.shape.temporal
     copy = hv * v_dim * k_dim * COPY_DTYPES[fmt].itemsize + (hv * v_dim * _FP32 if fmt == "fp8" else 0)
-    records = 2 * hv * record_len * v_dim * io_itemsize + hv * record_len * _FP32
+    carved = records_in_d_ring(cache_params.dtype.temporal.itemsize, io_itemsize, hv * record_len * v_dim)
+    records = (0 if carved else 2 * hv * record_len * v_dim * io_itemsize) + hv * record_len * _FP32
     return (copy + records + 1) * len(cache_params.layers)
 
 
@@ -100,18 +131,27 @@ class ReadCopyLayer:
 @dataclass(frozen=True)
 class ReadCopyPool(ReadCopyLayer):
     """A pool's read copy and records (module docstring): :class:`ReadCopyLayer`'s fields with the layer
-    dim first, format ``fmt`` (``"bf16"`` / ``"fp8"``)."""
+    dim first, format ``fmt`` (``"bf16"`` / ``"fp8"``); ``records_carved``: ``d`` and ``v`` are views of
+    SGLang's ``replayssm_d`` (not counted in :attr:`nbytes`)."""
 
     fmt: str = "bf16"
+    records_carved: bool = False
 
     def layer(self, i: int) -> ReadCopyLayer:
         return ReadCopyLayer(self.copy[i], None if self.scales is None else self.scales[i], self.d[i], self.v[i],
                              self.beta[i], self.stale[i])  # fmt: skip
 
     @property
+    def records_nbytes(self) -> int:
+        """Bytes of the ``d~`` and ``v`` records (SGLang's when carved)."""
+        return sum(t.numel() * t.element_size() for t in (self.d, self.v))
+
+    @property
     def nbytes(self) -> int:
-        ts = [self.copy, self.d, self.v, self.beta, self.stale] + ([] if self.scales is None else [self.scales])
-        return sum(t.numel() * t.element_size() for t in ts)
+        """Bytes allocated for this read copy (carved records are SGLang's ring, not counted)."""
+        ts = [self.copy, self.beta, self.stale] + ([] if self.scales is None else [self.scales])
+        own = sum(t.numel() * t.element_size() for t in ts)
+        return own + (0 if self.records_carved else self.records_nbytes)
 
 
 def read_copy_of(mamba_pool: Any) -> ReadCopyPool | None:
@@ -119,8 +159,25 @@ def read_copy_of(mamba_pool: Any) -> ReadCopyPool | None:
     return getattr(mamba_pool, _ATTR, None)
 
 
+def _carved_records(d_ring: torch.Tensor | None, shape: tuple[int, ...],
+                    io_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+    """``(d, v)`` ``[layers, slots, HV, L, V]`` of ``io_dtype`` as views of SGLang's ``replayssm_d``
+    (module docstring), or None when it cannot hold them: not :func:`records_in_d_ring`, not a contiguous
+    ``shape`` (SGLang's decode ring always is, memory_pool.py:793), or an unaligned base."""
+    layers, slots, hv, L, v_dim = shape
+    if d_ring is None or not records_in_d_ring(d_ring.element_size(), io_dtype.itemsize, hv * L * v_dim):
+        return None
+    if tuple(d_ring.shape) != shape or not d_ring.is_contiguous() or d_ring.data_ptr() % 16:
+        return None
+    pair = d_ring.view(io_dtype).view(layers, slots, 2, hv, L, v_dim)
+    return pair[:, :, 0], pair[:, :, 1]
+
+
 def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
     """Allocate the read copy of a decode-ring pool (every slot stale), remember its layers, log its bytes.
+
+    The ``d~`` / ``v`` records are views of SGLang's ``replayssm_d`` where it holds them exactly
+    (:func:`_carved_records`), else allocated.
 
     Refuses (``ValueError``, one line) a checkpoint that is not fp32 and, on CUDA, shapes the CUDA
     passes are not compiled for (no silent torch fallback on a GPU).
@@ -139,21 +196,28 @@ def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
         raise ValueError(why)
     dev = temporal.device
     copy, scales = alloc_read_copy(layers * slots, hv, v_dim, k_dim, fmt, False, dev)  # type: ignore[arg-type]
+    shape = (layers, slots, hv, L, v_dim)
+    carved = _carved_records(getattr(cache, "replayssm_d", None), shape, io_dtype)
+    d, v = carved if carved is not None else (torch.zeros(shape, dtype=io_dtype, device=dev),
+                                              torch.zeros(shape, dtype=io_dtype, device=dev))
     rc = ReadCopyPool(
         copy=copy.view(layers, slots, hv, v_dim, k_dim),
         scales=None if scales is None else scales.view(layers, slots, hv, v_dim),
-        d=torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
-        v=torch.zeros(layers, slots, hv, L, v_dim, dtype=io_dtype, device=dev),
+        d=d,
+        v=v,
         beta=torch.zeros(layers, slots, hv, L, dtype=torch.float32, device=dev),
         stale=torch.ones(layers, slots, dtype=torch.bool, device=dev),
         fmt=fmt,
+        records_carved=carved is not None,
     )
     setattr(mamba_pool, _ATTR, rc)
     ref = weakref.ref(temporal)
     for i in range(layers):
         _LAYERS[temporal[i].data_ptr()] = (ref, rc, i)
-    logger.info("sglang-replayssm read copy (%s): %d layers x %d slots, %.1f MiB beside the decode ring",
-                fmt, layers, slots, rc.nbytes / (1 << 20))
+    where = "carved out of SGLang's replayssm_d" if rc.records_carved else "allocated"
+    logger.info("sglang-replayssm read copy (%s): %d layers x %d slots, %.1f MiB beside the decode ring; "
+                "d~ / v records (%s) %.1f MiB %s", fmt, layers, slots, rc.nbytes / (1 << 20), io_dtype,
+                rc.records_nbytes / (1 << 20), where)  # fmt: skip
     return rc
 
 

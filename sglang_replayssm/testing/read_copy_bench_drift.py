@@ -164,11 +164,13 @@ def run_shared(inp: DriftInputs, fmt: CopyFormat) -> torch.Tensor:
 
 def run_copy(
     inp: DriftInputs, fmt: CopyFormat, L: int, keep_flushed: bool = True, decode: Callable = read_copy_decode_torch,
-    d_dtype: torch.dtype = torch.float32, v_dtype: torch.dtype = torch.bfloat16,
+    d_dtype: torch.dtype = torch.float32, records_in_ring: bool = False, v_dtype: torch.dtype = torch.bfloat16,
 ) -> DriftRun:
     """The read-copy decode over all steps, rows at staggered cursors (module docstring); ``decode``:
     the torch reference or a fused kernel with its signature (run on ``inp``'s device); ``d_dtype`` /
-    ``v_dtype``: the ``d~`` / ``v`` rings' dtypes."""
+    ``v_dtype``: the ``d~`` / ``v`` rings' dtypes; ``records_in_ring``: ``d~`` and ``v`` (both bf16) are
+    the two halves of each slot of one fp32 ``[slots, HV, L, V]`` ring, as ``radix/read_copy.attach``
+    carves them out of SGLang's ``replayssm_d`` (slot stride ``2 * HV * L * V``)."""
     B, H, HV, K, V, kda = inp.B, inp.H, inp.HV, inp.K, inp.V, inp.is_kda
     n = B + 1
     state = torch.zeros(n, HV, V, K)
@@ -179,10 +181,16 @@ def run_copy(
     if scales is not None and sc is not None:
         scales.copy_(sc)
     nan = float("nan")
-    d_c = torch.full((n, HV, L, V), nan, dtype=d_dtype)
+    if records_in_ring:
+        if d_dtype != torch.bfloat16:
+            raise ValueError("records_in_ring needs a bf16 d~ ring")
+        pair = torch.empty(n, HV, L, V).view(torch.bfloat16).view(n, 2, HV, L, V).fill_(nan)
+        d_c, v_c = pair[:, 0], pair[:, 1]
+    else:
+        d_c = torch.full((n, HV, L, V), nan, dtype=d_dtype)
+        v_c = torch.full((n, HV, L, V), nan, dtype=v_dtype)
     k_c = torch.full((n, H, L, K), nan)
     g_c = torch.full((n, HV, L, K) if kda else (n, HV, L), nan)
-    v_c = torch.full((n, HV, L, V), nan, dtype=v_dtype)
     b_c = torch.full((n, HV, L), nan)
     slots = torch.arange(1, B + 1, dtype=torch.int32)
     wp = torch.zeros(B, dtype=torch.int32)

@@ -53,7 +53,8 @@ def torch_track_all_layers(
 
 
 def cache_params(cfg: SimConfig, model: ToyModel, layer_ids: list[int]) -> Any:
-    """SGLang's cache params (GDN: Mamba2, KDA: Kimi-Linear) of the toy model, fp32 states."""
+    """SGLang's cache params (GDN: Mamba2, KDA: Kimi-Linear) of the toy model: fp32 states, the conv
+    pool in ``cfg.io_dtype``."""
     from sglang.srt.configs.mamba_utils import (
         KimiLinearCacheParams,
         KimiLinearStateShape,
@@ -62,7 +63,7 @@ def cache_params(cfg: SimConfig, model: ToyModel, layer_ids: list[int]) -> Any:
         Mamba2StateShape,
     )
 
-    dtype = Mamba2StateDType(conv=torch.float32, temporal=torch.float32)
+    dtype = Mamba2StateDType(conv=cfg.io_dtype, temporal=torch.float32)
     if cfg.is_kda:
         shape = KimiLinearStateShape.create(
             tp_world_size=1, num_heads=model.HV, head_dim=model.V, num_k_heads=model.H, head_k_dim=model.K,

@@ -59,6 +59,9 @@ class SimConfig:
     #: Keep a prefill state every this many tokens (``radix/interval_states.py``; 0 = none), on the
     #: grid of ``chunk`` (the simulated extend kernel's chunk length).
     state_interval: int = 0
+    #: The io (activation) dtype: the conv pool's dtype, and the packed q|k|v inputs are rounded to it
+    #: (as a served model's are), so a read copy's records hold them exactly. States stay fp32.
+    io_dtype: torch.dtype = torch.float32
 
     @property
     def extra_buffer(self) -> bool:
@@ -97,7 +100,7 @@ class ToyModel:
         self.win = cfg.conv_kernel - 1
         gen = torch.Generator().manual_seed(1000 + cfg.seed)
         n, vocab, HV, K = cfg.mamba_layers, cfg.vocab, self.HV, self.K
-        self.qkv = torch.randn(n, vocab, self.qkv_dim, generator=gen)
+        self.qkv = torch.randn(n, vocab, self.qkv_dim, generator=gen).to(cfg.io_dtype).float()
         a_shape = (n, vocab, HV, K) if cfg.is_kda else (n, vocab, HV)
         self.a = 0.5 * torch.randn(*a_shape, generator=gen)
         self.b = torch.randn(n, vocab, HV, generator=gen)
