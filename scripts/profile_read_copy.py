@@ -5,16 +5,19 @@
 
 ``--cursor m``: every row at cursor ``m`` (0..L-2: the non-flush pass only; L-1: every row flushes);
 ``--cursor -1``: the staggered serving window (row r at (r + t) mod L). The launch is the product's
-default (:func:`sglang_replayssm.kernels.read_copy_cuda.default_config`). Needs CUDA.
+default (:func:`sglang_replayssm.kernels.read_copy_cuda.default_config`); ``--flush-rows N``: the same with
+the row-layout flush pass at N blocks per SM. Needs CUDA.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 
 import torch
 
-from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
+from sglang_replayssm.kernels.read_copy_cuda import default_config, read_copy_decode_cuda
 from sglang_replayssm.testing.kernel_bench import L_RING
 from sglang_replayssm.testing.read_copy_bench import StaggeredProblem
 
@@ -26,14 +29,20 @@ def main() -> None:
     ap.add_argument("--fmt", choices=("bf16", "fp8"), default="bf16")
     ap.add_argument("--cursor", type=int, default=0)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--flush-rows", type=int, default=0)
     a = ap.parse_args()
     pb = StaggeredProblem(a.model, a.batch)
+    step = read_copy_decode_cuda
+    if a.flush_rows:
+        cfg = default_config(a.batch, pb.HV, L_RING, pb.is_kda, a.fmt)
+        cfg = dataclasses.replace(cfg, flush_parts=None, flush_rows=a.flush_rows)
+        step = functools.partial(read_copy_decode_cuda, config=cfg)
     for t in range(a.steps):
         if a.cursor < 0:
             wp = pb.stag[t % L_RING]
         else:
             wp = torch.full((a.batch,), a.cursor, dtype=torch.int32, device=pb.state.device)
-        pb.copy_step(read_copy_decode_cuda, a.fmt, wp)
+        pb.copy_step(step, a.fmt, wp)
     torch.cuda.synchronize()
 
 

@@ -38,18 +38,20 @@ __all__ = ["ARMS", "main", "window_bytes"]
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
         "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
 SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
-#: (depth, min_blocks, flush_parts, mode[, tc[, prefetch[, recip[, stages[, d_tile]]]]]) of
-#: :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig` (then d_tile); flush_parts 0: :func:`default_config`'s; mode 0:
+#: (depth, min_blocks, flush_parts, mode[, tc[, prefetch[, recip[, stages[, d_tile[, rows]]]]]]) of
+#: :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`; flush_parts 0: :func:`default_config`'s; mode 0:
 #: side stream, 1: high-priority side stream, 2: one stream, flush pass first; tc 1: GDN's flush on
 #: tensor cores (``tc_flush``; not swept for KDA, whose flush it leaves sequential); prefetch 1: the
 #: flush pass loads the next block's state rows during the current one (``flush_prefetch``); recip 1:
 #: the fp8 copy written with a reciprocal per row (``fp8_recip``); stages: the non-flush pass's chunks
-#: staged in shared memory (``stages``; 0: in registers). The register-path launches of the
-#: 2026-12-02 morning sweep are in notes/read-copy-h200-2026-12-02-sweep.json; this sweep is the
-#: staged builds (the arm's ``default`` entry is the product's launch beside them).
-CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 0, 1), (2, 4, 0, 1, 0, 0, 1, 0, 1), (2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 0, 1, 0, 1, 1, 3),
-              (2, 5, 0, 1, 0, 1, 1, 4), (2, 5, 0, 1, 0, 0, 1, 4), (2, 4, 1, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4),
-              (2, 4, 4, 1, 0, 1, 1, 4), (2, 4, 1, 1, 0, 1, 1, 0, 1), (2, 4, 2, 1, 0, 1, 1, 0, 1))  # fmt: skip
+#: staged in shared memory (``stages``; 0: in registers); d_tile 1: the register path's ``d~`` records
+#: in shared memory (``d_tile``); rows N: the flush pass in the row layout at N blocks per SM
+#: (``flush_rows``; flush_parts then unused). The warp-layout sweeps of 2026-12-02 are in
+#: notes/read-copy-h200-2026-12-02-{sweep,staged}.json; this sweep is the row layout beside the
+#: product's launch (the arm's ``default`` entry).
+CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, 1), (2, 5, 0, 1, 0, 1, 1, 4, 0, 2),
+              (2, 4, 0, 1, 0, 1, 1, 0, 0, 2), (2, 4, 0, 1, 0, 1, 1, 0, 1, 2), (2, 4, 0, 0, 0, 1, 1, 4, 0, 2),
+              (2, 4, 0, 2, 0, 1, 1, 4, 0, 2), (2, 3, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 0, 0, 1))  # fmt: skip
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -126,12 +128,13 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
     if not cfg:  # the product's launch (read_copy_cuda.default_config)
         return pb.copy_step(read_copy_decode_cuda, fmt, wp)
 
-    parts = cfg[2] or default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt).flush_parts
+    rows = cfg[9] if len(cfg) > 9 else 0
+    parts = None if rows else cfg[2] or default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt).flush_parts
     c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=parts, overlap=cfg[3] != 2,
                            high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1,
                            flush_prefetch=len(cfg) > 5 and cfg[5] == 1,
                            fp8_recip=len(cfg) > 6 and cfg[6] == 1, stages=cfg[7] if len(cfg) > 7 else 0,
-                           d_tile=len(cfg) > 8 and cfg[8] == 1)  # fmt: skip
+                           d_tile=len(cfg) > 8 and cfg[8] == 1, flush_rows=rows)  # fmt: skip
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
 
 

@@ -8,9 +8,12 @@
 // replays the fp32 recurrence from the fp32 checkpoint one record at a time (every d_j against the
 // exact state), 16 rows at a time in registers with the decay deferred (state = c . St), then this
 // token, and writes the checkpoint and its copy (fp8: amax / 448 per row). Each pass
-// leaves the other's rows alone, so the wrapper runs them concurrently.
+// leaves the other's rows alone, so the wrapper runs them concurrently. RC_FLUSH_ROWS builds the
+// flush pass in the row layout instead (flush_rows_item: two threads per state row, per-column
+// key tables in shared memory; measured beside the warp layout, notes/read-copy.md).
 //
-// Layout: lane owns K columns 4*lane .. 4*lane+3 of every row (ring_read.cu's helpers, included).
+// Layout: lane owns K columns 4*lane .. 4*lane+3 of every row (ring_read.cu's helpers, included
+// without its passes: RR_HELPERS_ONLY).
 // Requirements (checked by read_copy_cuda.py): K = V = 128, L <= 16, checkpoint / ring / copy
 // contiguous within a slot, k / g / beta rings fp32, d~ and v rings in the io dtype.
 
@@ -18,6 +21,7 @@
 
 #include <type_traits>
 
+#define RR_HELPERS_ONLY
 #include "ring_read.cu"
 
 #ifndef RC_DEPTH  // non-flush pass: chunks in flight ahead of the one being computed
@@ -38,10 +42,14 @@
 #ifndef RC_STAGES  // non-flush pass: 0 = RC_DEPTH chunks in registers (chunk loop unrolled); >= 2 = a
 #define RC_STAGES 0  // cp.async ring of that many chunks per warp in shared memory (rows, d~ tile, scales)
 #endif
+#ifndef RC_FLUSH_ROWS  // flush pass: 0 = 16 state rows per warp, lanes own columns (flush_item); N >= 1 = one
+#define RC_FLUSH_ROWS 0  // block of 4 warps per (row, head), thread t owns state row t (flush_rows_item), N blocks per SM
+#endif
 #ifndef RC_DTILE  // non-flush pass, register path (RC_STAGES 0): 1 = the live d~ records copied to shared
 #define RC_DTILE 0  // memory once per (row, head) by cp.async (their latency under the setup's), else loaded per chunk
 #endif
 static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
+static_assert(RC_FLUSH_ROWS >= 0 && RC_FLUSH_ROWS <= 4, "RC_FLUSH_ROWS is 0..4");
 static_assert(RC_STAGES == 0 || (RC_STAGES >= 2 && RC_STAGES <= 8), "RC_STAGES is 0 or 2..8");
 
 namespace rc {
@@ -1000,6 +1008,208 @@ __global__ void __launch_bounds__(32) flush_kernel(const Args p) {
   }
 }
 
+// ---- flush pass, row layout (RC_FLUSH_ROWS): one block of 256 threads per (row, value head) item.
+// Setup: threads 0..127 are the key columns; column c writes the window's per-column tables, the
+// decay deferred per column (state = St . diag(C_j), C_j the running product of the decays since
+// column c last renormalised): kt_j = C_j o k_j (the row sums' key), kh_j = k_j / C_j (the update's
+// key), rn_j = the factor column c is renormalised by at step j (1 where it is not; a column
+// renormalises when C_j < 2**-40), this token's qt = C_m o q, and C_m; threads 128..255 are the
+// state rows and write v_j of their row and beta. Replay: threads 2r and 2r+1 own state row r,
+// thread 2r+h the float4 chunks 2i+h (so a pair's loads and stores cover whole 32-byte sectors),
+// 64 fp32 in registers; a step is a half-row sum, one shuffle, and an update, on keys read by
+// broadcast from shared memory.
+namespace fr {
+constexpr int NT = 256;       // threads per block: 2 per state row
+constexpr int NCHUNK = K / 8;  // float4 chunks per thread (half a row)
+struct Smem {
+  float4 kt[16][K / 4];
+  float4 kh[16][K / 4];
+  float4 rn[16][K / 4];
+  float4 qt[K / 4];
+  float4 cend[K / 4];
+  float v[16][V];  // v_j of every row
+  float beta[16];
+  unsigned renorm[4];  // per setup warp, bit j: some column of the warp renormalises at step j
+  int count;
+  int rows[ROW_WINDOW];
+};
+__device__ __forceinline__ void fma4acc(float4& acc, float4 a, float4 b) {
+  acc.x = fmaf(a.x, b.x, acc.x);
+  acc.y = fmaf(a.y, b.y, acc.y);
+  acc.z = fmaf(a.z, b.z, acc.z);
+  acc.w = fmaf(a.w, b.w, acc.w);
+}
+// sum over this thread's half row of S[c] x[c] (x: a table row, chunk 2i+h), 8 independent chains
+__device__ __forceinline__ float half_dot(const float4 (&S)[NCHUNK], const float4* x, int h) {
+  float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
+#pragma unroll
+  for (int i = 0; i < NCHUNK; i += 2) {
+    fma4acc(a0, S[i], x[2 * i + h]);
+    fma4acc(a1, S[i + 1], x[2 * i + 2 + h]);
+  }
+  return ((a0.x + a1.x) + (a0.y + a1.y)) + ((a0.z + a1.z) + (a0.w + a1.w));
+}
+}  // namespace fr
+
+template <typename T, bool KDA, int CF>
+__device__ __forceinline__ void flush_rows_item(const Args& p, int pair, fr::Smem& sm) {
+  const int t = threadIdx.x, lane = t & 31, row = t >> 1, h = t & 1;
+  const int HV = p.HV, H = p.H, L = p.L;
+  const int n = pair / HV, hv = pair - n * HV, i_h = hv / (HV / H);
+  const int64_t slot = slot_of(p.slots, p.idx64, n);
+  const int m = p.write_pos[n];  // records 0..m-1 live (m <= L - 1); this token is step m
+  // this thread's half of its state row, requested first: its latency under the setup
+  float* srow = p.state + slot * p.s_state + (static_cast<int64_t>(hv) * V + row) * K;
+  float4 S[fr::NCHUNK];
+#pragma unroll
+  for (int i = 0; i < fr::NCHUNK; ++i) S[i] = ld4_cs(srow + 4 * (2 * i + h));
+
+  // this token's norms, by every warp for itself (no barrier): q (scaled), k, k . q
+  const T* qkv = static_cast<const T*>(p.qkv) + n * p.s_qkv;
+  float q_fac = p.scale, k_fac = 1.f, kq;
+  {
+    const float4 q4 = ld4(qkv + i_h * K + 4 * lane), k4 = ld4(qkv + H * K + i_h * K + 4 * lane);
+    const float qq = warp_sum(dot4(q4, q4)), kk = warp_sum(dot4(k4, k4)), qk = warp_sum(dot4(q4, k4));
+    if (p.l2n) {
+      q_fac = p.scale / sqrtf(qq + 1e-6f);
+      k_fac = 1.f / sqrtf(kk + 1e-6f);
+    }
+    kq = qk * q_fac * k_fac;
+  }
+  constexpr float RENORM = 9.094947e-13f;  // 2**-40
+  if (t < K) {  // column c = t: the tables
+    const int c = t;
+    const float* kr = p.k_ring + slot * p.s_k + static_cast<int64_t>(i_h) * L * K + c;
+    const float* gr = p.g_ring + slot * p.s_g + (KDA ? static_cast<int64_t>(hv) * L * K + c : hv * L);
+    float kk[16], gg[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {  // every load issued before the first use
+      kk[j] = j < m ? kr[j * K] : 0.f;
+      gg[j] = j < m ? gr[KDA ? j * K : j] : 0.f;
+    }
+    const T* ap = static_cast<const T*>(p.a);
+    const float x_m = KDA ? to_f(ap[n * p.s_a + static_cast<int64_t>(hv) * K + c]) + p.dt_bias[hv * K + c]
+                          : to_f(ap[n * p.s_a + hv]) + p.dt_bias[hv];
+    const float q = to_f(qkv[i_h * K + c]) * q_fac, k = to_f(qkv[H * K + i_h * K + c]) * k_fac;
+    const float a_m = expf(-expf(p.A_log[hv]) * softplus(x_m));  // this token's decay of column c
+    float* kt = reinterpret_cast<float*>(sm.kt);
+    float* kh = reinterpret_cast<float*>(sm.kh);
+    float* rn = reinterpret_cast<float*>(sm.rn);
+    float C = 1.f;
+    unsigned mask = 0u;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      if (j <= m) {
+        const float kj = j < m ? kk[j] : k;
+        C *= j < m ? expf(gg[j]) : a_m;
+        float r = 1.f;
+        if (C < RENORM) {
+          r = C;
+          C = 1.f;
+          mask |= 1u << j;
+        }
+        rn[j * K + c] = r;
+        kt[j * K + c] = C * kj;
+        kh[j * K + c] = __fdividef(kj, C);  // C in [2**-40, 1]: the fast reciprocal (2 ulp) is enough
+      }
+    }
+    reinterpret_cast<float*>(sm.qt)[c] = C * q;
+    reinterpret_cast<float*>(sm.cend)[c] = C;
+    mask = __reduce_or_sync(FULL, mask);
+    if (lane == 0) sm.renorm[t >> 5] = mask;
+  } else {  // row r = t - 128: v_j of the row, beta
+    const int r = t - K;
+    const T* vr = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(hv) * L * V + r;
+    float vv[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) vv[j] = j < m ? to_f(vr[j * V]) : 0.f;
+    const float v_m = to_f(qkv[2 * H * K + hv * V + r]);
+    if (r <= m) {
+      const T* bp = static_cast<const T*>(p.b);
+      sm.beta[r] = r < m ? p.beta_ring[slot * p.s_beta + hv * L + r]
+                         : to_f(from_f<T>(1.f / (1.f + expf(-to_f(bp[n * p.s_b + hv])))));
+    }
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      if (j <= m) sm.v[j][r] = j < m ? vv[j] : v_m;
+  }
+  __syncthreads();
+
+  // replay: steps 0..m-1 the records, step m this token (and its output)
+  const unsigned renorm = sm.renorm[0] | sm.renorm[1] | sm.renorm[2] | sm.renorm[3];
+#pragma unroll 1
+  for (int j = 0; j <= m; ++j) {
+    if ((renorm >> j) & 1u) {  // block-uniform
+#pragma unroll
+      for (int i = 0; i < fr::NCHUNK; ++i) S[i] = mul4(S[i], sm.rn[j][2 * i + h]);
+    }
+    float d = fr::half_dot(S, sm.kt[j], h);
+    d += __shfl_xor_sync(FULL, d, 1);
+    const float dj = sm.beta[j] * (sm.v[j][row] - d);
+    if (j == m) {  // block-uniform: this token's output from the decayed state
+      float oq = fr::half_dot(S, sm.qt, h);
+      oq += __shfl_xor_sync(FULL, oq, 1);
+      if (h == 0) static_cast<T*>(p.out)[(static_cast<int64_t>(n) * HV + hv) * V + row] = from_f<T>(fmaf(dj, kq, oq));
+    }
+#pragma unroll
+    for (int i = 0; i < fr::NCHUNK; ++i) S[i] = fma4(dj, sm.kh[j][2 * i + h], S[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < fr::NCHUNK; ++i) {
+    S[i] = mul4(S[i], sm.cend[2 * i + h]);
+    __stcs(reinterpret_cast<float4*>(srow + 4 * (2 * i + h)), S[i]);
+  }
+  using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
+  CT* crow = static_cast<CT*>(p.copy) + slot * p.s_copy + (static_cast<int64_t>(hv) * V + row) * K;
+  if constexpr (CF == 1) {
+#pragma unroll
+    for (int i = 0; i < fr::NCHUNK; ++i) *reinterpret_cast<uint2*>(crow + 4 * (2 * i + h)) = pack_bf16(S[i]);
+  } else {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < fr::NCHUNK; ++i)
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(S[i].x), fabsf(S[i].y)), fmaxf(fabsf(S[i].z), fabsf(S[i].w))));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, 1));
+    const float scl = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 1.f;
+    if (h == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + row] = scl;
+#pragma unroll
+    for (int i = 0; i < fr::NCHUNK; ++i)
+      *reinterpret_cast<uint32_t*>(crow + 4 * (2 * i + h)) =
+          pack_e4m3(make_float4(fp8_units(S[i].x, scl, inv), fp8_units(S[i].y, scl, inv),
+                                fp8_units(S[i].z, scl, inv), fp8_units(S[i].w, scl, inv)));
+  }
+  __syncthreads();  // the next item rewrites the tables
+}
+
+// The row layout's pass: blocks of 256 threads, grid capped at the resident blocks; warp 0 lists a
+// window's flush rows, then the block takes items (row, head) it = block, block + blocks, ...
+template <typename T, bool KDA, int CF>
+__global__ void __launch_bounds__(fr::NT, RC_FLUSH_ROWS > 0 ? RC_FLUSH_ROWS : 1) flush_rows_kernel(const Args p) {
+  __shared__ fr::Smem sm;
+  const int t = threadIdx.x;
+  for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
+    const int wend = min(p.B, w0 + ROW_WINDOW);
+    if (t < 32) {
+      int count = 0;
+      for (int r0 = w0; r0 < wend; r0 += 32) {
+        const int n = r0 + t;
+        const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
+        const unsigned mask = __ballot_sync(FULL, fl);
+        if (fl) sm.rows[count + __popc(mask & ((1u << t) - 1u))] = n;
+        count += __popc(mask);
+      }
+      if (t == 0) sm.count = count;
+    }
+    __syncthreads();
+    const int items = sm.count * p.HV;
+    for (int it = blockIdx.x; it < items; it += gridDim.x) {
+      const int r = it / p.HV;
+      flush_rows_item<T, KDA, CF>(p, sm.rows[r] * p.HV + (it - r * p.HV), sm);
+    }
+    __syncthreads();  // the next window rewrites the row list
+  }
+}
+
 template <typename T, bool KDA, int CF>
 cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
   if (!flush) {
@@ -1015,22 +1225,26 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
     read_kernel<T, KDA, CF><<<(pairs + 3) / 4, 128, smem, stream>>>(p);
     return cudaGetLastError();
   }
-  auto kern = flush_kernel<T, KDA, CF>;
-  const size_t smem = flush_smem_f4(KDA) * sizeof(float4);  // (flush_smem_f4: after flush_item_tc)
+  auto kern = RC_FLUSH_ROWS ? flush_rows_kernel<T, KDA, CF> : flush_kernel<T, KDA, CF>;
+  const int threads = RC_FLUSH_ROWS ? fr::NT : 32;
+  // dynamic shared memory: the warp layout's (flush_smem_f4: after flush_item_tc); the row layout's is static
+  const size_t smem = RC_FLUSH_ROWS ? 0 : flush_smem_f4(KDA) * sizeof(float4);
   static int resident = 0;  // per instantiation, computed once (host queries only: safe under capture)
   if (resident == 0) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaError_t e = RC_FLUSH_ROWS ? cudaSuccess
+                                  : cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(smem));
     int dev = 0, sms = 0, per_sm = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32, smem);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem);
     if (e != cudaSuccess) return e;
     resident = sms * (per_sm > 0 ? per_sm : 1);
   }
-  const int64_t items = static_cast<int64_t>(p.B) * p.HV * p.parts;
+  const int64_t items = static_cast<int64_t>(p.B) * p.HV * (RC_FLUSH_ROWS ? 1 : p.parts);
   int64_t grid = static_cast<int64_t>(waves > 0 ? waves : 1) * resident;
   if (grid > items) grid = items;
-  kern<<<static_cast<int>(grid), 32, smem, stream>>>(p);
+  kern<<<static_cast<int>(grid), threads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

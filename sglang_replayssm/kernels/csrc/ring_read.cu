@@ -296,6 +296,8 @@ struct Small {
   float4 dt;
 };
 
+#ifndef RR_HELPERS_ONLY  // read_copy.cu includes the helpers above, not the passes below
+
 #ifndef RR_MIN_BLOCKS  // register budget of the non-flush pass: blocks of 4 warps per SM
 #define RR_MIN_BLOCKS 4
 #endif
@@ -630,7 +632,9 @@ cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, cons
 #undef RR_ARGS
 }
 
+#endif  // RR_HELPERS_ONLY
 }  // namespace
+#ifndef RR_HELPERS_ONLY
 
 // io_dtype: 0 = fp32, 1 = bf16; idx64: ssm_state_indices is int64; flush: 0 = the non-flush rows'
 // pass (output + ring record), 1 = the flush rows' pass (output + new checkpoint). Returns a
@@ -659,3 +663,5 @@ extern "C" int ring_step_launch(const void* qkv, const void* a, const void* b, c
 #undef RR_ARGS2
   return static_cast<int>(e);
 }
+
+#endif  // RR_HELPERS_ONLY
