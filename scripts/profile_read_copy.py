@@ -6,7 +6,7 @@
 ``--cursor m``: every row at cursor ``m`` (0..L-2: the non-flush pass only; L-1: every row flushes);
 ``--cursor -1``: the staggered serving window (row r at (r + t) mod L). The launch is the product's
 default (:func:`sglang_replayssm.kernels.read_copy_cuda.default_config`); ``--flush-rows N``: the same with
-the row-layout flush pass at N blocks per SM. Needs CUDA.
+the row-layout flush pass at N blocks per SM (-1: pipelined). Needs CUDA.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     step = read_copy_decode_cuda
     if a.flush_rows:
         cfg = default_config(a.batch, pb.HV, L_RING, pb.is_kda, a.fmt)
-        cfg = dataclasses.replace(cfg, flush_parts=None, flush_rows=a.flush_rows)
+        cfg = dataclasses.replace(cfg, flush_parts=None, flush_rows=max(a.flush_rows, 0), flush_pipe=a.flush_rows < 0)
         step = functools.partial(read_copy_decode_cuda, config=cfg)
     for t in range(a.steps):
         if a.cursor < 0:

@@ -50,6 +50,17 @@ def test_default_flush_parts_follow_the_flush_rows() -> None:
     assert [default_flush_parts(B, 32, 16) for B in (1, 64, 256, 512, 4096)] == [4, 4, 2, 1, 1]
 
 
+def test_build_refuses_two_flush_layouts_and_bad_values() -> None:
+    """``build`` checks its options before it looks for nvcc (CPU)."""
+    from sglang_replayssm.kernels.read_copy_cuda import build
+
+    with pytest.raises(ValueError, match="two flush layouts"):
+        build("90a", flush_rows=2, flush_pipe=True)
+    with pytest.raises(ValueError, match="flush_rows must be 0..4"):
+        build("90a", flush_rows=5)
+    with pytest.raises(ValueError, match="stages must be"):
+        build("90a", stages=1)
+
 def test_cpu_tensors_refused_with_the_reason() -> None:
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
     from sglang_replayssm.kernels.ring_decode_cuda import CudaReadUnsupported
@@ -75,14 +86,15 @@ def test_cpu_tensors_refused_with_the_reason() -> None:
     (2, False, True, False, False, 0, 0), (1, True, False, True, False, 0, 0), (2, True, True, True, False, 0, 0),
     (1, True, False, True, True, 0, 0), (4, True, True, False, True, 0, 0), (1, True, False, True, True, 4, 0),
     (4, False, False, False, True, 3, 0), (2, True, False, False, True, 6, 0), (0, True, False, False, False, 0, 0),
-    (1, True, False, False, True, 4, 2), (1, False, False, False, False, 0, 1), (0, True, False, True, True, 4, 1)])  # fmt: skip
+    (1, True, False, False, True, 4, 2), (1, False, False, False, False, 0, 1), (0, True, False, True, True, 4, 1),
+    (1, True, False, False, True, 4, -1), (1, False, False, False, False, 0, -1)])  # fmt: skip
 def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, overlap: bool, tc: bool,
                                            prefetch: bool, recip: bool, stages: int, rows: int) -> None:
     """``tc``: GDN's flush pass in the Gram form on tensor cores (KDA: the same build, sequential flush);
     ``prefetch``: the flush pass loads the next block's rows during the current one; ``recip``: the
     fp8 copy written with a reciprocal per row; ``stages``: the non-flush pass's chunks staged in
     shared memory (0: in registers); ``rows``: the flush pass in the row layout, that many blocks
-    per SM (0: the warp layout); ``parts`` 0: no config (:func:`default_config`; with ``rows`` set:
+    per SM (0: the warp layout; -1: the pipelined row layout); ``parts`` 0: no config (:func:`default_config`; with ``rows`` set:
     the default config with that flush layout)."""
     from sglang_replayssm.kernels.read_copy_cuda import (
         ReadCopyCudaConfig,
@@ -96,7 +108,8 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     bf = torch.bfloat16  # the d~ ring in the io dtype
     ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
     cfg = ReadCopyCudaConfig(flush_parts=None if rows else parts, overlap=overlap, tc_flush=tc,
-                             flush_prefetch=prefetch, fp8_recip=recip, stages=stages, flush_rows=rows) if parts else None
+                             flush_prefetch=prefetch, fp8_recip=recip, stages=stages, flush_rows=max(rows, 0),
+                             flush_pipe=rows < 0) if parts else None
     if not parts and rows:
         d = default_config(20, HV, L, is_kda, fmt)
         cfg = dataclasses.replace(d, flush_parts=None, flush_rows=rows)
@@ -119,8 +132,28 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
 
 @gpu
 @pytest.mark.usefixtures("_on_cuda")
+def test_builds_in_one_process_keep_their_own_launch_state() -> None:
+    """Two builds loaded in one process (as ``default_config`` does across batch sizes): each keeps its
+    own flush grid and shared-memory attribute (internal linkage in ``read_copy.cu``; with external
+    linkage the second build reused the first one's and its launch failed with cudaError 1)."""
+    from sglang_replayssm.kernels import read_copy_cuda as rcc
+
+    inp = make_inputs(L + 2, 6, 2, 4, 128, 128, False, seed=3)
+    inp.a = inp.a.to(torch.bfloat16).float()
+    bf = torch.bfloat16
+    ref = run_copy(inp, "bf16", L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
+    for cfg in (rcc.ReadCopyCudaConfig(stages=0), rcc.ReadCopyCudaConfig(stages=6, flush_pipe=True),
+                rcc.ReadCopyCudaConfig(stages=3)):
+        got = run_copy(inp, "bf16", L, decode=_bf16_io(rcc.read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
+        assert len(got.flushed) == len(ref.flushed) >= 6
+        for (t, r, c), (_, _, c2) in zip(got.flushed, ref.flushed, strict=True):
+            assert float(rel(c, c2)) <= 1e-5, (cfg, t, r)
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("is_kda", [False, True])
-@pytest.mark.parametrize("rows", [0, 2])
+@pytest.mark.parametrize("rows", [0, 2, -1])
 def test_cuda_flush_renormalises_strong_decays(is_kda: bool, rows: int) -> None:
     """Decays under ~0.006 per step (KDA: on half the key columns, the others 0.66-0.9996): the deferred decay
     falls under 2**-40 within a window, so the flush pass renormalises (the warp layout all columns
@@ -139,7 +172,7 @@ def test_cuda_flush_renormalises_strong_decays(is_kda: bool, rows: int) -> None:
     inp.a = inp.a.to(torch.bfloat16).float()
     bf = torch.bfloat16
     ref = run_copy(inp, "bf16", L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
-    cfg = ReadCopyCudaConfig(flush_parts=1, flush_rows=rows)
+    cfg = ReadCopyCudaConfig(flush_parts=1, flush_rows=max(rows, 0), flush_pipe=rows < 0)
     got = run_copy(inp, "bf16", L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
     assert len(got.flushed) == len(ref.flushed) >= 12
     _, oracle = run_oracle(inp, states_at={t for t, _, _ in ref.flushed})

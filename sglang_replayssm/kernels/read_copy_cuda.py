@@ -35,7 +35,7 @@ __all__ = [
 _DIR = Path(__file__).parent / "csrc"
 _SRC = _DIR / "read_copy.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, bool, bool, bool, int, bool, int], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, bool, bool, bool, int, bool, int, bool], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 #: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
 DEFAULT_READ_COPY_BUILD = (3, 3)
@@ -59,7 +59,10 @@ class ReadCopyCudaConfig:
     every chunk; ``flush_rows`` N >= 1: the flush pass in the row layout (one block of 128 threads
     per flush (row, head), thread t replaying state row t against per-column key tables in shared
     memory; N blocks per SM as its register budget; ``flush_parts`` must then be 1 or None), 0:
-    the warp layout (16 rows per warp, lanes owning columns) (each a build of its own)."""
+    the warp layout (16 rows per warp, lanes owning columns); ``flush_pipe``: the row layout
+    pipelined, one 384-thread block per SM whose 4 setup warps prepare the next item (tables, state
+    rows by cp.async into shared memory) while 8 replay warps run the current one (each a build of
+    its own)."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
@@ -73,6 +76,7 @@ class ReadCopyCudaConfig:
     stages: int = 0
     d_tile: bool = False
     flush_rows: int = 0
+    flush_pipe: bool = False
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -107,7 +111,7 @@ def _arch() -> str:
 
 def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir: Path | None = None,
           tc_flush: bool = False, flush_prefetch: bool = False, fp8_recip: bool = False, stages: int = 0,
-          d_tile: bool = False, flush_rows: int = 0) -> Path:
+          d_tile: bool = False, flush_rows: int = 0, flush_pipe: bool = False) -> Path:
     """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path."""
     if not 1 <= depth <= 6:
         raise ValueError(f"depth must be 1..6 (got {depth})")
@@ -115,10 +119,13 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
         raise ValueError(f"stages must be 0 or 2..8 (got {stages})")
     if not 0 <= flush_rows <= 4:
         raise ValueError(f"flush_rows must be 0..4 (got {flush_rows})")
+    if flush_rows and flush_pipe:
+        raise ValueError("flush_rows and flush_pipe are two flush layouts: pick one")
     arch = arch or _arch()
     src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
     tc = ("_tc" if tc_flush else "") + ("_pf" if flush_prefetch else "") + ("_rcp" if fp8_recip else "")
     tc += (f"_st{stages}" if stages else "") + ("_dt" if d_tile else "") + (f"_fr{flush_rows}" if flush_rows else "")
+    tc += "_pipe" if flush_pipe else ""
     key = hashlib.sha256(src + f"{arch}:{depth}:{min_blocks}{tc}".encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     so = out_dir / f"read_copy_{arch}_d{depth}_m{min_blocks}{tc}_{key}.so"
@@ -129,15 +136,18 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
     return nvcc_shared(_SRC, so, arch, [f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}",
                                         f"-DRC_TC_FLUSH={int(tc_flush)}", f"-DRC_FLUSH_PREFETCH={int(flush_prefetch)}",
                                         f"-DRC_FP8_RECIP={int(fp8_recip)}", f"-DRC_STAGES={stages}",
-                                        f"-DRC_DTILE={int(d_tile)}", f"-DRC_FLUSH_ROWS={flush_rows}"])
+                                        f"-DRC_DTILE={int(d_tile)}", f"-DRC_FLUSH_ROWS={flush_rows}",
+                                        f"-DRC_FLUSH_PIPE={int(flush_pipe)}"])
 
 
 def _lib(depth: int, min_blocks: int, tc_flush: bool = False, flush_prefetch: bool = False,
-         fp8_recip: bool = False, stages: int = 0, d_tile: bool = False, flush_rows: int = 0) -> ctypes.CDLL:
-    key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip, stages, d_tile, flush_rows)
+         fp8_recip: bool = False, stages: int = 0, d_tile: bool = False, flush_rows: int = 0,
+         flush_pipe: bool = False) -> ctypes.CDLL:
+    key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip, stages, d_tile, flush_rows, flush_pipe)
     if key not in _LIBS:
         lib = ctypes.CDLL(str(build(key[0], depth, min_blocks, tc_flush=tc_flush, flush_prefetch=flush_prefetch,
-                                    fp8_recip=fp8_recip, stages=stages, d_tile=d_tile, flush_rows=flush_rows)))
+                                    fp8_recip=fp8_recip, stages=stages, d_tile=d_tile, flush_rows=flush_rows,
+                                    flush_pipe=flush_pipe)))
         lib.read_copy_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -200,14 +210,15 @@ def read_copy_decode_cuda(
                              read_copy_scales)
     if why is not None:
         raise CudaReadUnsupported(why)
-    if cfg.flush_rows and cfg.flush_parts not in (None, 1):
-        raise ValueError(f"flush_parts applies to the warp-layout flush pass (got {cfg.flush_parts} with flush_rows)")
-    parts = 1 if cfg.flush_rows else (
+    rows = bool(cfg.flush_rows or cfg.flush_pipe)
+    if rows and cfg.flush_parts not in (None, 1):
+        raise ValueError(f"flush_parts applies to the warp-layout flush pass (got {cfg.flush_parts} with a row layout)")
+    parts = 1 if rows else (
         cfg.flush_parts if cfg.flush_parts is not None else default_flush_parts(shape.B, shape.HV, shape.L))
     if parts not in (1, 2, 4, 8):
         raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {parts})")
     lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip, cfg.stages,
-               cfg.d_tile, cfg.flush_rows)
+               cfg.d_tile, cfg.flush_rows, cfg.flush_pipe)
     fp8 = read_copy_scales is not None
     sc = read_copy_scales if read_copy_scales is not None else initial_state
     strides = (*step.strides, read_copy.stride(0), sc.stride(0), v_cache.stride(0), beta_cache.stride(0))

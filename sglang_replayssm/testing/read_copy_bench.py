@@ -46,12 +46,12 @@ SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 #: the fp8 copy written with a reciprocal per row (``fp8_recip``); stages: the non-flush pass's chunks
 #: staged in shared memory (``stages``; 0: in registers); d_tile 1: the register path's ``d~`` records
 #: in shared memory (``d_tile``); rows N: the flush pass in the row layout at N blocks per SM
-#: (``flush_rows``; flush_parts then unused). The warp-layout sweeps of 2026-12-02 are in
+#: (``flush_rows``), -1: pipelined (``flush_pipe``) (flush_parts then unused). The warp-layout sweeps of 2026-12-02 are in
 #: notes/read-copy-h200-2026-12-02-{sweep,staged}.json; this sweep is the row layout beside the
 #: product's launch (the arm's ``default`` entry).
-CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, 1), (2, 5, 0, 1, 0, 1, 1, 4, 0, 2),
-              (2, 4, 0, 1, 0, 1, 1, 0, 0, 2), (2, 4, 0, 1, 0, 1, 1, 0, 1, 2), (2, 4, 0, 0, 0, 1, 1, 4, 0, 2),
-              (2, 4, 0, 2, 0, 1, 1, 4, 0, 2), (2, 3, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 0, 0, 1))  # fmt: skip
+CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, -1), (2, 4, 0, 0, 0, 1, 1, 4, 0, -1),
+              (2, 4, 0, 2, 0, 1, 1, 4, 0, -1), (2, 4, 0, 1, 0, 1, 1, 0, 0, -1), (2, 5, 0, 1, 0, 1, 1, 4, 0, -1),
+              (2, 3, 0, 1, 0, 1, 1, 4, 0, -1), (2, 4, 0, 1, 0, 1, 1, 0, 1, -1))  # fmt: skip
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -134,7 +134,8 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
                            high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1,
                            flush_prefetch=len(cfg) > 5 and cfg[5] == 1,
                            fp8_recip=len(cfg) > 6 and cfg[6] == 1, stages=cfg[7] if len(cfg) > 7 else 0,
-                           d_tile=len(cfg) > 8 and cfg[8] == 1, flush_rows=rows)  # fmt: skip
+                           d_tile=len(cfg) > 8 and cfg[8] == 1, flush_rows=max(rows, 0),
+                           flush_pipe=rows < 0)  # fmt: skip
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
 
 

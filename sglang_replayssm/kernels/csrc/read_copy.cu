@@ -10,7 +10,8 @@
 // token, and writes the checkpoint and its copy (fp8: amax / 448 per row). Each pass
 // leaves the other's rows alone, so the wrapper runs them concurrently. RC_FLUSH_ROWS builds the
 // flush pass in the row layout instead (flush_rows_item: two threads per state row, per-column
-// key tables in shared memory; measured beside the warp layout, notes/read-copy.md).
+// key tables in shared memory), RC_FLUSH_PIPE the same pipelined (flush_pipe_kernel); both measured
+// beside the warp layout (notes/read-copy.md).
 //
 // Layout: lane owns K columns 4*lane .. 4*lane+3 of every row (ring_read.cu's helpers, included
 // without its passes: RR_HELPERS_ONLY).
@@ -52,6 +53,11 @@ static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
 static_assert(RC_FLUSH_ROWS >= 0 && RC_FLUSH_ROWS <= 4, "RC_FLUSH_ROWS is 0..4");
 static_assert(RC_STAGES == 0 || (RC_STAGES >= 2 && RC_STAGES <= 8), "RC_STAGES is 0 or 2..8");
 
+// Internal linkage for everything below: the launchers' function-local statics (the flush grid's
+// resident count, the dynamic shared-memory attribute) would otherwise be STB_GNU_UNIQUE symbols,
+// one instance per process across every read_copy .so loaded (ctypes' RTLD_LOCAL does not separate
+// them), so a second build would launch with the first build's grid and without its own attribute.
+namespace {
 namespace rc {
 
 constexpr int NCH = V / ROWS;  // 16 chunks of 8 rows
@@ -1008,20 +1014,27 @@ __global__ void __launch_bounds__(32) flush_kernel(const Args p) {
   }
 }
 
-// ---- flush pass, row layout (RC_FLUSH_ROWS): one block of 256 threads per (row, value head) item.
-// Setup: threads 0..127 are the key columns; column c writes the window's per-column tables, the
+// ---- flush pass, row layout (RC_FLUSH_ROWS, RC_FLUSH_PIPE): one item (row, value head) per block.
+// Setup: 128 threads are the key columns; column c writes the window's per-column tables, the
 // decay deferred per column (state = St . diag(C_j), C_j the running product of the decays since
 // column c last renormalised): kt_j = C_j o k_j (the row sums' key), kh_j = k_j / C_j (the update's
 // key), rn_j = the factor column c is renormalised by at step j (1 where it is not; a column
-// renormalises when C_j < 2**-40), this token's qt = C_m o q, and C_m; threads 128..255 are the
-// state rows and write v_j of their row and beta. Replay: threads 2r and 2r+1 own state row r,
-// thread 2r+h the float4 chunks 2i+h (so a pair's loads and stores cover whole 32-byte sectors),
-// 64 fp32 in registers; a step is a half-row sum, one shuffle, and an update, on keys read by
-// broadcast from shared memory.
+// renormalises when C_j < 2**-40), this token's qt = C_m o q, and C_m; and 128 threads (the same
+// ones under RC_FLUSH_PIPE) are the state rows and write v_j of their row and beta. Replay: 256
+// threads, 2r and 2r+1 owning state row r (thread 2r+h the float4 chunks 2i+h, so a pair's loads
+// and stores cover whole 32-byte sectors), 64 fp32 in registers; a step is a half-row sum, one
+// shuffle, and an update, on keys read by broadcast from shared memory.
+// RC_FLUSH_ROWS N: 256-thread blocks (N per SM) that set up, then replay, each item.
+// RC_FLUSH_PIPE: 384-thread blocks, one per SM: 4 setup warps build item i+1's tables and copy its
+// state rows into shared memory (cp.async) while 8 replay warps run item i (two buffers of each).
+#ifndef RC_FLUSH_PIPE
+#define RC_FLUSH_PIPE 0
+#endif
 namespace fr {
-constexpr int NT = 256;       // threads per block: 2 per state row
-constexpr int NCHUNK = K / 8;  // float4 chunks per thread (half a row)
-struct Smem {
+constexpr int NREP = 256;      // replay threads: 2 per state row
+constexpr int NSET = 128;      // setup threads: 1 per key column (and per state row)
+constexpr int NCHUNK = K / 8;  // float4 chunks per replay thread (half a row)
+struct Tables {
   float4 kt[16][K / 4];
   float4 kh[16][K / 4];
   float4 rn[16][K / 4];
@@ -1030,9 +1043,22 @@ struct Smem {
   float v[16][V];  // v_j of every row
   float beta[16];
   unsigned renorm[4];  // per setup warp, bit j: some column of the warp renormalises at step j
+  int64_t slot;
+  float kq;
+  int m;
+};
+struct Smem {  // RC_FLUSH_ROWS
+  Tables tb;
   int count;
   int rows[ROW_WINDOW];
 };
+struct PipeSmem {  // RC_FLUSH_PIPE
+  Tables tb[2];
+  float4 st[2][V][K / 4];  // the items' state rows, chunk c of row r at c ^ swz(r)
+  int count;
+  int rows[ROW_WINDOW];
+};
+__device__ __forceinline__ int swz(int r) { return (r & 3) << 1; }  // 4 wavefronts for the replay's reads
 __device__ __forceinline__ void fma4acc(float4& acc, float4 a, float4 b) {
   acc.x = fmaf(a.x, b.x, acc.x);
   acc.y = fmaf(a.y, b.y, acc.y);
@@ -1049,157 +1075,186 @@ __device__ __forceinline__ float half_dot(const float4 (&S)[NCHUNK], const float
   }
   return ((a0.x + a1.x) + (a0.y + a1.y)) + ((a0.z + a1.z) + (a0.w + a1.w));
 }
-}  // namespace fr
-
-template <typename T, bool KDA, int CF>
-__device__ __forceinline__ void flush_rows_item(const Args& p, int pair, fr::Smem& sm) {
-  const int t = threadIdx.x, lane = t & 31, row = t >> 1, h = t & 1;
-  const int HV = p.HV, H = p.H, L = p.L;
-  const int n = pair / HV, hv = pair - n * HV, i_h = hv / (HV / H);
-  const int64_t slot = slot_of(p.slots, p.idx64, n);
-  const int m = p.write_pos[n];  // records 0..m-1 live (m <= L - 1); this token is step m
-  // this thread's half of its state row, requested first: its latency under the setup
-  float* srow = p.state + slot * p.s_state + (static_cast<int64_t>(hv) * V + row) * K;
-  float4 S[fr::NCHUNK];
-#pragma unroll
-  for (int i = 0; i < fr::NCHUNK; ++i) S[i] = ld4_cs(srow + 4 * (2 * i + h));
-
-  // this token's norms, by every warp for itself (no barrier): q (scaled), k, k . q
-  const T* qkv = static_cast<const T*>(p.qkv) + n * p.s_qkv;
-  float q_fac = p.scale, k_fac = 1.f, kq;
-  {
-    const float4 q4 = ld4(qkv + i_h * K + 4 * lane), k4 = ld4(qkv + H * K + i_h * K + 4 * lane);
-    const float qq = warp_sum(dot4(q4, q4)), kk = warp_sum(dot4(k4, k4)), qk = warp_sum(dot4(q4, k4));
-    if (p.l2n) {
-      q_fac = p.scale / sqrtf(qq + 1e-6f);
-      k_fac = 1.f / sqrtf(kk + 1e-6f);
-    }
-    kq = qk * q_fac * k_fac;
+// an item's row n, value head, key head
+struct Item {
+  int n, hv, i_h;
+};
+__device__ __forceinline__ Item item_of(const Args& p, int pair) {
+  const int n = pair / p.HV, hv = pair - n * p.HV;
+  return {n, hv, hv / (p.HV / p.H)};
+}
+// this token's (q_fac, k_fac, k . q): every warp for itself (no barrier)
+template <typename T>
+__device__ __forceinline__ float3 token_norms(const Args& p, const T* qkv, int i_h, int lane) {
+  const float4 q4 = ld4(qkv + i_h * K + 4 * lane), k4 = ld4(qkv + p.H * K + i_h * K + 4 * lane);
+  const float qq = warp_sum(dot4(q4, q4)), kk = warp_sum(dot4(k4, k4)), qk = warp_sum(dot4(q4, k4));
+  float q_fac = p.scale, k_fac = 1.f;
+  if (p.l2n) {
+    q_fac = p.scale / sqrtf(qq + 1e-6f);
+    k_fac = 1.f / sqrtf(kk + 1e-6f);
   }
+  return make_float3(q_fac, k_fac, qk * q_fac * k_fac);
+}
+
+// key column c's tables (a whole warp of columns calls it: the renormalisation mask is a warp OR)
+template <typename T, bool KDA>
+__device__ __forceinline__ void fill_column(const Args& p, Item it, int64_t slot, int m, int c, const T* qkv,
+                                            float q_fac, float k_fac, Tables& tb) {
   constexpr float RENORM = 9.094947e-13f;  // 2**-40
-  if (t < K) {  // column c = t: the tables
-    const int c = t;
-    const float* kr = p.k_ring + slot * p.s_k + static_cast<int64_t>(i_h) * L * K + c;
-    const float* gr = p.g_ring + slot * p.s_g + (KDA ? static_cast<int64_t>(hv) * L * K + c : hv * L);
-    float kk[16], gg[16];
+  const int L = p.L;
+  const float* kr = p.k_ring + slot * p.s_k + static_cast<int64_t>(it.i_h) * L * K + c;
+  const float* gr = p.g_ring + slot * p.s_g + (KDA ? static_cast<int64_t>(it.hv) * L * K + c : it.hv * L);
+  float kk[16], gg[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {  // every load issued before the first use
-      kk[j] = j < m ? kr[j * K] : 0.f;
-      gg[j] = j < m ? gr[KDA ? j * K : j] : 0.f;
-    }
-    const T* ap = static_cast<const T*>(p.a);
-    const float x_m = KDA ? to_f(ap[n * p.s_a + static_cast<int64_t>(hv) * K + c]) + p.dt_bias[hv * K + c]
-                          : to_f(ap[n * p.s_a + hv]) + p.dt_bias[hv];
-    const float q = to_f(qkv[i_h * K + c]) * q_fac, k = to_f(qkv[H * K + i_h * K + c]) * k_fac;
-    const float a_m = expf(-expf(p.A_log[hv]) * softplus(x_m));  // this token's decay of column c
-    float* kt = reinterpret_cast<float*>(sm.kt);
-    float* kh = reinterpret_cast<float*>(sm.kh);
-    float* rn = reinterpret_cast<float*>(sm.rn);
-    float C = 1.f;
-    unsigned mask = 0u;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      if (j <= m) {
-        const float kj = j < m ? kk[j] : k;
-        C *= j < m ? expf(gg[j]) : a_m;
-        float r = 1.f;
-        if (C < RENORM) {
-          r = C;
-          C = 1.f;
-          mask |= 1u << j;
-        }
-        rn[j * K + c] = r;
-        kt[j * K + c] = C * kj;
-        kh[j * K + c] = __fdividef(kj, C);  // C in [2**-40, 1]: the fast reciprocal (2 ulp) is enough
-      }
-    }
-    reinterpret_cast<float*>(sm.qt)[c] = C * q;
-    reinterpret_cast<float*>(sm.cend)[c] = C;
-    mask = __reduce_or_sync(FULL, mask);
-    if (lane == 0) sm.renorm[t >> 5] = mask;
-  } else {  // row r = t - 128: v_j of the row, beta
-    const int r = t - K;
-    const T* vr = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(hv) * L * V + r;
-    float vv[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) vv[j] = j < m ? to_f(vr[j * V]) : 0.f;
-    const float v_m = to_f(qkv[2 * H * K + hv * V + r]);
-    if (r <= m) {
-      const T* bp = static_cast<const T*>(p.b);
-      sm.beta[r] = r < m ? p.beta_ring[slot * p.s_beta + hv * L + r]
-                         : to_f(from_f<T>(1.f / (1.f + expf(-to_f(bp[n * p.s_b + hv])))));
-    }
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      if (j <= m) sm.v[j][r] = j < m ? vv[j] : v_m;
+  for (int j = 0; j < 16; ++j) {  // every load issued before the first use
+    kk[j] = j < m ? kr[j * K] : 0.f;
+    gg[j] = j < m ? gr[KDA ? j * K : j] : 0.f;
   }
-  __syncthreads();
+  const T* ap = static_cast<const T*>(p.a);
+  const float x_m = KDA ? to_f(ap[it.n * p.s_a + static_cast<int64_t>(it.hv) * K + c]) + p.dt_bias[it.hv * K + c]
+                        : to_f(ap[it.n * p.s_a + it.hv]) + p.dt_bias[it.hv];
+  const float q = to_f(qkv[it.i_h * K + c]) * q_fac, k = to_f(qkv[p.H * K + it.i_h * K + c]) * k_fac;
+  const float a_m = expf(-expf(p.A_log[it.hv]) * softplus(x_m));  // this token's decay of column c
+  float* kt = reinterpret_cast<float*>(tb.kt);
+  float* kh = reinterpret_cast<float*>(tb.kh);
+  float* rn = reinterpret_cast<float*>(tb.rn);
+  float C = 1.f;
+  unsigned mask = 0u;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if (j <= m) {
+      const float kj = j < m ? kk[j] : k;
+      C *= j < m ? expf(gg[j]) : a_m;
+      float r = 1.f;
+      if (C < RENORM) {
+        r = C;
+        C = 1.f;
+        mask |= 1u << j;
+      }
+      rn[j * K + c] = r;
+      kt[j * K + c] = C * kj;
+      kh[j * K + c] = __fdividef(kj, C);  // C in [2**-40, 1]: the fast reciprocal (2 ulp) is enough
+    }
+  }
+  reinterpret_cast<float*>(tb.qt)[c] = C * q;
+  reinterpret_cast<float*>(tb.cend)[c] = C;
+  mask = __reduce_or_sync(FULL, mask);
+  if ((c & 31) == 0) tb.renorm[c >> 5] = mask;
+}
 
-  // replay: steps 0..m-1 the records, step m this token (and its output)
-  const unsigned renorm = sm.renorm[0] | sm.renorm[1] | sm.renorm[2] | sm.renorm[3];
+// state row r's v_j and (r < 16) beta_r
+template <typename T>
+__device__ __forceinline__ void fill_row(const Args& p, Item it, int64_t slot, int m, int r, const T* qkv, Tables& tb) {
+  const int L = p.L;
+  const T* vr = static_cast<const T*>(p.v_ring) + slot * p.s_v + static_cast<int64_t>(it.hv) * L * V + r;
+  float vv[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) vv[j] = j < m ? to_f(vr[j * V]) : 0.f;
+  const float v_m = to_f(qkv[2 * p.H * K + it.hv * V + r]);
+  if (r <= m) {
+    const T* bp = static_cast<const T*>(p.b);
+    tb.beta[r] = r < m ? p.beta_ring[slot * p.s_beta + it.hv * L + r]
+                       : to_f(from_f<T>(1.f / (1.f + expf(-to_f(bp[it.n * p.s_b + it.hv])))));
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+    if (j <= m) tb.v[j][r] = j < m ? vv[j] : v_m;
+}
+
+// steps 0..m-1 the records, step m this token (and its output), then the checkpoint row and its copy
+template <typename T, int CF>
+__device__ __forceinline__ void replay_row(const Args& p, const Tables& tb, float4 (&S)[NCHUNK], Item it,
+                                           int64_t slot, int m, float kq, int row, int h) {
+  const unsigned renorm = tb.renorm[0] | tb.renorm[1] | tb.renorm[2] | tb.renorm[3];
 #pragma unroll 1
   for (int j = 0; j <= m; ++j) {
     if ((renorm >> j) & 1u) {  // block-uniform
 #pragma unroll
-      for (int i = 0; i < fr::NCHUNK; ++i) S[i] = mul4(S[i], sm.rn[j][2 * i + h]);
+      for (int i = 0; i < NCHUNK; ++i) S[i] = mul4(S[i], tb.rn[j][2 * i + h]);
     }
-    float d = fr::half_dot(S, sm.kt[j], h);
+    float d = half_dot(S, tb.kt[j], h);
     d += __shfl_xor_sync(FULL, d, 1);
-    const float dj = sm.beta[j] * (sm.v[j][row] - d);
+    const float dj = tb.beta[j] * (tb.v[j][row] - d);
     if (j == m) {  // block-uniform: this token's output from the decayed state
-      float oq = fr::half_dot(S, sm.qt, h);
+      float oq = half_dot(S, tb.qt, h);
       oq += __shfl_xor_sync(FULL, oq, 1);
-      if (h == 0) static_cast<T*>(p.out)[(static_cast<int64_t>(n) * HV + hv) * V + row] = from_f<T>(fmaf(dj, kq, oq));
+      if (h == 0) static_cast<T*>(p.out)[(static_cast<int64_t>(it.n) * p.HV + it.hv) * V + row] = from_f<T>(fmaf(dj, kq, oq));
     }
 #pragma unroll
-    for (int i = 0; i < fr::NCHUNK; ++i) S[i] = fma4(dj, sm.kh[j][2 * i + h], S[i]);
+    for (int i = 0; i < NCHUNK; ++i) S[i] = fma4(dj, tb.kh[j][2 * i + h], S[i]);
   }
+  float* srow = p.state + slot * p.s_state + (static_cast<int64_t>(it.hv) * V + row) * K;
 #pragma unroll
-  for (int i = 0; i < fr::NCHUNK; ++i) {
-    S[i] = mul4(S[i], sm.cend[2 * i + h]);
+  for (int i = 0; i < NCHUNK; ++i) {
+    S[i] = mul4(S[i], tb.cend[2 * i + h]);
     __stcs(reinterpret_cast<float4*>(srow + 4 * (2 * i + h)), S[i]);
   }
   using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
-  CT* crow = static_cast<CT*>(p.copy) + slot * p.s_copy + (static_cast<int64_t>(hv) * V + row) * K;
+  CT* crow = static_cast<CT*>(p.copy) + slot * p.s_copy + (static_cast<int64_t>(it.hv) * V + row) * K;
   if constexpr (CF == 1) {
 #pragma unroll
-    for (int i = 0; i < fr::NCHUNK; ++i) *reinterpret_cast<uint2*>(crow + 4 * (2 * i + h)) = pack_bf16(S[i]);
+    for (int i = 0; i < NCHUNK; ++i) *reinterpret_cast<uint2*>(crow + 4 * (2 * i + h)) = pack_bf16(S[i]);
   } else {
     float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < fr::NCHUNK; ++i)
+    for (int i = 0; i < NCHUNK; ++i)
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(S[i].x), fabsf(S[i].y)), fmaxf(fabsf(S[i].z), fabsf(S[i].w))));
     amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, 1));
     const float scl = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 1.f;
-    if (h == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + row] = scl;
+    if (h == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(it.hv) * V + row] = scl;
 #pragma unroll
-    for (int i = 0; i < fr::NCHUNK; ++i)
+    for (int i = 0; i < NCHUNK; ++i)
       *reinterpret_cast<uint32_t*>(crow + 4 * (2 * i + h)) =
           pack_e4m3(make_float4(fp8_units(S[i].x, scl, inv), fp8_units(S[i].y, scl, inv),
                                 fp8_units(S[i].z, scl, inv), fp8_units(S[i].w, scl, inv)));
   }
+}
+
+// warp 0 lists the flush rows of [w0, wend) into rows[]; returns their count (to warp 0's lanes)
+__device__ __forceinline__ void list_flush_rows(const Args& p, int w0, int wend, int* rows, int* count) {
+  const int lane = threadIdx.x;
+  int c = 0;
+  for (int r0 = w0; r0 < wend; r0 += 32) {
+    const int n = r0 + lane;
+    const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
+    const unsigned mask = __ballot_sync(FULL, fl);
+    if (fl) rows[c + __popc(mask & ((1u << lane) - 1u))] = n;
+    c += __popc(mask);
+  }
+  if (lane == 0) *count = c;
+}
+}  // namespace fr
+
+// RC_FLUSH_ROWS: 256 threads set up (threads < 128 the columns, the others the rows), then replay
+template <typename T, bool KDA, int CF>
+__device__ __forceinline__ void flush_rows_item(const Args& p, int pair, fr::Smem& sm) {
+  const int t = threadIdx.x, row = t >> 1, h = t & 1;
+  const fr::Item it = fr::item_of(p, pair);
+  const int64_t slot = slot_of(p.slots, p.idx64, it.n);
+  const int m = p.write_pos[it.n];  // records 0..m-1 live (m <= L - 1); this token is step m
+  // this thread's half of its state row, requested first: its latency under the setup
+  const float* srow = p.state + slot * p.s_state + (static_cast<int64_t>(it.hv) * V + row) * K;
+  float4 S[fr::NCHUNK];
+#pragma unroll
+  for (int i = 0; i < fr::NCHUNK; ++i) S[i] = ld4_cs(srow + 4 * (2 * i + h));
+  const T* qkv = static_cast<const T*>(p.qkv) + it.n * p.s_qkv;
+  const float3 nf = fr::token_norms(p, qkv, it.i_h, t & 31);
+  if (t < K)
+    fr::fill_column<T, KDA>(p, it, slot, m, t, qkv, nf.x, nf.y, sm.tb);
+  else
+    fr::fill_row(p, it, slot, m, t - K, qkv, sm.tb);
+  __syncthreads();
+  fr::replay_row<T, CF>(p, sm.tb, S, it, slot, m, nf.z, row, h);
   __syncthreads();  // the next item rewrites the tables
 }
 
-// The row layout's pass: blocks of 256 threads, grid capped at the resident blocks; warp 0 lists a
-// window's flush rows, then the block takes items (row, head) it = block, block + blocks, ...
+// The row layout's pass: grid capped at the resident blocks; warp 0 lists a window's flush rows,
+// then the block takes items (row, head) it = block, block + blocks, ...
 template <typename T, bool KDA, int CF>
-__global__ void __launch_bounds__(fr::NT, RC_FLUSH_ROWS > 0 ? RC_FLUSH_ROWS : 1) flush_rows_kernel(const Args p) {
+__global__ void __launch_bounds__(fr::NREP, RC_FLUSH_ROWS > 0 ? RC_FLUSH_ROWS : 1) flush_rows_kernel(const Args p) {
   __shared__ fr::Smem sm;
-  const int t = threadIdx.x;
   for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
-    const int wend = min(p.B, w0 + ROW_WINDOW);
-    if (t < 32) {
-      int count = 0;
-      for (int r0 = w0; r0 < wend; r0 += 32) {
-        const int n = r0 + t;
-        const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
-        const unsigned mask = __ballot_sync(FULL, fl);
-        if (fl) sm.rows[count + __popc(mask & ((1u << t) - 1u))] = n;
-        count += __popc(mask);
-      }
-      if (t == 0) sm.count = count;
-    }
+    if (threadIdx.x < 32) fr::list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), sm.rows, &sm.count);
     __syncthreads();
     const int items = sm.count * p.HV;
     for (int it = blockIdx.x; it < items; it += gridDim.x) {
@@ -1208,6 +1263,71 @@ __global__ void __launch_bounds__(fr::NT, RC_FLUSH_ROWS > 0 ? RC_FLUSH_ROWS : 1)
     }
     __syncthreads();  // the next window rewrites the row list
   }
+}
+
+// RC_FLUSH_PIPE: round k, setup warps (threads < 128) prepare the block's item k into buffer k & 1
+// (tables, and its state rows by cp.async) while the replay warps run item k - 1 from the other
+// buffer; one barrier per round.
+template <typename T, bool KDA, int CF>
+__global__ void __launch_bounds__(fr::NSET + fr::NREP, 1) flush_pipe_kernel(const Args p) {
+  extern __shared__ float4 rc_smem[];
+  fr::PipeSmem& sm = *reinterpret_cast<fr::PipeSmem*>(rc_smem);
+  const int t = threadIdx.x;
+  for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
+    if (t < 32) fr::list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), sm.rows, &sm.count);
+    __syncthreads();
+    const int items = sm.count * p.HV;
+    const int mine = items > static_cast<int>(blockIdx.x) ? (items - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    for (int k = 0; k <= mine; ++k) {
+      if (t < fr::NSET) {
+        if (k < mine) {
+          const int idx = blockIdx.x + k * gridDim.x, r = idx / p.HV;
+          const fr::Item it = fr::item_of(p, sm.rows[r] * p.HV + (idx - r * p.HV));
+          const int64_t slot = slot_of(p.slots, p.idx64, it.n);
+          const int m = p.write_pos[it.n];
+          fr::Tables& tb = sm.tb[k & 1];
+          const float* sbase = p.state + slot * p.s_state + static_cast<int64_t>(it.hv) * V * K;
+#pragma unroll 4
+          for (int u = 0; u < V * K / 4 / fr::NSET; ++u) {  // one row (32 chunks) per warp and u
+            const int f = u * fr::NSET + t, row = f >> 5, c = f & 31;
+            cp_async16(&sm.st[k & 1][row][c ^ fr::swz(row)], sbase + row * K + 4 * c);
+          }
+          cp_async_commit();
+          const T* qkv = static_cast<const T*>(p.qkv) + it.n * p.s_qkv;
+          const float3 nf = fr::token_norms(p, qkv, it.i_h, t & 31);
+          fr::fill_column<T, KDA>(p, it, slot, m, t, qkv, nf.x, nf.y, tb);
+          fr::fill_row(p, it, slot, m, t, qkv, tb);
+          if (t == 0) {
+            tb.slot = slot;
+            tb.kq = nf.z;
+            tb.m = m;
+          }
+          cp_async_wait<0>();
+        }
+      } else if (k > 0) {
+        const int rt = t - fr::NSET, row = rt >> 1, h = rt & 1;
+        const int idx = blockIdx.x + (k - 1) * gridDim.x, r = idx / p.HV;
+        const fr::Item it = fr::item_of(p, sm.rows[r] * p.HV + (idx - r * p.HV));
+        const fr::Tables& tb = sm.tb[(k - 1) & 1];
+        float4 S[fr::NCHUNK];
+#pragma unroll
+        for (int i = 0; i < fr::NCHUNK; ++i) S[i] = sm.st[(k - 1) & 1][row][(2 * i + h) ^ fr::swz(row)];
+        fr::replay_row<T, CF>(p, tb, S, it, tb.slot, tb.m, tb.kq, row, h);
+      }
+      __syncthreads();  // buffer k & 1 complete; buffer (k - 1) & 1 free
+    }
+  }
+}
+
+// the flush pass this build compiles (only that one is instantiated)
+template <typename T, bool KDA, int CF>
+constexpr auto flush_kernel_of() {
+  if constexpr (RC_FLUSH_PIPE)
+    return flush_pipe_kernel<T, KDA, CF>;
+  else if constexpr (RC_FLUSH_ROWS > 0)
+    return flush_rows_kernel<T, KDA, CF>;
+  else
+    return flush_kernel<T, KDA, CF>;
 }
 
 template <typename T, bool KDA, int CF>
@@ -1225,15 +1345,17 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
     read_kernel<T, KDA, CF><<<(pairs + 3) / 4, 128, smem, stream>>>(p);
     return cudaGetLastError();
   }
-  auto kern = RC_FLUSH_ROWS ? flush_rows_kernel<T, KDA, CF> : flush_kernel<T, KDA, CF>;
-  const int threads = RC_FLUSH_ROWS ? fr::NT : 32;
-  // dynamic shared memory: the warp layout's (flush_smem_f4: after flush_item_tc); the row layout's is static
-  const size_t smem = RC_FLUSH_ROWS ? 0 : flush_smem_f4(KDA) * sizeof(float4);
+  constexpr bool ROWS = RC_FLUSH_ROWS > 0 || RC_FLUSH_PIPE;
+  auto kern = flush_kernel_of<T, KDA, CF>();
+  const int threads = RC_FLUSH_PIPE ? fr::NSET + fr::NREP : RC_FLUSH_ROWS ? fr::NREP : 32;
+  // dynamic shared memory: the warp layout's (flush_smem_f4: after flush_item_tc), the pipelined row
+  // layout's buffers; the row layout's is static
+  const size_t smem = RC_FLUSH_PIPE ? sizeof(fr::PipeSmem) : RC_FLUSH_ROWS ? 0 : flush_smem_f4(KDA) * sizeof(float4);
   static int resident = 0;  // per instantiation, computed once (host queries only: safe under capture)
   if (resident == 0) {
-    cudaError_t e = RC_FLUSH_ROWS ? cudaSuccess
-                                  : cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(smem));
+    cudaError_t e = smem == 0 ? cudaSuccess
+                              : cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(smem));
     int dev = 0, sms = 0, per_sm = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -1241,7 +1363,7 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     resident = sms * (per_sm > 0 ? per_sm : 1);
   }
-  const int64_t items = static_cast<int64_t>(p.B) * p.HV * (RC_FLUSH_ROWS ? 1 : p.parts);
+  const int64_t items = static_cast<int64_t>(p.B) * p.HV * (ROWS ? 1 : p.parts);
   int64_t grid = static_cast<int64_t>(waves > 0 ? waves : 1) * resident;
   if (grid > items) grid = items;
   kern<<<static_cast<int>(grid), threads, smem, stream>>>(p);
@@ -1255,6 +1377,7 @@ cudaError_t launch_t(const Args& p, bool kda, int fmt, bool flush, int waves, cu
 }
 
 }  // namespace rc
+}  // namespace
 
 // One pass of a read-copy decode step. strides: leading (slot / row) strides of qkv, a, b, state, d,
 // k, g, copy, scales, v, beta. copy_fmt: 1 = bf16, 2 = e4m3 with per-row scales. io_dtype: 0 fp32,
