@@ -52,6 +52,12 @@ SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, -1), (2, 4, 0, 0, 0, 1, 1, 4, 0, -1),
               (2, 4, 0, 2, 0, 1, 1, 4, 0, -1), (2, 4, 0, 1, 0, 1, 1, 0, 0, -1), (2, 5, 0, 1, 0, 1, 1, 4, 0, -1),
               (2, 3, 0, 1, 0, 1, 1, 4, 0, -1), (2, 4, 0, 1, 0, 1, 1, 0, 1, -1))  # fmt: skip
+#: ``--sweep warp``: the warp-layout flush pass's launch knobs around :func:`default_config`'s staged
+#: launch (flush parts, non-flush register budget, side-stream priority, stages, prefetch)
+CUDA_SWEEP_WARP = ((2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4), (2, 5, 0, 1, 0, 1, 1, 4), (2, 3, 0, 1, 0, 1, 1, 4),
+                   (2, 4, 0, 0, 0, 1, 1, 4), (2, 4, 0, 1, 0, 1, 1, 3), (2, 4, 0, 1, 0, 1, 1, 6),
+                   (2, 4, 0, 1, 0, 0, 1, 4))  # fmt: skip
+SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -159,7 +165,7 @@ def _check(pb: StaggeredProblem, fmt: str, cuda: bool, cfg: tuple[int, ...] = CU
     return res
 
 
-def bench(model: str, B: int, sgl: Any, triton_arms: bool = False) -> dict:
+def bench(model: str, B: int, sgl: Any, triton_arms: bool = False, sweep_name: str = "rows") -> dict:
     from sglang_replayssm.kernels.ring_decode import ring_decode
 
     pb = StaggeredProblem(model, B)
@@ -202,7 +208,7 @@ def bench(model: str, B: int, sgl: Any, triton_arms: bool = False) -> dict:
         **ring_kw)))  # fmt: skip
     for fmt in ("bf16", "fp8"):
         arms: tuple[tuple[str, Callable[..., object], tuple[tuple[int, ...], ...]], ...] = (
-            (f"copy_{fmt}", _cuda_launch, ((),) + CUDA_SWEEP),
+            (f"copy_{fmt}", _cuda_launch, ((),) + SWEEPS[sweep_name]),
             (f"copy_triton_{fmt}", _copy_launch, SWEEP if triton_arms else ()),
         )
         for arm, launch, configs in arms:
@@ -283,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", default=["gdn", "kda"])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--triton", action="store_true", help="also time the first Triton kernel (slow)")
+    ap.add_argument("--sweep", choices=sorted(SWEEPS), default="rows", help="the CUDA launches timed beside the default")
     args = ap.parse_args(argv)
     sgl = None
     if args.sglang_root is not None:
@@ -292,6 +299,6 @@ def main(argv: list[str] | None = None) -> None:
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "L": L_RING, "rows": []}
     for model in args.models:
         for B in args.batches:
-            res["rows"].append(bench(model, B, sgl, args.triton))
+            res["rows"].append(bench(model, B, sgl, args.triton, args.sweep))
             if args.json is not None:
                 args.json.write_text(json.dumps(res, indent=1, default=str))
