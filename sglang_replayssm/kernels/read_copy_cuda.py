@@ -56,9 +56,9 @@ class ReadCopyCudaConfig:
     pass stages its chunks (copy rows, ``d~`` tile, fp8 scales) in a cp.async ring of that many
     chunks per warp in shared memory, 0: ``depth`` chunks in registers; ``d_tile`` (with ``stages``
     0): the live ``d~`` records copied to shared memory once per (row, head) instead of loaded with
-    every chunk; ``flush_rows`` N >= 1: the flush pass in the row layout (one block of 128 threads
-    per flush (row, head), thread t replaying state row t against per-column key tables in shared
-    memory; N blocks per SM as its register budget; ``flush_parts`` must then be 1 or None), 0:
+    every chunk; ``flush_rows`` N >= 1: the flush pass in the row layout (one block of 256 threads
+    per flush (row, head), two threads replaying each state row against per-column key tables in
+    shared memory; N blocks per SM as its register budget; ``flush_parts`` must then be 1 or None), 0:
     the warp layout (16 rows per warp, lanes owning columns); ``flush_pipe``: the row layout
     pipelined, one 384-thread block per SM whose 4 setup warps prepare the next item (tables, state
     rows by cp.async into shared memory) while 8 replay warps run the current one (each a build of

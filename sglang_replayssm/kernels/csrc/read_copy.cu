@@ -44,7 +44,7 @@
 #define RC_STAGES 0  // cp.async ring of that many chunks per warp in shared memory (rows, d~ tile, scales)
 #endif
 #ifndef RC_FLUSH_ROWS  // flush pass: 0 = 16 state rows per warp, lanes own columns (flush_item); N >= 1 = one
-#define RC_FLUSH_ROWS 0  // block of 4 warps per (row, head), thread t owns state row t (flush_rows_item), N blocks per SM
+#define RC_FLUSH_ROWS 0  // 256-thread block per (row, head), two threads per state row (flush_rows_item), N blocks per SM
 #endif
 #ifndef RC_DTILE  // non-flush pass, register path (RC_STAGES 0): 1 = the live d~ records copied to shared
 #define RC_DTILE 0  // memory once per (row, head) by cp.async (their latency under the setup's), else loaded per chunk
