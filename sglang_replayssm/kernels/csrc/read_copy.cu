@@ -982,6 +982,21 @@ __host__ __device__ constexpr int flush_smem_f4(bool kda) {
 
 constexpr int ROW_WINDOW = 512;  // rows whose flush items one round of the flush pass lists
 
+// One warp lists the flush rows of [w0, wend) into rows[] (B / 32 ballots); returns their count to
+// every lane.
+__device__ __forceinline__ int list_flush_rows(const Args& p, int w0, int wend, int* rows) {
+  const int lane = threadIdx.x & 31;
+  int count = 0;
+  for (int r0 = w0; r0 < wend; r0 += 32) {
+    const int n = r0 + lane;
+    const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
+    const unsigned mask = __ballot_sync(FULL, fl);
+    if (fl) rows[count + __popc(mask & ((1u << lane) - 1u))] = n;
+    count += __popc(mask);
+  }
+  return count;
+}
+
 // Every warp lists the flush rows of a window of ROW_WINDOW rows in its shared memory (B / 32
 // ballots), then takes items it = warp, warp + warps, ... of that list's (row, head, part) items,
 // so every warp gets the same number of flush items to within one (a stride over all items put
@@ -993,15 +1008,7 @@ __global__ void __launch_bounds__(32) flush_kernel(const Args p) {
   const int lane = threadIdx.x;
   const int tw = gridDim.x, per_row = p.HV * p.parts;
   for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
-    const int wend = min(p.B, w0 + ROW_WINDOW);
-    int count = 0;
-    for (int r0 = w0; r0 < wend; r0 += 32) {
-      const int n = r0 + lane;
-      const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
-      const unsigned mask = __ballot_sync(FULL, fl);
-      if (fl) rows[count + __popc(mask & ((1u << lane) - 1u))] = n;
-      count += __popc(mask);
-    }
+    const int count = list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), rows);
     __syncwarp();
     for (int it = blockIdx.x; it < count * per_row; it += tw) {
       const int r = it / per_row, rest = it - r * per_row;
@@ -1210,19 +1217,6 @@ __device__ __forceinline__ void replay_row(const Args& p, const Tables& tb, floa
   }
 }
 
-// warp 0 lists the flush rows of [w0, wend) into rows[]; returns their count (to warp 0's lanes)
-__device__ __forceinline__ void list_flush_rows(const Args& p, int w0, int wend, int* rows, int* count) {
-  const int lane = threadIdx.x;
-  int c = 0;
-  for (int r0 = w0; r0 < wend; r0 += 32) {
-    const int n = r0 + lane;
-    const bool fl = n < wend && slot_of(p.slots, p.idx64, n) >= 0 && flush_of(p.write_pos, p.force_flush, n, p.L);
-    const unsigned mask = __ballot_sync(FULL, fl);
-    if (fl) rows[c + __popc(mask & ((1u << lane) - 1u))] = n;
-    c += __popc(mask);
-  }
-  if (lane == 0) *count = c;
-}
 }  // namespace fr
 
 // RC_FLUSH_ROWS: 256 threads set up (threads < 128 the columns, the others the rows), then replay
@@ -1254,7 +1248,10 @@ template <typename T, bool KDA, int CF>
 __global__ void __launch_bounds__(fr::NREP, RC_FLUSH_ROWS > 0 ? RC_FLUSH_ROWS : 1) flush_rows_kernel(const Args p) {
   __shared__ fr::Smem sm;
   for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
-    if (threadIdx.x < 32) fr::list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), sm.rows, &sm.count);
+    if (threadIdx.x < 32) {
+      const int count = list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), sm.rows);
+      if (threadIdx.x == 0) sm.count = count;
+    }
     __syncthreads();
     const int items = sm.count * p.HV;
     for (int it = blockIdx.x; it < items; it += gridDim.x) {
@@ -1274,7 +1271,10 @@ __global__ void __launch_bounds__(fr::NSET + fr::NREP, 1) flush_pipe_kernel(cons
   fr::PipeSmem& sm = *reinterpret_cast<fr::PipeSmem*>(rc_smem);
   const int t = threadIdx.x;
   for (int w0 = 0; w0 < p.B; w0 += ROW_WINDOW) {
-    if (t < 32) fr::list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), sm.rows, &sm.count);
+    if (t < 32) {
+      const int count = list_flush_rows(p, w0, min(p.B, w0 + ROW_WINDOW), sm.rows);
+      if (threadIdx.x == 0) sm.count = count;
+    }
     __syncthreads();
     const int items = sm.count * p.HV;
     const int mine = items > static_cast<int>(blockIdx.x) ? (items - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
