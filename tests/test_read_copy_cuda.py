@@ -60,6 +60,12 @@ def test_build_refuses_two_flush_layouts_and_bad_values() -> None:
         build("90a", flush_rows=5)
     with pytest.raises(ValueError, match="stages must be"):
         build("90a", stages=1)
+    with pytest.raises(ValueError, match="flush_min_blocks must be 0..32"):
+        build("90a", flush_min_blocks=33)
+    with pytest.raises(ValueError, match="read_warps must be 1, 2 or 4"):
+        build("90a", read_warps=3)
+    with pytest.raises(ValueError, match="flush_pair takes the registers"):
+        build("90a", flush_pair=True, flush_prefetch=True)
 
 def test_cpu_tensors_refused_with_the_reason() -> None:
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
@@ -96,23 +102,27 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     shared memory (0: in registers); ``rows``: the flush pass in the row layout, that many blocks
     per SM (0: the warp layout; -1: the pipelined row layout); ``parts`` 0: no config (:func:`default_config`; with ``rows`` set:
     the default config with that flush layout)."""
-    from sglang_replayssm.kernels.read_copy_cuda import (
-        ReadCopyCudaConfig,
-        default_config,
-        read_copy_decode_cuda,
-    )
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, default_config
+
+    cfg = ReadCopyCudaConfig(flush_parts=None if rows else parts, overlap=overlap, tc_flush=tc,
+                             flush_prefetch=prefetch, fp8_recip=recip, stages=stages, flush_rows=max(rows, 0),
+                             flush_pipe=rows < 0) if parts else None
+    if not parts and rows:
+        d = default_config(20, 4, L, is_kda, fmt)  # the helper's 20 rows, HV = 4
+        cfg = dataclasses.replace(d, flush_parts=None, flush_rows=rows)
+    _assert_matches_reference(fmt, is_kda, cfg)
+
+
+def _assert_matches_reference(fmt: str, is_kda: bool, cfg: object) -> None:
+    """The CUDA passes under ``cfg`` against the torch reference step by step (2L+3 staggered steps,
+    20 rows) and every flushed checkpoint against the reference and the fp64 oracle."""
+    from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
     inp = make_inputs(2 * L + 3, 20, H, HV, 128, 128, is_kda, seed=5)
     inp.a = inp.a.to(torch.bfloat16).float()  # what the bf16-io kernel sees, for the oracle too
     bf = torch.bfloat16  # the d~ ring in the io dtype
     ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
-    cfg = ReadCopyCudaConfig(flush_parts=None if rows else parts, overlap=overlap, tc_flush=tc,
-                             flush_prefetch=prefetch, fp8_recip=recip, stages=stages, flush_rows=max(rows, 0),
-                             flush_pipe=rows < 0) if parts else None
-    if not parts and rows:
-        d = default_config(20, HV, L, is_kda, fmt)
-        cfg = dataclasses.replace(d, flush_parts=None, flush_rows=rows)
     got = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
     err = rel(got.out, ref.out, (3,))  # [T, B, HV]
     flush = torch.zeros(err.shape[:2], dtype=torch.bool)
@@ -128,6 +138,26 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
         assert (t, r) == (t2, r2)
         assert float(rel(c, c2)) <= 1e-5, (t, r)  # fp32, reassociated
         assert float(rel(c, oracle[t][r])) <= 1e-5, (t, r)  # fp32 decode's own distance to fp64
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmin,warps,stages,pair,parts", [
+    (12, 4, 4, False, 2), (0, 1, 4, False, 2), (12, 1, 0, False, 2), (0, 2, 0, False, 2), (0, 1, 4, True, 1),
+    (0, 4, 4, True, 2), (0, 1, 0, True, 4), (0, 1, 4, True, 8)])  # fmt: skip
+def test_cuda_launch_shapes_match_reference(fmt: str, is_kda: bool, fmin: int, warps: int, stages: int, pair: bool,
+                                            parts: int) -> None:
+    """The flush pass under a register cap (``flush_min_blocks``) or with two blocks replayed
+    together (``flush_pair``; parts 8 leaves one 16-row block per warp), the non-flush pass in one-,
+    two- and four-warp blocks (``read_warps``), staged and register path, against the reference and
+    the oracle."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+
+    cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, flush_prefetch=not pair, fp8_recip=True,
+                             stages=stages, flush_min_blocks=fmin, read_warps=warps, flush_pair=pair)
+    _assert_matches_reference(fmt, is_kda, cfg)
 
 
 @gpu
@@ -153,11 +183,12 @@ def test_builds_in_one_process_keep_their_own_launch_state() -> None:
 @gpu
 @pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("is_kda", [False, True])
-@pytest.mark.parametrize("rows", [0, 2, -1])
+@pytest.mark.parametrize("rows", [0, 2, -1, 3])
 def test_cuda_flush_renormalises_strong_decays(is_kda: bool, rows: int) -> None:
     """Decays under ~0.006 per step (KDA: on half the key columns, the others 0.66-0.9996): the deferred decay
     falls under 2**-40 within a window, so the flush pass renormalises (the warp layout all columns
-    at once, the row layout each column by itself); flushed checkpoints == the reference and fp64."""
+    at once, the row layout each column by itself); flushed checkpoints == the reference and fp64.
+    ``rows`` 3: the warp layout with two blocks replayed together (``flush_pair``)."""
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
@@ -172,7 +203,8 @@ def test_cuda_flush_renormalises_strong_decays(is_kda: bool, rows: int) -> None:
     inp.a = inp.a.to(torch.bfloat16).float()
     bf = torch.bfloat16
     ref = run_copy(inp, "bf16", L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
-    cfg = ReadCopyCudaConfig(flush_parts=1, flush_rows=max(rows, 0), flush_pipe=rows < 0)
+    cfg = ReadCopyCudaConfig(flush_parts=1, flush_rows=rows if rows in (0, 2) else 0, flush_pipe=rows < 0,
+                             flush_pair=rows == 3)
     got = run_copy(inp, "bf16", L, decode=_bf16_io(read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
     assert len(got.flushed) == len(ref.flushed) >= 12
     _, oracle = run_oracle(inp, states_at={t for t, _, _ in ref.flushed})

@@ -46,7 +46,9 @@ SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 #: the fp8 copy written with a reciprocal per row (``fp8_recip``); stages: the non-flush pass's chunks
 #: staged in shared memory (``stages``; 0: in registers); d_tile 1: the register path's ``d~`` records
 #: in shared memory (``d_tile``); rows N: the flush pass in the row layout at N blocks per SM
-#: (``flush_rows``), -1: pipelined (``flush_pipe``) (flush_parts then unused). The warp-layout sweeps of 2026-12-02 are in
+#: (``flush_rows``), -1: pipelined (``flush_pipe``) (flush_parts then unused); fmin N: the warp-layout
+#: flush pass capped for N resident warps per SM (``flush_min_blocks``); rw: warps per non-flush block
+#: (``read_warps``); pair 1: two flush blocks replayed together (``flush_pair``). The warp-layout sweeps of 2026-12-02 are in
 #: notes/read-copy-h200-2026-12-02-{sweep,staged}.json; this sweep is the row layout beside the
 #: product's launch (the arm's ``default`` entry).
 CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, -1), (2, 4, 0, 0, 0, 1, 1, 4, 0, -1),
@@ -57,7 +59,19 @@ CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, -1), (
 CUDA_SWEEP_WARP = ((2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4), (2, 5, 0, 1, 0, 1, 1, 4), (2, 3, 0, 1, 0, 1, 1, 4),
                    (2, 4, 0, 0, 0, 1, 1, 4), (2, 4, 0, 1, 0, 1, 1, 3), (2, 4, 0, 1, 0, 1, 1, 6),
                    (2, 4, 0, 1, 0, 0, 1, 4))  # fmt: skip
-SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP}
+#: ``--sweep share``: how the two passes share an SM while both run (the flush pass's register cap, the
+#: non-flush pass's block size) around the staged launch
+CUDA_SWEEP_SHARE = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 4), (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 9, 4),
+                    (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 12, 4), (2, 4, 0, 1, 0, 0, 1, 4, 0, 0, 16, 4),
+                    (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1), (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 12, 1),
+                    (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 2), (2, 5, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1))  # fmt: skip
+#: ``--sweep pair``: the paired flush replay (``flush_pair``) against the staged launch, by flush parts
+#: and non-flush block size
+CUDA_SWEEP_PAIR = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1), (2, 4, 0, 1, 0, 0, 1, 4, 0, 0, 0, 4, 1),
+                   (2, 4, 0, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1),
+                   (2, 4, 2, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 4, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1),
+                   (2, 5, 0, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 1))  # fmt: skip
+SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -111,11 +125,13 @@ class StaggeredProblem(Problem):
 
         return run
 
-    def copy_step(self, fn: Callable, fmt: str, wp: torch.Tensor, **kw: object) -> object:
+    def copy_step(self, fn: Callable, fmt: str, wp: torch.Tensor, slots: torch.Tensor | None = None,
+                  **kw: object) -> object:
         copy, scales = self.copies[fmt]
         return fn(
             self.qkv, self.a, self.b, self.A_log, self.dt_bias, self.scale, self.state, copy, scales,
-            self.d_bf, self.k, self.g, self.v_ring, self.beta_ring, self.out, self.slots, wp, None,
+            self.d_bf, self.k, self.g, self.v_ring, self.beta_ring, self.out,
+            self.slots if slots is None else slots, wp, None,
             use_qk_l2norm_in_kernel=True, is_kda=self.is_kda, **kw,
         )  # fmt: skip
 
@@ -124,7 +140,8 @@ def _copy_launch(pb: StaggeredProblem, fmt: str, bv: int, nw: int, wp: torch.Ten
     return pb.copy_step(read_copy_decode_triton, fmt, wp, block_v=bv, num_warps=nw)
 
 
-def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch.Tensor) -> object:
+def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch.Tensor,
+                 slots: torch.Tensor | None = None) -> object:
     from sglang_replayssm.kernels.read_copy_cuda import (
         ReadCopyCudaConfig,
         default_config,
@@ -132,7 +149,7 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
     )
 
     if not cfg:  # the product's launch (read_copy_cuda.default_config)
-        return pb.copy_step(read_copy_decode_cuda, fmt, wp)
+        return pb.copy_step(read_copy_decode_cuda, fmt, wp, slots)
 
     rows = cfg[9] if len(cfg) > 9 else 0
     parts = None if rows else cfg[2] or default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt).flush_parts
@@ -141,8 +158,47 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
                            flush_prefetch=len(cfg) > 5 and cfg[5] == 1,
                            fp8_recip=len(cfg) > 6 and cfg[6] == 1, stages=cfg[7] if len(cfg) > 7 else 0,
                            d_tile=len(cfg) > 8 and cfg[8] == 1, flush_rows=max(rows, 0),
-                           flush_pipe=rows < 0)  # fmt: skip
-    return pb.copy_step(read_copy_decode_cuda, fmt, wp, config=c)
+                           flush_pipe=rows < 0, flush_min_blocks=cfg[10] if len(cfg) > 10 else 0,
+                           read_warps=cfg[11] if len(cfg) > 11 else 4,
+                           flush_pair=len(cfg) > 12 and cfg[12] == 1)  # fmt: skip
+    return pb.copy_step(read_copy_decode_cuda, fmt, wp, slots, config=c)
+
+
+def pass_split(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...] = ()) -> dict[str, float]:
+    """One launch's staggered step (us) with both passes, with only the flush rows (the other rows'
+    slots set to padding, so the non-flush pass only zeroes their outputs), with only the non-flush
+    rows, and with the two passes on one stream (``cfg``'s mode 2): whether and how far they overlap."""
+    B, dev = pb.B, pb.state.device
+    flushing = [(torch.arange(B, device=dev) + t) % L_RING == L_RING - 1 for t in range(L_RING)]
+    pad = torch.full_like(pb.slots, -1)
+    only = {"flush_only": [torch.where(f, pb.slots, pad) for f in flushing],
+            "read_only": [torch.where(f, pad, pb.slots) for f in flushing]}  # fmt: skip
+    base = cfg or _staged_default(pb, fmt)
+    serial = base[:3] + (2,) + base[4:]
+    res: dict[str, float] = {}
+
+    def window(c: tuple[int, ...], slots: list[torch.Tensor] | None) -> Callable[[], None]:
+        def run() -> None:
+            for t in range(L_RING):
+                _cuda_launch(pb, fmt, c, pb.stag[t], None if slots is None else slots[t])
+
+        return run
+
+    res["both"] = time_us(window(cfg, None))[0] / L_RING
+    for key, sl in only.items():
+        res[key] = time_us(window(cfg, sl))[0] / L_RING
+    res["serial"] = time_us(window(serial, None))[0] / L_RING
+    return res
+
+
+def _staged_default(pb: StaggeredProblem, fmt: str) -> tuple[int, ...]:
+    """:func:`default_config`'s launch as a sweep tuple (for its one-stream twin)."""
+    from sglang_replayssm.kernels.read_copy_cuda import default_config
+
+    c = default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt)
+    return (c.depth, c.min_blocks, c.flush_parts or 0, 1 if c.high_priority else 0, int(c.tc_flush),
+            int(c.flush_prefetch), int(c.fp8_recip), c.stages, int(c.d_tile), c.flush_rows or -int(c.flush_pipe),
+            c.flush_min_blocks, c.read_warps, int(c.flush_pair))  # fmt: skip
 
 
 def _check(pb: StaggeredProblem, fmt: str, cuda: bool, cfg: tuple[int, ...] = CUDA_SWEEP[0]) -> dict:
@@ -173,6 +229,9 @@ def bench(model: str, B: int, sgl: Any, triton_arms: bool = False, sweep_name: s
     row: dict = {"model": model, "B": B}
     fl = floors(pb.state_bytes())
     row["copy_TBps"] = fl["copy_TBps"]
+    # the read bandwidth a torch reduction reaches over the bf16 copies (the non-flush pass's stream)
+    cp = pb.copies["bf16"][0]
+    row["sum_read_TBps"] = cp.numel() * cp.element_size() / (time_us(lambda: torch.sum(cp, dtype=torch.float32))[0] * 1e6)
     times: dict[str, float] = {}
 
     def put(arm: str, fn: Callable[..., object], per: int = L_RING) -> None:
@@ -243,6 +302,10 @@ def bench(model: str, B: int, sgl: Any, triton_arms: bool = False, sweep_name: s
                         wp = torch.full((B,), m, dtype=torch.int32, device=pb.state.device)
                         per_m[str(m)] = time_us(functools.partial(launch, pb, fmt, *_args(cfg), wp))[0]
                     row[f"{arm}_{key}"] = per_m
+                if launch is _cuda_launch:  # whether the passes overlap (default launch, and the best)
+                    row[f"{arm}_split"] = {"default": pass_split(pb, fmt)}
+                    if best != "default":
+                        row[f"{arm}_split"][best] = pass_split(pb, fmt, best_cfg)
             try:
                 small = StaggeredProblem(model, min(B, 64))
                 if launch is _cuda_launch and ok:

@@ -31,6 +31,9 @@
 #ifndef RC_MIN_BLOCKS  // non-flush pass register budget, blocks of 4 warps per SM
 #define RC_MIN_BLOCKS 4
 #endif
+#ifndef RC_READ_WARPS  // non-flush pass: warps per block (1, 2 or 4; the register budget stays RC_MIN_BLOCKS x 4
+#define RC_READ_WARPS 4  // warps per SM): one-warp blocks free an SM's slot as soon as their pair is done
+#endif
 #ifndef RC_TC_FLUSH  // GDN flush pass: 1 = the Gram form on tensor cores (flush_item_tc), 0 = sequential
 #define RC_TC_FLUSH 0
 #endif
@@ -46,11 +49,20 @@
 #ifndef RC_FLUSH_ROWS  // flush pass: 0 = 16 state rows per warp, lanes own columns (flush_item); N >= 1 = one
 #define RC_FLUSH_ROWS 0  // 256-thread block per (row, head), two threads per state row (flush_rows_item), N blocks per SM
 #endif
+#ifndef RC_FLUSH_PAIR  // warp-layout flush pass: 1 = two 16-row blocks replayed together (two chains per
+#define RC_FLUSH_PAIR 0  // step: half the item's serial steps; excludes RC_FLUSH_PREFETCH, whose registers they take)
+#endif
+#ifndef RC_FLUSH_MIN_BLOCKS  // warp-layout flush pass: 0 = no register cap; N = at least N one-warp
+#define RC_FLUSH_MIN_BLOCKS 0  // blocks per SM (65536 / (32 N) registers per thread), more room for the non-flush pass
+#endif
 #ifndef RC_DTILE  // non-flush pass, register path (RC_STAGES 0): 1 = the live d~ records copied to shared
 #define RC_DTILE 0  // memory once per (row, head) by cp.async (their latency under the setup's), else loaded per chunk
 #endif
 static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
 static_assert(RC_FLUSH_ROWS >= 0 && RC_FLUSH_ROWS <= 4, "RC_FLUSH_ROWS is 0..4");
+static_assert(RC_READ_WARPS == 1 || RC_READ_WARPS == 2 || RC_READ_WARPS == 4, "RC_READ_WARPS is 1, 2 or 4");
+static_assert(!(RC_FLUSH_PAIR && RC_FLUSH_PREFETCH), "RC_FLUSH_PAIR replaces RC_FLUSH_PREFETCH");
+static_assert(RC_FLUSH_MIN_BLOCKS >= 0 && RC_FLUSH_MIN_BLOCKS <= 32, "RC_FLUSH_MIN_BLOCKS is 0..32");
 static_assert(RC_STAGES == 0 || (RC_STAGES >= 2 && RC_STAGES <= 8), "RC_STAGES is 0 or 2..8");
 
 // Internal linkage for everything below: the launchers' function-local statics (the flush grid's
@@ -181,7 +193,7 @@ __host__ __device__ constexpr int read_smem_f4(int io_bytes, int cf) {
 
 // ---- non-flush pass: one warp per (row, value head)
 template <typename T, bool KDA, int CF>
-__global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) {
+__global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_READ_WARPS) read_kernel(const Args p) {
   const int lane = threadIdx.x & 31;
   const int pair = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (pair >= p.B * p.HV) return;
@@ -392,6 +404,132 @@ __global__ void __launch_bounds__(128, RC_MIN_BLOCKS) read_kernel(const Args p) 
 // shared memory per warp: keys [16][32] float4, KDA decays [16][32] float4, v [16][V] fp32
 __host__ __device__ constexpr int flush_smem_f4_seq(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4; }
 
+// What a flush item's block replay reads: the window's records in this warp's shared memory (keys,
+// KDA decays, v rows), this token's scaled q and k.q, the lane-held beta_j / alpha_j (lane j),
+// and where the item's state rows, copy rows, fp8 scales and outputs go.
+template <typename T, int CF>
+struct FlushRows {
+  using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
+  const Args& p;
+  int m;
+  float4 q;
+  float kq;
+  const float4* ksm;
+  const float4* asm_;
+  const float* vsm;
+  float beta_reg, alpha_reg;
+  float* sbase;
+  CT* cbase;
+  T* outp;
+  float* scales;
+  int lane;
+};
+
+// Replays NB consecutive 16-row blocks (rows r0 .. r0 + 16 NB - 1, lane slot i of block b holding
+// row r0 + 16 b + (i ^ lr)) over steps 0..m from the fp32 rows in S, then writes the rows, their copy
+// and (fp8) scales. The NB chains share the step's key, decay and renormalisation (the decay is per
+// head or per column, the same for every row), so NB > 1 interleaves independent row sums.
+// The decay is deferred: the state is c . St (c: GDN one scalar, KDA this lane's 4 columns), so a
+// step costs one FMA per element for the row sums and one for the update; c is folded back into St
+// (St <- c . St, c <- 1) before any product would fall under 2**-40.
+template <typename T, bool KDA, int CF, int NB>
+__device__ __forceinline__ void replay_blocks(const FlushRows<T, CF>& f, int r0, float4 (&S)[NB][16]) {
+  constexpr float RENORM = 9.094947e-13f;  // 2**-40
+  const int lane = f.lane, lr = lane >> 1, m = f.m;
+  float cg = 1.f;                                // GDN
+  float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);  // KDA
+  // steps 0..m-1 replay the records, step m is this token (and its output)
+#pragma unroll 1
+  for (int j = 0; j <= m; ++j) {
+    const float4 kj = f.ksm[j * 32 + lane];
+    const float bj = __shfl_sync(FULL, f.beta_reg, j);
+    float4 kt, kh;  // KDA: row sums use c o k_j, the update k_j / c
+    if (KDA) {
+      const float4 aj = f.asm_[j * 32 + lane];
+      c4 = mul4(c4, aj);
+      const bool low = fminf(fminf(c4.x, c4.y), fminf(c4.z, c4.w)) < RENORM;
+      if (__any_sync(FULL, low)) {
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) S[b][i] = mul4(S[b][i], c4);
+        c4 = make_float4(1.f, 1.f, 1.f, 1.f);
+      }
+      kt = mul4(c4, kj);
+      // c4 in [2**-40, 1]: the fast reciprocal (2 ulp) is enough for the update's scale
+      kh = make_float4(__fdividef(kj.x, c4.x), __fdividef(kj.y, c4.y), __fdividef(kj.z, c4.z), __fdividef(kj.w, c4.w));
+    } else {
+      cg *= __shfl_sync(FULL, f.alpha_reg, j);
+      if (cg < RENORM) {  // warp-uniform
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) S[b][i] = mul4(S[b][i], cg);
+        cg = 1.f;
+      }
+      kt = kj;
+      kh = kj;
+    }
+    float pr[NB][16], dj[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) pr[b][i] = dot4(S[b][i], kt);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float r = KDA ? rs_perm16(pr[b]) : cg * rs_perm16(pr[b]);
+      dj[b] = bj * (f.vsm[j * V + r0 + 16 * b + lr] - r);
+    }
+    if (j == m) {  // warp-uniform: this token's output from the decayed state
+      const float4 qt = KDA ? mul4(c4, f.q) : f.q;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) pr[b][i] = dot4(S[b][i], qt);
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const float oq = KDA ? rs_perm16(pr[b]) : cg * rs_perm16(pr[b]);
+        if ((lane & 1) == 0) f.outp[r0 + 16 * b + lr] = from_f<T>(fmaf(dj[b], f.kq, oq));
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float du = KDA ? dj[b] : __fdividef(dj[b], cg);  // the update in St's scale (cg in [2**-40, 1])
+#pragma unroll
+      for (int i = 0; i < 16; ++i) S[b][i] = fma4(__shfl_sync(FULL, du, 2 * (i ^ lr)), kh, S[b][i]);
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const int rb = r0 + 16 * b;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) S[b][i] = KDA ? mul4(S[b][i], c4) : mul4(S[b][i], cg);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      __stcs(reinterpret_cast<float4*>(f.sbase + static_cast<int64_t>(rb + (i ^ lr)) * K), S[b][i]);
+    if constexpr (CF == 1) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        *reinterpret_cast<uint2*>(f.cbase + static_cast<int64_t>(rb + (i ^ lr)) * K) = pack_bf16(S[b][i]);
+    } else {
+      float am[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        am[i] = fmaxf(fmaxf(fabsf(S[b][i].x), fabsf(S[b][i].y)), fmaxf(fabsf(S[b][i].z), fabsf(S[b][i].w)));
+      const float amax = rs_perm_max16(am);
+      const float scl = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 1.f;
+      if ((lane & 1) == 0) f.scales[rb + lr] = scl;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float si = __shfl_sync(FULL, scl, 2 * (i ^ lr)), ii = __shfl_sync(FULL, inv, 2 * (i ^ lr));
+        const float4 x = make_float4(fp8_units(S[b][i].x, si, ii), fp8_units(S[b][i].y, si, ii),
+                                     fp8_units(S[b][i].z, si, ii), fp8_units(S[b][i].w, si, ii));
+        *reinterpret_cast<uint32_t*>(f.cbase + static_cast<int64_t>(rb + (i ^ lr)) * K) = pack_e4m3(x);
+      }
+    }
+  }
+}
+
 template <typename T, bool KDA, int CF>
 __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem, int lane) {
   const int HV = p.HV, H = p.H, L = p.L;
@@ -473,10 +611,30 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   T* outp = static_cast<T*>(p.out) + (static_cast<int64_t>(n) * HV + hv) * V;
   const int rows_per_part = V / p.parts;
   const int lr = lane >> 1;  // the row (of 16) this lane's reduce-scatters end with; slot i holds row i ^ lr
-  constexpr float RENORM = 9.094947e-13f;  // 2**-40
+  const FlushRows<T, CF> fx{p, m, q, kq, ksm, asm_, vsm, beta_reg, alpha_reg, sbase, cbase, outp,
+                            p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V, lane};
   // (staging the next 16 rows by cp.async during the replay measured slower: 8 KiB more shared
   // memory per warp, fewer resident flush warps; notes/read-copy.md)
   const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
+#if RC_FLUSH_PAIR
+  // two 16-row blocks per pass (two independent chains per step; no prefetch: their 128 registers)
+  int r0 = rbeg;
+#pragma unroll 1
+  for (; r0 + 32 <= rend; r0 += 32) {
+    float4 S[2][16];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) S[b][i] = ld4_cs(sbase + static_cast<int64_t>(r0 + 16 * b + (i ^ lr)) * K);
+    replay_blocks<T, KDA, CF, 2>(fx, r0, S);
+  }
+  if (r0 < rend) {  // one block left (parts = 8: 16 rows per part)
+    float4 S[1][16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) S[0][i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
+    replay_blocks<T, KDA, CF, 1>(fx, r0, S);
+  }
+#else
 #if RC_FLUSH_PREFETCH
   float4 SN[16];  // the next block's rows, requested before this block's replay
 #pragma unroll
@@ -484,92 +642,21 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
 #endif
 #pragma unroll 1
   for (int r0 = rbeg; r0 < rend; r0 += 16) {
-    // The decay is deferred: the state is c . St (c: GDN one scalar, KDA this lane's 4 columns),
-    // so a step costs one FMA per element for the row sums and one for the update; c is folded
-    // back into St (St <- c . St, c <- 1) before any product would fall under 2**-40.
-    float4 S[16];
+    float4 S[1][16];
 #if RC_FLUSH_PREFETCH
 #pragma unroll
-    for (int i = 0; i < 16; ++i) S[i] = SN[i];
+    for (int i = 0; i < 16; ++i) S[0][i] = SN[i];
     if (r0 + 16 < rend) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) SN[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + 16 + (i ^ lr)) * K);
     }
 #else
 #pragma unroll
-    for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
+    for (int i = 0; i < 16; ++i) S[0][i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
 #endif
-    float cg = 1.f;                                // GDN
-    float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);  // KDA
-    // steps 0..m-1 replay the records, step m is this token (and its output)
-#pragma unroll 1
-    for (int j = 0; j <= m; ++j) {
-      const float4 kj = ksm[j * 32 + lane];
-      const float bj = __shfl_sync(FULL, beta_reg, j);
-      float4 kt, kh;  // KDA: row sums use c o k_j, the update k_j / c
-      if (KDA) {
-        const float4 aj = asm_[j * 32 + lane];
-        c4 = mul4(c4, aj);
-        const bool low = fminf(fminf(c4.x, c4.y), fminf(c4.z, c4.w)) < RENORM;
-        if (__any_sync(FULL, low)) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], c4);
-          c4 = make_float4(1.f, 1.f, 1.f, 1.f);
-        }
-        kt = mul4(c4, kj);
-        // c4 in [2**-40, 1]: the fast reciprocal (2 ulp) is enough for the update's scale
-        kh = make_float4(__fdividef(kj.x, c4.x), __fdividef(kj.y, c4.y), __fdividef(kj.z, c4.z), __fdividef(kj.w, c4.w));
-      } else {
-        cg *= __shfl_sync(FULL, alpha_reg, j);
-        if (cg < RENORM) {  // warp-uniform
-#pragma unroll
-          for (int i = 0; i < 16; ++i) S[i] = mul4(S[i], cg);
-          cg = 1.f;
-        }
-        kt = kj;
-        kh = kj;
-      }
-      float pr[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], kt);
-      const float r = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
-      const float dj = bj * (vsm[j * V + r0 + lr] - r);
-      if (j == m) {  // warp-uniform: this token's output from the decayed state
-        const float4 qt = KDA ? mul4(c4, q) : q;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) pr[i] = dot4(S[i], qt);
-        const float oq = KDA ? rs_perm16(pr) : cg * rs_perm16(pr);
-        if ((lane & 1) == 0) outp[r0 + lr] = from_f<T>(fmaf(dj, kq, oq));
-      }
-      const float du = KDA ? dj : __fdividef(dj, cg);  // the update in St's scale (cg in [2**-40, 1])
-#pragma unroll
-      for (int i = 0; i < 16; ++i) S[i] = fma4(__shfl_sync(FULL, du, 2 * (i ^ lr)), kh, S[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) S[i] = KDA ? mul4(S[i], c4) : mul4(S[i], cg);
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      __stcs(reinterpret_cast<float4*>(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K), S[i]);
-    if constexpr (CF == 1) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-        *reinterpret_cast<uint2*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_bf16(S[i]);
-    } else {
-      float am[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) am[i] = fmaxf(fmaxf(fabsf(S[i].x), fabsf(S[i].y)), fmaxf(fabsf(S[i].z), fabsf(S[i].w)));
-      const float amax = rs_perm_max16(am);
-      const float scl = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 1.f;
-      if ((lane & 1) == 0) p.scales[slot * p.s_scales + static_cast<int64_t>(hv) * V + r0 + lr] = scl;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float si = __shfl_sync(FULL, scl, 2 * (i ^ lr)), ii = __shfl_sync(FULL, inv, 2 * (i ^ lr));
-        const float4 x = make_float4(fp8_units(S[i].x, si, ii), fp8_units(S[i].y, si, ii), fp8_units(S[i].z, si, ii),
-                                     fp8_units(S[i].w, si, ii));
-        *reinterpret_cast<uint32_t*>(cbase + static_cast<int64_t>(r0 + (i ^ lr)) * K) = pack_e4m3(x);
-      }
-    }
+    replay_blocks<T, KDA, CF, 1>(fx, r0, S);
   }
+#endif
   __syncwarp();  // the next item rewrites this warp's shared memory
 }
 
@@ -1002,7 +1089,12 @@ __device__ __forceinline__ int list_flush_rows(const Args& p, int w0, int wend, 
 // so every warp gets the same number of flush items to within one (a stride over all items put
 // all of a row's items, or every row of one stagger residue, on a few warps).
 template <typename T, bool KDA, int CF>
-__global__ void __launch_bounds__(32) flush_kernel(const Args p) {
+#if RC_FLUSH_MIN_BLOCKS > 0
+#define RC_FLUSH_BOUNDS __launch_bounds__(32, RC_FLUSH_MIN_BLOCKS)
+#else
+#define RC_FLUSH_BOUNDS __launch_bounds__(32)
+#endif
+__global__ void RC_FLUSH_BOUNDS flush_kernel(const Args p) {
   extern __shared__ float4 rc_smem[];
   __shared__ int rows[ROW_WINDOW];
   const int lane = threadIdx.x;
@@ -1334,7 +1426,7 @@ template <typename T, bool KDA, int CF>
 cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
   if (!flush) {
     const int pairs = p.B * p.HV;
-    const size_t smem = 4 * read_smem_f4(static_cast<int>(sizeof(T)), CF) * sizeof(float4);  // 4 warps
+    const size_t smem = RC_READ_WARPS * read_smem_f4(static_cast<int>(sizeof(T)), CF) * sizeof(float4);
     static bool smem_set = false;  // per instantiation (host call only: safe under capture)
     if (smem > 48 * 1024 && !smem_set) {
       const cudaError_t e = cudaFuncSetAttribute(read_kernel<T, KDA, CF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1342,7 +1434,7 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
       if (e != cudaSuccess) return e;
       smem_set = true;
     }
-    read_kernel<T, KDA, CF><<<(pairs + 3) / 4, 128, smem, stream>>>(p);
+    read_kernel<T, KDA, CF><<<(pairs + RC_READ_WARPS - 1) / RC_READ_WARPS, 32 * RC_READ_WARPS, smem, stream>>>(p);
     return cudaGetLastError();
   }
   constexpr bool ROWS = RC_FLUSH_ROWS > 0 || RC_FLUSH_PIPE;
