@@ -113,13 +113,13 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     _assert_matches_reference(fmt, is_kda, cfg)
 
 
-def _assert_matches_reference(fmt: str, is_kda: bool, cfg: object) -> None:
+def _assert_matches_reference(fmt: str, is_kda: bool, cfg: object, rows: int = 20) -> None:
     """The CUDA passes under ``cfg`` against the torch reference step by step (2L+3 staggered steps,
-    20 rows) and every flushed checkpoint against the reference and the fp64 oracle."""
+    ``rows`` rows) and every flushed checkpoint against the reference and the fp64 oracle."""
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
-    inp = make_inputs(2 * L + 3, 20, H, HV, 128, 128, is_kda, seed=5)
+    inp = make_inputs(2 * L + 3, rows, H, HV, 128, 128, is_kda, seed=5)
     inp.a = inp.a.to(torch.bfloat16).float()  # what the bf16-io kernel sees, for the oracle too
     bf = torch.bfloat16  # the d~ ring in the io dtype
     ref = run_copy(inp, fmt, L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
@@ -132,7 +132,7 @@ def _assert_matches_reference(fmt: str, is_kda: bool, cfg: object) -> None:
     assert float(err[flush].max()) <= 8e-3
     assert float(err[~flush].median()) <= 8e-3
     assert float(err[~flush].max()) <= (1.2e-2 if fmt == "bf16" else 4e-2)
-    assert len(got.flushed) == len(ref.flushed) >= 2 * 20
+    assert len(got.flushed) == len(ref.flushed) >= 2 * rows
     _, oracle = run_oracle(inp, states_at={t for t, _, _ in ref.flushed})
     for (t, r, c), (t2, r2, c2) in zip(got.flushed, ref.flushed, strict=True):
         assert (t, r) == (t2, r2)
@@ -158,6 +158,20 @@ def test_cuda_launch_shapes_match_reference(fmt: str, is_kda: bool, fmin: int, w
     cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, flush_prefetch=not pair, fp8_recip=True,
                              stages=stages, flush_min_blocks=fmin, read_warps=warps, flush_pair=pair)
     _assert_matches_reference(fmt, is_kda, cfg)
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("pair", [False, True])
+def test_cuda_flush_warps_taking_several_items_match_reference(is_kda: bool, pair: bool) -> None:
+    """``flush_per_sm`` 1: one flush warp per SM; 320 rows at 8 parts give ~640 flush items per step
+    (more than any H100 / H200 has SMs), so every flush warp replays several items in turn."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+
+    cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=8, flush_prefetch=not pair, fp8_recip=True,
+                             stages=4, read_warps=1, flush_pair=pair, flush_per_sm=1)
+    _assert_matches_reference("bf16", is_kda, cfg, rows=320)
 
 
 @gpu

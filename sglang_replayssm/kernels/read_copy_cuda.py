@@ -66,7 +66,9 @@ class ReadCopyCudaConfig:
     one-warp blocks per SM (a register cap leaving the non-flush pass more of the register file while
     both run), 0: uncapped; ``read_warps``: warps per block of the non-flush pass (1, 2 or 4, same
     register budget); ``flush_pair``: the warp-layout flush pass replays two 16-row blocks together
-    (two independent chains per step, half the serial steps per item; excludes ``flush_prefetch``)."""
+    (two independent chains per step, half the serial steps per item; excludes ``flush_prefetch``);
+    ``flush_per_sm`` N >= 1: the flush grid is N one-warp blocks per SM, each taking several items
+    (instead of ``flush_waves`` resident sets), so the non-flush pass keeps the rest of the register file."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
@@ -84,6 +86,7 @@ class ReadCopyCudaConfig:
     flush_min_blocks: int = 0
     read_warps: int = 4
     flush_pair: bool = False
+    flush_per_sm: int = 0
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -236,6 +239,9 @@ def read_copy_decode_cuda(
         cfg.flush_parts if cfg.flush_parts is not None else default_flush_parts(shape.B, shape.HV, shape.L))
     if parts not in (1, 2, 4, 8):
         raise ValueError(f"flush_parts must be 1, 2, 4 or 8 (got {parts})")
+    if not 0 <= cfg.flush_per_sm <= 32:
+        raise ValueError(f"flush_per_sm must be 0..32 (got {cfg.flush_per_sm})")
+    waves = -cfg.flush_per_sm if cfg.flush_per_sm else cfg.flush_waves
     lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip, cfg.stages,
                cfg.d_tile, cfg.flush_rows, cfg.flush_pipe, cfg.flush_min_blocks, cfg.read_warps,
                cfg.flush_pair)
@@ -257,7 +263,7 @@ def read_copy_decode_cuda(
             ctypes.c_int(s.B), ctypes.c_int(s.H), ctypes.c_int(s.HV), ctypes.c_int(s.L), ctypes.c_int(int(is_kda)),
             ctypes.c_int(int(use_qk_l2norm_in_kernel)), ctypes.c_int(_IO[mixed_qkv.dtype]),
             ctypes.c_int(int(ssm_state_indices.dtype == torch.int64)), ctypes.c_int(2 if fp8 else 1),
-            ctypes.c_int(int(flush)), ctypes.c_int(parts), ctypes.c_int(cfg.flush_waves),
+            ctypes.c_int(int(flush)), ctypes.c_int(parts), ctypes.c_int(waves),
             vp(torch.cuda.current_stream(mixed_qkv.device).cuda_stream),
         )  # fmt: skip
         if rc != 0:

@@ -48,7 +48,8 @@ SWEEP = ((16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
 #: in shared memory (``d_tile``); rows N: the flush pass in the row layout at N blocks per SM
 #: (``flush_rows``), -1: pipelined (``flush_pipe``) (flush_parts then unused); fmin N: the warp-layout
 #: flush pass capped for N resident warps per SM (``flush_min_blocks``); rw: warps per non-flush block
-#: (``read_warps``); pair 1: two flush blocks replayed together (``flush_pair``). The warp-layout sweeps of 2026-12-02 are in
+#: (``read_warps``); pair 1: two flush blocks replayed together (``flush_pair``); per_sm N: the flush
+#: grid as N warps per SM (``flush_per_sm``). The warp-layout sweeps of 2026-12-02 are in
 #: notes/read-copy-h200-2026-12-02-{sweep,staged}.json; this sweep is the row layout beside the
 #: product's launch (the arm's ``default`` entry).
 CUDA_SWEEP = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, -1), (2, 4, 0, 0, 0, 1, 1, 4, 0, -1),
@@ -70,8 +71,19 @@ CUDA_SWEEP_SHARE = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 4), (2, 4, 0, 1, 0, 1, 1, 
 CUDA_SWEEP_PAIR = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1), (2, 4, 0, 1, 0, 0, 1, 4, 0, 0, 0, 4, 1),
                    (2, 4, 0, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1),
                    (2, 4, 2, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 4, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1),
-                   (2, 5, 0, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 1))  # fmt: skip
-SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR}
+                   (2, 5, 0, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1), (2, 4, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 1),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4), (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 3),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 2), (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4),
+                   (2, 4, 2, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4))  # fmt: skip
+#: ``--sweep grid``: the flush grid in warps per SM (``flush_per_sm``) by flush parts, paired replay or
+#: prefetch, and non-flush block size
+CUDA_SWEEP_GRID = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4), (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5),
+                   (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 6), (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 5),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 6), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 4, 1, 4), (2, 5, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4),
+                   (2, 4, 2, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 6), (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 4, 0, 4),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4), (2, 5, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4))  # fmt: skip
+SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -160,7 +172,8 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
                            d_tile=len(cfg) > 8 and cfg[8] == 1, flush_rows=max(rows, 0),
                            flush_pipe=rows < 0, flush_min_blocks=cfg[10] if len(cfg) > 10 else 0,
                            read_warps=cfg[11] if len(cfg) > 11 else 4,
-                           flush_pair=len(cfg) > 12 and cfg[12] == 1)  # fmt: skip
+                           flush_pair=len(cfg) > 12 and cfg[12] == 1,
+                           flush_per_sm=cfg[13] if len(cfg) > 13 else 0)  # fmt: skip
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, slots, config=c)
 
 
@@ -198,7 +211,7 @@ def _staged_default(pb: StaggeredProblem, fmt: str) -> tuple[int, ...]:
     c = default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt)
     return (c.depth, c.min_blocks, c.flush_parts or 0, 1 if c.high_priority else 0, int(c.tc_flush),
             int(c.flush_prefetch), int(c.fp8_recip), c.stages, int(c.d_tile), c.flush_rows or -int(c.flush_pipe),
-            c.flush_min_blocks, c.read_warps, int(c.flush_pair))  # fmt: skip
+            c.flush_min_blocks, c.read_warps, int(c.flush_pair), c.flush_per_sm)  # fmt: skip
 
 
 def _check(pb: StaggeredProblem, fmt: str, cuda: bool, cfg: tuple[int, ...] = CUDA_SWEEP[0]) -> dict:

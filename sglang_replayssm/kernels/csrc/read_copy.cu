@@ -1443,7 +1443,7 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
   // dynamic shared memory: the warp layout's (flush_smem_f4: after flush_item_tc), the pipelined row
   // layout's buffers; the row layout's is static
   const size_t smem = RC_FLUSH_PIPE ? sizeof(fr::PipeSmem) : RC_FLUSH_ROWS ? 0 : flush_smem_f4(KDA) * sizeof(float4);
-  static int resident = 0;  // per instantiation, computed once (host queries only: safe under capture)
+  static int resident = 0, sm_count = 0;  // per instantiation, computed once (host queries only: safe under capture)
   if (resident == 0) {
     cudaError_t e = smem == 0 ? cudaSuccess
                               : cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1454,9 +1454,12 @@ cudaError_t launch(const Args& p, bool flush, int waves, cudaStream_t stream) {
     if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, threads, smem);
     if (e != cudaSuccess) return e;
     resident = sms * (per_sm > 0 ? per_sm : 1);
+    sm_count = sms;
   }
   const int64_t items = static_cast<int64_t>(p.B) * p.HV * (ROWS ? 1 : p.parts);
-  int64_t grid = static_cast<int64_t>(waves > 0 ? waves : 1) * resident;
+  // waves >= 1: that many resident sets; waves <= -1: -waves blocks per SM (fewer flush warps at
+  // once, each taking several items, so the non-flush pass keeps the rest of the register file)
+  int64_t grid = waves < 0 ? static_cast<int64_t>(-waves) * sm_count : static_cast<int64_t>(waves > 0 ? waves : 1) * resident;
   if (grid > items) grid = items;
   kern<<<static_cast<int>(grid), threads, smem, stream>>>(p);
   return cudaGetLastError();
@@ -1474,7 +1477,8 @@ cudaError_t launch_t(const Args& p, bool kda, int fmt, bool flush, int waves, cu
 // One pass of a read-copy decode step. strides: leading (slot / row) strides of qkv, a, b, state, d,
 // k, g, copy, scales, v, beta. copy_fmt: 1 = bf16, 2 = e4m3 with per-row scales. io_dtype: 0 fp32,
 // 1 bf16. flush: 0 = non-flush rows (+ padded rows zeroed), 1 = flush rows. parts: warps per flush
-// (row, head) (1, 2, 4 or 8), waves: the flush grid in resident sets. Returns a cudaError_t code.
+// (row, head) (1, 2, 4 or 8), waves: the flush grid in resident sets (>= 1) or, when negative, in
+// blocks per SM. Returns a cudaError_t code.
 extern "C" int read_copy_launch(const void* qkv, const void* a, const void* b, const float* A_log,
                                 const float* dt_bias, void* out, float* state, void* copy, float* scales,
                                 void* d_ring, float* k_ring, float* g_ring, void* v_ring, float* beta_ring,
