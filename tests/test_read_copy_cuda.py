@@ -163,14 +163,19 @@ def test_cuda_launch_shapes_match_reference(fmt: str, is_kda: bool, fmin: int, w
 @gpu
 @pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("is_kda", [False, True])
-@pytest.mark.parametrize("pair", [False, True])
-def test_cuda_flush_warps_taking_several_items_match_reference(is_kda: bool, pair: bool) -> None:
+@pytest.mark.parametrize("launch", ["prefetch", "pair", "default"])
+def test_cuda_flush_warps_taking_several_items_match_reference(is_kda: bool, launch: str) -> None:
     """``flush_per_sm`` 1: one flush warp per SM; 320 rows at 8 parts give ~640 flush items per step
-    (more than any H100 / H200 has SMs), so every flush warp replays several items in turn."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+    (more than any H100 / H200 has SMs), so every flush warp replays several items in turn; and
+    :func:`default_config`'s launch above 256 flush pairs (4 flush warps per SM, one part) on these rows."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, default_config
 
+    pair = launch == "pair"
     cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=8, flush_prefetch=not pair, fp8_recip=True,
                              stages=4, read_warps=1, flush_pair=pair, flush_per_sm=1)
+    if launch == "default":
+        cfg = default_config(512, 32, L, is_kda)
+        assert cfg.flush_per_sm and cfg.stages
     _assert_matches_reference("bf16", is_kda, cfg, rows=320)
 
 
@@ -308,10 +313,12 @@ def test_cuda_on_records_carved_out_of_an_fp32_ring(fmt: str, is_kda: bool, stag
 
 def test_default_config_follows_the_flush_rows() -> None:
     """The product's launch by regime (docstring of :func:`default_config`): the register path while a
-    step flushes at most 256 (row, head) pairs, staged chunks above; KDA's flush split in two up to 512."""
+    step flushes at most 256 (row, head) pairs (4 flush warps per item); above, staged chunks in one-warp
+    blocks beside a flush grid of 4 warps per SM, one warp per item."""
     from sglang_replayssm.kernels.read_copy_cuda import default_config
 
     small, big = default_config(64, 32, 16, False), default_config(256, 32, 16, False)
     assert (small.stages, small.flush_parts) == (0, 4) and (big.stages, big.flush_parts) == (4, 1)
-    assert [default_config(B, 32, 16, True).flush_parts for B in (64, 256, 512)] == [4, 2, 1]
+    assert [default_config(B, 32, 16, True).flush_parts for B in (64, 256, 512)] == [4, 1, 1]
+    assert (big.read_warps, big.flush_per_sm, small.read_warps, small.flush_per_sm) == (1, 4, 4, 0)
     assert default_config(256, 32, 16, False, "fp8").min_blocks == 5

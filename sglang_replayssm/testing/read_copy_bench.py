@@ -83,7 +83,12 @@ CUDA_SWEEP_GRID = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4), (2, 4, 0, 1, 0, 1
                    (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 4, 1, 4), (2, 5, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4),
                    (2, 4, 2, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 6), (2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 4, 0, 4),
                    (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4), (2, 5, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4))  # fmt: skip
-SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID}
+#: ``--sweep table`` (the docs' table): beside the default, the staged launch on the resident flush grid
+#: (the earlier default; KDA with 2 flush parts as it had up to 512 pairs), the default written out (a
+#: repeat), the paired replay, and GDN fp8's non-flush budget for both
+CUDA_SWEEP_TABLE = ((2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4),
+                    (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4))  # fmt: skip
+SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID, "table": CUDA_SWEEP_TABLE}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
