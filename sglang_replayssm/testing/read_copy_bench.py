@@ -33,7 +33,7 @@ from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.read_copy_triton import read_copy_decode_triton
 from sglang_replayssm.testing.kernel_bench import L_RING, MODELS, Problem, floors, log, time_us
 
-__all__ = ["ARMS", "main", "window_bytes"]
+__all__ = ["ARMS", "SWEEPS", "main", "pass_split", "sweep_config", "window_bytes"]
 
 ARMS = ("sglang_packed_fp32", "sglang_packed_bf16", "sglang_rs_fp32", "sglang_rs_bf16", "ours_fp32",
         "copy_bf16", "copy_fp8", "copy_triton_bf16", "copy_triton_fp8")  # fmt: skip
@@ -159,27 +159,30 @@ def _copy_launch(pb: StaggeredProblem, fmt: str, bv: int, nw: int, wp: torch.Ten
 
 def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch.Tensor,
                  slots: torch.Tensor | None = None) -> object:
-    from sglang_replayssm.kernels.read_copy_cuda import (
-        ReadCopyCudaConfig,
-        default_config,
-        read_copy_decode_cuda,
-    )
+    from sglang_replayssm.kernels.read_copy_cuda import default_config, read_copy_decode_cuda
 
     if not cfg:  # the product's launch (read_copy_cuda.default_config)
         return pb.copy_step(read_copy_decode_cuda, fmt, wp, slots)
 
     rows = cfg[9] if len(cfg) > 9 else 0
-    parts = None if rows else cfg[2] or default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt).flush_parts
-    c = ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=parts, overlap=cfg[3] != 2,
-                           high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1,
-                           flush_prefetch=len(cfg) > 5 and cfg[5] == 1,
-                           fp8_recip=len(cfg) > 6 and cfg[6] == 1, stages=cfg[7] if len(cfg) > 7 else 0,
-                           d_tile=len(cfg) > 8 and cfg[8] == 1, flush_rows=max(rows, 0),
-                           flush_pipe=rows < 0, flush_min_blocks=cfg[10] if len(cfg) > 10 else 0,
-                           read_warps=cfg[11] if len(cfg) > 11 else 4,
-                           flush_pair=len(cfg) > 12 and cfg[12] == 1,
-                           flush_per_sm=cfg[13] if len(cfg) > 13 else 0)  # fmt: skip
+    c = sweep_config(cfg, None if rows else cfg[2] or default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt).flush_parts)
     return pb.copy_step(read_copy_decode_cuda, fmt, wp, slots, config=c)
+
+
+def sweep_config(cfg: tuple[int, ...], parts: int | None) -> Any:
+    """A sweep tuple (:data:`CUDA_SWEEP`'s fields) as a :class:`..kernels.read_copy_cuda.ReadCopyCudaConfig`
+    with ``parts`` flush parts (the tuple's own, when not 0, are resolved by the caller)."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+
+    rows = cfg[9] if len(cfg) > 9 else 0
+    return ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=None if rows else parts,
+                              overlap=cfg[3] != 2, high_priority=cfg[3] == 1, tc_flush=len(cfg) > 4 and cfg[4] == 1,
+                              flush_prefetch=len(cfg) > 5 and cfg[5] == 1, fp8_recip=len(cfg) > 6 and cfg[6] == 1,
+                              stages=cfg[7] if len(cfg) > 7 else 0, d_tile=len(cfg) > 8 and cfg[8] == 1,
+                              flush_rows=max(rows, 0), flush_pipe=rows < 0,
+                              flush_min_blocks=cfg[10] if len(cfg) > 10 else 0,
+                              read_warps=cfg[11] if len(cfg) > 11 else 4, flush_pair=len(cfg) > 12 and cfg[12] == 1,
+                              flush_per_sm=cfg[13] if len(cfg) > 13 else 0)  # fmt: skip
 
 
 def pass_split(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...] = ()) -> dict[str, float]:
