@@ -19,13 +19,13 @@ from pathlib import Path
 from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, build, default_config
 from sglang_replayssm.testing.read_copy_bench import SWEEPS, sweep_config
 
-Key = tuple[int, int, bool, bool, bool, int, bool, int, bool, int, int, bool]
+Key = tuple[int, int, bool, bool, bool, int, bool, int, bool, int, int, bool, bool]
 
 
 def build_key(c: ReadCopyCudaConfig) -> Key:
     """What selects a build (the launch-only fields left out)."""
     return (c.depth, c.min_blocks, c.tc_flush, c.flush_prefetch, c.fp8_recip, c.stages, c.d_tile, c.flush_rows,
-            c.flush_pipe, c.flush_min_blocks, c.read_warps, c.flush_pair)  # fmt: skip
+            c.flush_pipe, c.flush_min_blocks, c.read_warps, c.flush_pair, c.tc_read)  # fmt: skip
 
 
 def test_configs() -> list[ReadCopyCudaConfig]:
@@ -43,6 +43,9 @@ def test_configs() -> list[ReadCopyCudaConfig]:
         out.append(C(depth=2, min_blocks=4, flush_prefetch=not pair, fp8_recip=True, stages=st, flush_min_blocks=fm,
                      read_warps=rw, flush_pair=bool(pair)))
     out.append(C(flush_pair=True))
+    for rw in (1, 4):  # tc_read
+        out.append(C(depth=2, min_blocks=4, flush_prefetch=True, fp8_recip=True, stages=4, read_warps=rw, tc_read=True))
+    out.append(C(stages=4, tc_read=True))
     return out
 
 
@@ -64,9 +67,10 @@ def main() -> None:
     print(f"{len(keys)} builds into {args.out}", flush=True)
 
     def one(k: Key) -> None:
-        d, mb, tc, pf, rc, st, dt, fr, pipe, fm, rw, pair = k
+        d, mb, tc, pf, rc, st, dt, fr, pipe, fm, rw, pair, tcr = k
         so = build(args.arch, d, mb, args.out, tc_flush=tc, flush_prefetch=pf, fp8_recip=rc, stages=st, d_tile=dt,
-                   flush_rows=fr, flush_pipe=pipe, flush_min_blocks=fm, read_warps=rw, flush_pair=pair)
+                   flush_rows=fr, flush_pipe=pipe, flush_min_blocks=fm, read_warps=rw, flush_pair=pair,
+                   tc_read=tcr)
         print(so.name, flush=True)
 
     with ThreadPoolExecutor(2) as ex:

@@ -88,7 +88,14 @@ CUDA_SWEEP_GRID = ((2, 4, 0, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4), (2, 4, 0, 1, 0, 1
 #: repeat), the paired replay, and GDN fp8's non-flush budget for both
 CUDA_SWEEP_TABLE = ((2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4),
                     (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 1, 4), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4))  # fmt: skip
-SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID, "table": CUDA_SWEEP_TABLE}
+#: ``--sweep tcread``: the staged non-flush pass's row sums on tensor cores (``tc_read``, field 14)
+#: beside the default launch written out (a repeat): same launch, non-flush budget 5 (GDN fp8's
+#: default), 6 stages, 5 flush warps per SM
+CUDA_SWEEP_TCREAD = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 1),
+                     (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 1), (2, 4, 1, 1, 0, 1, 1, 6, 0, 0, 0, 1, 0, 4, 1),
+                     (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0))  # fmt: skip
+SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID, "table": CUDA_SWEEP_TABLE,
+          "tcread": CUDA_SWEEP_TCREAD}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -182,7 +189,8 @@ def sweep_config(cfg: tuple[int, ...], parts: int | None) -> Any:
                               flush_rows=max(rows, 0), flush_pipe=rows < 0,
                               flush_min_blocks=cfg[10] if len(cfg) > 10 else 0,
                               read_warps=cfg[11] if len(cfg) > 11 else 4, flush_pair=len(cfg) > 12 and cfg[12] == 1,
-                              flush_per_sm=cfg[13] if len(cfg) > 13 else 0)  # fmt: skip
+                              flush_per_sm=cfg[13] if len(cfg) > 13 else 0,
+                              tc_read=len(cfg) > 14 and cfg[14] == 1)  # fmt: skip
 
 
 def pass_split(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...] = ()) -> dict[str, float]:
@@ -219,7 +227,7 @@ def _staged_default(pb: StaggeredProblem, fmt: str) -> tuple[int, ...]:
     c = default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt)
     return (c.depth, c.min_blocks, c.flush_parts or 0, 1 if c.high_priority else 0, int(c.tc_flush),
             int(c.flush_prefetch), int(c.fp8_recip), c.stages, int(c.d_tile), c.flush_rows or -int(c.flush_pipe),
-            c.flush_min_blocks, c.read_warps, int(c.flush_pair), c.flush_per_sm)  # fmt: skip
+            c.flush_min_blocks, c.read_warps, int(c.flush_pair), c.flush_per_sm, int(c.tc_read))  # fmt: skip
 
 
 def _check(pb: StaggeredProblem, fmt: str, cuda: bool, cfg: tuple[int, ...] = CUDA_SWEEP[0]) -> dict:

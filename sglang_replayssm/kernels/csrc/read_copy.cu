@@ -55,6 +55,9 @@
 #ifndef RC_FLUSH_MIN_BLOCKS  // warp-layout flush pass: 0 = no register cap; N = at least N one-warp
 #define RC_FLUSH_MIN_BLOCKS 0  // blocks per SM (65536 / (32 N) registers per thread), more room for the non-flush pass
 #endif
+#ifndef RC_TC_READ  // non-flush pass, staged (RC_STAGES >= 2): 1 = each chunk's row sums on tensor cores
+#define RC_TC_READ 0  // (mma.m16n8k16, the read-out vectors split into f16 / bf16 terms; tc_read_setup)
+#endif
 #ifndef RC_DTILE  // non-flush pass, register path (RC_STAGES 0): 1 = the live d~ records copied to shared
 #define RC_DTILE 0  // memory once per (row, head) by cp.async (their latency under the setup's), else loaded per chunk
 #endif
@@ -64,6 +67,7 @@ static_assert(RC_READ_WARPS == 1 || RC_READ_WARPS == 2 || RC_READ_WARPS == 4, "R
 static_assert(!(RC_FLUSH_PAIR && RC_FLUSH_PREFETCH), "RC_FLUSH_PAIR replaces RC_FLUSH_PREFETCH");
 static_assert(RC_FLUSH_MIN_BLOCKS >= 0 && RC_FLUSH_MIN_BLOCKS <= 32, "RC_FLUSH_MIN_BLOCKS is 0..32");
 static_assert(RC_STAGES == 0 || (RC_STAGES >= 2 && RC_STAGES <= 8), "RC_STAGES is 0 or 2..8");
+static_assert(!RC_TC_READ || RC_STAGES >= 2, "RC_TC_READ reads staged chunks (RC_STAGES >= 2)");
 
 // Internal linkage for everything below: the launchers' function-local statics (the flush grid's
 // resident count, the dynamic shared-memory attribute) would otherwise be STB_GNU_UNIQUE symbols,
@@ -186,9 +190,141 @@ template <typename T> struct DTile {
   static constexpr int STRIDE = V + 16 / static_cast<int>(sizeof(T));
   static constexpr int F4 = 16 * STRIDE * static_cast<int>(sizeof(T)) / 16;
 };
+constexpr int TC_SCRATCH_F4 = RC_TC_READ ? 2 * K / 4 : 0;  // RC_TC_READ: the read-out vectors, once per pair
 __host__ __device__ constexpr int read_smem_f4(int io_bytes, int cf) {
-  return RC_STAGES > 0 ? RC_STAGES * (ROWS * K * (cf == 1 ? 2 : 1) / 16 + 16 * ROWS * io_bytes / 16 + (cf == 2 ? ROWS / 4 : 0))
+  return RC_STAGES > 0 ? RC_STAGES * (ROWS * K * (cf == 1 ? 2 : 1) / 16 + 16 * ROWS * io_bytes / 16 + (cf == 2 ? ROWS / 4 : 0)) + TC_SCRATCH_F4
          : RC_DTILE ? 16 * (V + 16 / io_bytes) * io_bytes / 16 : 0;
+}
+
+// ---- RC_TC_READ: a chunk's row sums S_r . qv and S_r . kv (8 copy rows r) as mma.m16n8k16 products
+// D[16 x 8] = A[16 x 16] B[16 x 8] over 8 k-slices of 16 columns: B = the chunk's rows (n = row; the
+// copy values as they are: bf16, or e4m3 widened exactly to f16), A = the read-out vectors split into
+// terms, one per A row (bf16 copy: rows 0 / 1 = hi of qv / kv, 2 / 3 = mid, 4 / 5 = lo, 24 bits; fp8
+// copy, f16 operands: rows 0 / 1 = hi, 2 / 3 = lo of each vector scaled by a power of two that puts its
+// largest element in [2**14, 2**15), ~22 bits). Lane (g, t) = (lane >> 2, lane & 3) holds B values of
+// row g and A values of term row g at its 4 logical k {2t, 2t+1, 2t+8, 2t+9} of every slice, which are
+// 4 adjacent columns (a product's k order is free): slice s, value j at column tc_col(s, t) + j, so a
+// lane's columns of a row are 2 (e4m3) or 4 (bf16) whole 16-byte pieces, t + 4 h. Rows are staged with
+// their pieces swizzled (piece ^ 4 on odd rows) so the 8 lanes of a 16-byte load phase hit 8 bank groups.
+template <int CF>
+__device__ __forceinline__ int tc_col(int s, int t) {
+  return CF == 1 ? 8 * (t + 4 * (s >> 1)) + 4 * (s & 1) : 16 * (t + 4 * (s >> 2)) + 4 * (s & 3);
+}
+// staged chunk, float4 index f of its rows -> where it is kept (pieces per row: 16 bf16, 8 e4m3)
+template <int CF>
+__device__ __forceinline__ int tc_swz(int f) {
+  return RC_TC_READ ? f ^ ((f >> (CF == 1 ? 4 : 3)) & 1) << 2 : f;
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t r) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(r & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+// 2**e with e in [-126, 126] putting the largest magnitude m in [2**14, 2**15) (1 for m = 0)
+__device__ __forceinline__ float f16_prescale(float m) {
+  if (!(m > 0.f)) return 1.f;
+  const int e = min(max(141 - static_cast<int>((__float_as_uint(m) >> 23) & 0xff), -126), 126);
+  return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
+}
+// term `part` of x: bf16 (CF 1) hi / mid / lo (parts 0..2), f16 (CF 2) hi / lo (parts 0..1), else 0
+template <int CF>
+__device__ __forceinline__ uint16_t tc_term(float x, int part) {
+  if constexpr (CF == 1) {
+    const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+    const float r1 = x - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+    const __nv_bfloat16 v = part == 0 ? hi : part == 1 ? mid : part == 2 ? lo : __float2bfloat16_rn(0.f);
+    return *reinterpret_cast<const uint16_t*>(&v);
+  } else {
+    const __half hi = __float2half_rn(x);
+    const __half lo = __float2half_rn(x - __half2float(hi));
+    const __half v = part == 0 ? hi : part == 1 ? lo : __float2half_rn(0.f);
+    return *reinterpret_cast<const uint16_t*>(&v);
+  }
+}
+// A fragments (rows g, k {2t, 2t+1} and {2t+8, 2t+9} of every slice; rows g+8 are zero) of this
+// lane's term of qv (g even) or kv (g odd); inv_q / inv_k undo the fp8 path's prescale (exact).
+template <int CF>
+__device__ __forceinline__ void tc_read_setup(float4 qv, float4 kv, float4* scratch, int lane, uint32_t (&afr)[8][2],
+                                              float& inv_q, float& inv_k) {
+  float sq = 1.f, sk = 1.f;
+  if constexpr (CF == 2) {
+    float mq = fmaxf(fmaxf(fabsf(qv.x), fabsf(qv.y)), fmaxf(fabsf(qv.z), fabsf(qv.w)));
+    float mk = fmaxf(fmaxf(fabsf(kv.x), fabsf(kv.y)), fmaxf(fabsf(kv.z), fabsf(kv.w)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      mq = fmaxf(mq, __shfl_xor_sync(FULL, mq, o));
+      mk = fmaxf(mk, __shfl_xor_sync(FULL, mk, o));
+    }
+    sq = f16_prescale(mq);
+    sk = f16_prescale(mk);
+  }
+  inv_q = 1.f / sq;  // powers of two: exact
+  inv_k = 1.f / sk;
+  __syncwarp();  // the previous pair's lanes are done with the scratch
+  scratch[lane] = mul4(qv, sq);
+  scratch[32 + lane] = mul4(kv, sk);
+  __syncwarp();
+  const int g = lane >> 2, t = lane & 3, part = g >> 1;
+  const float4* vec = scratch + 32 * (g & 1);
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const float4 x = vec[tc_col<CF>(s, t) / 4];
+    afr[s][0] = static_cast<uint32_t>(tc_term<CF>(x.x, part)) | (static_cast<uint32_t>(tc_term<CF>(x.y, part)) << 16);
+    afr[s][1] = static_cast<uint32_t>(tc_term<CF>(x.z, part)) | (static_cast<uint32_t>(tc_term<CF>(x.w, part)) << 16);
+  }
+}
+// One staged chunk's row sums: returns (S_sigma . qv, S_sigma . kv) of row sigma = (lane >> 2) & 7 in
+// every lane, in copy units (before the fp8 row scale).
+template <int CF>
+__device__ __forceinline__ float2 tc_chunk(const float4* rows, int lane, const uint32_t (&afr)[8][2], float inv_q,
+                                           float inv_k) {
+  const int g = lane >> 2, t = lane & 3, sw = 4 * (g & 1);
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};  // even / odd slices (two chains)
+  if constexpr (CF == 1) {
+    const uint4* rp = reinterpret_cast<const uint4*>(rows) + 16 * g;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const uint4 r = rp[(t + 4 * h) ^ sw];
+      mma_bf16(c0, afr[2 * h][0], afr[2 * h][1], r.x, r.y);
+      mma_bf16(c1, afr[2 * h + 1][0], afr[2 * h + 1][1], r.z, r.w);
+    }
+  } else {
+    const uint4* rp = reinterpret_cast<const uint4*>(rows) + 8 * g;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 r = rp[(t + 4 * h) ^ sw];
+      const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int s = 4 * h + i;
+        mma_f16((i & 1) ? c1 : c0, afr[s][0], afr[s][1], e4m3x2_f16x2(w[i]), e4m3x2_f16x2(w[i] >> 16));
+      }
+    }
+  }
+  // D[term g][rows 2t, 2t+1]: sum a vector's terms (rows g, g ^ 2 and, for bf16, g ^ 4)
+  float d0 = c0[0] + c1[0], d1 = c0[1] + c1[1];
+  d0 += __shfl_xor_sync(FULL, d0, 8);
+  d1 += __shfl_xor_sync(FULL, d1, 8);
+  if constexpr (CF == 1) {
+    d0 += __shfl_xor_sync(FULL, d0, 16);
+    d1 += __shfl_xor_sync(FULL, d1, 16);
+  }
+  // lanes 0..3 hold qv . rows (2t, 2t+1), lanes 4..7 kv . rows (2t, 2t+1)
+  const int sigma = g & 7, src = sigma >> 1;
+  const float q0 = __shfl_sync(FULL, d0, src), q1 = __shfl_sync(FULL, d1, src);
+  const float k0 = __shfl_sync(FULL, d0, 4 + src), k1 = __shfl_sync(FULL, d1, 4 + src);
+  return make_float2(((sigma & 1) ? q1 : q0) * inv_q, ((sigma & 1) ? k1 : k0) * inv_k);
 }
 
 // ---- non-flush pass: one warp per (row, value head)
@@ -220,7 +356,7 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
   constexpr int ST = RC_STAGES, DP = RC_STAGES > 0 ? 1 : RC_DEPTH;
   using SG = Stage<T, CF>;
   extern __shared__ float4 rc_read_smem[];
-  float4* stage = rc_read_smem + (threadIdx.x >> 5) * (ST > 0 ? ST * SG::F4 : DTile<T>::F4);  // this warp's
+  float4* stage = rc_read_smem + (threadIdx.x >> 5) * (ST > 0 ? ST * SG::F4 + TC_SCRATCH_F4 : DTile<T>::F4);  // this warp's
   constexpr bool DT = ST == 0 && RC_DTILE;  // (staged chunks, or its d~ records)
   T* dtile = reinterpret_cast<T*>(stage);
   if constexpr (DT) {  // every live record, 16-byte pieces (16 per record in bf16, 32 in fp32)
@@ -240,7 +376,7 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
     const int v0 = c * ROWS;
     const float4* src = reinterpret_cast<const float4*>(chead + static_cast<int64_t>(v0) * K);
 #pragma unroll
-    for (int i = 0; i < SG::ROWS_F4 / 32; ++i) cp_async16v(buf + 32 * i + lane, src + 32 * i + lane);
+    for (int i = 0; i < SG::ROWS_F4 / 32; ++i) cp_async16v(buf + tc_swz<CF>(32 * i + lane), src + 32 * i + lane);
     if constexpr (sizeof(T) == 2) {
       if (lane < m) cp_async16v(buf + SG::ROWS_F4 + lane, dhead + lane * V + v0);
     } else {
@@ -289,6 +425,12 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
                                      p.dt_bias, p.k_ring, p.g_ring, slot, n, hv, i_h, m, lane, p.scale, p.s_a, p.s_b,
                                      p.s_k, p.s_g, H, L);
 
+#if RC_TC_READ
+  uint32_t afr[8][2];
+  float inv_q, inv_k;
+  tc_read_setup<CF>(h.qv, h.kv, stage + ST * SG::F4, lane, afr, inv_q, inv_k);
+#endif
+
   // this step's records: gate, key (one value head per key head), v, beta (slot m: nothing reads it now)
   if (!KDA) {
     if (lane == 0) p.g_ring[slot * p.s_g + hv * L + m] = h.g_cur_s;
@@ -309,6 +451,14 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
   T* wptr = static_cast<T*>(p.d_ring) + slot * p.s_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
   // one chunk: rows v0 .. v0 + 7 (sr: this lane's columns), d[t]: record 4 s + t at row v0 + sigma
   // (zero when dead), v: this step's value at that row, scl: its fp8 scale
+  // row v0 + sigma's output and d~ record from its sums sq = S . qv, sk = S . kv (records included)
+  auto finish = [&](float sq, float sk, float v, int v0) {
+    const float dcur = h.beta * (v - sk);
+    if (s == 0) {
+      optr[v0] = from_f<T>(fmaf(dcur, h.kq, sq));
+      wptr[v0] = from_f<T>(dcur);
+    }
+  };
   auto chunk = [&](const float4 (&sr)[ROWS], const float (&d)[4], float v, float scl, int v0) {
     float pq[ROWS], pk[ROWS];
 #pragma unroll
@@ -336,12 +486,23 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
     sk += __shfl_xor_sync(FULL, sk, 2);
     sq += __shfl_xor_sync(FULL, sq, 1);
     sk += __shfl_xor_sync(FULL, sk, 1);
-    const float dcur = h.beta * (v - sk);
-    if (s == 0) {
-      optr[v0] = from_f<T>(fmaf(dcur, h.kq, sq));
-      wptr[v0] = from_f<T>(dcur);
-    }
+    finish(sq, sk, v, v0);
   };
+  // RC_TC_READ: the same with the rows' sums st (complete in every lane of the row) from tc_chunk
+  auto chunk_tc = [&](float2 st, const float (&d)[4], float v, float scl, int v0) {
+    float rq = h.cqs[0] * d[0], rk = h.cks[0] * d[0];
+#pragma unroll
+    for (int t = 1; t < 4; ++t) {
+      rq = fmaf(h.cqs[t], d[t], rq);
+      rk = fmaf(h.cks[t], d[t], rk);
+    }
+    rq += __shfl_xor_sync(FULL, rq, 2);
+    rk += __shfl_xor_sync(FULL, rk, 2);
+    rq += __shfl_xor_sync(FULL, rq, 1);
+    rk += __shfl_xor_sync(FULL, rk, 1);
+    finish(CF == 2 ? fmaf(st.x, scl, rq) : st.x + rq, CF == 2 ? fmaf(st.y, scl, rk) : st.y + rk, v, v0);
+  };
+  (void)chunk_tc;
   if constexpr (ST > 0) {
     // this step's v, element 32 r + lane in vr[r]; row v0 + sigma's is lane (v0 & 31) + sigma's vr[v0 >> 5]
     float vr[4];
@@ -355,6 +516,9 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       cp_async_wait<ST - 1>();  // chunk c has landed (this lane's copies) ...
       __syncwarp();             // ... and every lane's
       const float4* buf = stage + (c % ST) * SG::F4;
+#if RC_TC_READ
+      const float2 st = tc_chunk<CF>(buf, lane, afr, inv_q, inv_k);
+#else
       float4 sr[ROWS];
 #pragma unroll
       for (int i = 0; i < ROWS; ++i) {
@@ -363,6 +527,7 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
         else
           sr[i] = e4m3x4(reinterpret_cast<const uint32_t*>(buf)[32 * i + lane]);
       }
+#endif
       const T* tile = reinterpret_cast<const T*>(buf + SG::ROWS_F4);
       float d[4];
 #pragma unroll
@@ -370,7 +535,11 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       const float scl = CF == 2 ? reinterpret_cast<const float*>(buf + SG::ROWS_F4 + SG::TILE_F4)[sigma] : 1.f;
       const int v0 = c * ROWS, vreg = v0 >> 5;
       const float vsel = vreg == 0 ? vr[0] : vreg == 1 ? vr[1] : vreg == 2 ? vr[2] : vr[3];
+#if RC_TC_READ
+      chunk_tc(st, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+#else
       chunk(sr, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+#endif
     }
   } else {
     if constexpr (DT) {
