@@ -19,13 +19,13 @@ from pathlib import Path
 from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, build, default_config
 from sglang_replayssm.testing.read_copy_bench import SWEEPS, sweep_config
 
-Key = tuple[int, int, bool, bool, bool, int, bool, int, bool, int, int, bool, bool]
+Key = tuple[int, int, bool, bool, bool, int, bool, int, bool, int, int, bool, bool, int, bool]
 
 
 def build_key(c: ReadCopyCudaConfig) -> Key:
     """What selects a build (the launch-only fields left out)."""
     return (c.depth, c.min_blocks, c.tc_flush, c.flush_prefetch, c.fp8_recip, c.stages, c.d_tile, c.flush_rows,
-            c.flush_pipe, c.flush_min_blocks, c.read_warps, c.flush_pair, c.tc_read)  # fmt: skip
+            c.flush_pipe, c.flush_min_blocks, c.read_warps, c.flush_pair, c.tc_read, c.flush_tile, c.read_rows)  # fmt: skip
 
 
 def test_configs() -> list[ReadCopyCudaConfig]:
@@ -46,6 +46,16 @@ def test_configs() -> list[ReadCopyCudaConfig]:
     for rw in (1, 4):  # tc_read
         out.append(C(depth=2, min_blocks=4, flush_prefetch=True, fp8_recip=True, stages=4, read_warps=rw, tc_read=True))
     out.append(C(stages=4, tc_read=True))
+    out.append(C(stages=4, flush_tile=1))  # fp32 io
+    for kda in (False, True):  # flush_tile on the register path and the staged default, read_rows beside it
+        for fmt in ("bf16", "fp8"):
+            d = default_config(512, 32, 16, kda, fmt)
+            for t in (1, 2):
+                out.append(C(depth=2, min_blocks=4, fp8_recip=True, flush_tile=t))
+                out += [dataclasses.replace(d, flush_tile=t, flush_prefetch=t == 1, read_rows=rr) for rr in (False, True)]
+    out.append(C(stages=4, read_rows=True))  # fp32 io
+    for rw in (1, 4):  # read_rows, one- and four-warp blocks
+        out.append(C(depth=2, min_blocks=4, flush_prefetch=True, fp8_recip=True, stages=4, read_warps=rw, read_rows=True))
     return out
 
 
@@ -67,10 +77,10 @@ def main() -> None:
     print(f"{len(keys)} builds into {args.out}", flush=True)
 
     def one(k: Key) -> None:
-        d, mb, tc, pf, rc, st, dt, fr, pipe, fm, rw, pair, tcr = k
+        d, mb, tc, pf, rc, st, dt, fr, pipe, fm, rw, pair, tcr, ftl, rr = k
         so = build(args.arch, d, mb, args.out, tc_flush=tc, flush_prefetch=pf, fp8_recip=rc, stages=st, d_tile=dt,
                    flush_rows=fr, flush_pipe=pipe, flush_min_blocks=fm, read_warps=rw, flush_pair=pair,
-                   tc_read=tcr)
+                   tc_read=tcr, flush_tile=ftl, read_rows=rr)
         print(so.name, flush=True)
 
     with ThreadPoolExecutor(2) as ex:

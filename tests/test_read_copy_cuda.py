@@ -68,6 +68,18 @@ def test_build_refuses_two_flush_layouts_and_bad_values() -> None:
         build("90a", flush_pair=True, flush_prefetch=True)
     with pytest.raises(ValueError, match="tc_read reads staged chunks"):
         build("90a", tc_read=True)
+    with pytest.raises(ValueError, match="flush_tile is a warp-layout flush"):
+        build("90a", flush_tile=1, flush_pair=True)
+    with pytest.raises(ValueError, match="flush_tile is a warp-layout flush"):
+        build("90a", flush_tile=1, flush_rows=2)
+    with pytest.raises(ValueError, match="flush_tile 2 takes the registers"):
+        build("90a", flush_tile=2, flush_prefetch=True)
+    with pytest.raises(ValueError, match="flush_tile must be 0, 1 or 2"):
+        build("90a", flush_tile=3)
+    with pytest.raises(ValueError, match="read_rows reads staged chunks"):
+        build("90a", read_rows=True)
+    with pytest.raises(ValueError, match="read_rows reads staged chunks"):
+        build("90a", read_rows=True, stages=4, tc_read=True)
 
 def test_cpu_tensors_refused_with_the_reason() -> None:
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
@@ -203,6 +215,47 @@ def test_cuda_flush_warps_taking_several_items_match_reference(is_kda: bool, lau
 
 @gpu
 @pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("warps,strong", [(1, False), (4, False), (1, True)])
+def test_cuda_read_rows_matches_reference(fmt: str, is_kda: bool, warps: int, strong: bool) -> None:
+    """The staged non-flush pass with eight lanes per copy row (``read_rows``: 16 columns of two rows
+    each) against the reference and the oracle, in one- and four-warp blocks (each warp its own
+    read-out vectors) and with decays under ~0.006 per step."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+
+    cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=1, flush_prefetch=True, fp8_recip=True, stages=4,
+                             read_warps=warps, flush_per_sm=4, read_rows=True)
+    _assert_matches_reference(fmt, is_kda, cfg, strong=strong)
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
+@pytest.mark.parametrize("is_kda", [False, True])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("tile", [1, 2])
+@pytest.mark.parametrize("launch", ["staged", "parts", "strong", "items"])
+def test_cuda_tile_flush_matches_reference(fmt: str, is_kda: bool, tile: int, launch: str) -> None:
+    """The flush pass in the tile layout (``flush_tile`` 1: lanes own 4 rows x 16 columns of a block, the
+    item's key tables built once; 2: two blocks at a time) against the reference and the oracle: on
+    :func:`default_config`'s launch above 256 flush pairs (staged non-flush pass, 4 flush warps per
+    SM; prefetch with tile 1); on the register path with 2 parts; with decays under ~0.006 per step
+    (``strong``: the tables' renormalisation steps); and with 320 rows at 8 parts (one block per part:
+    tile 2's single-block path) on one flush warp per SM (``items``: each warp rebuilds its tables
+    for several items in turn; the non-flush pass with ``read_rows`` beside it)."""
+    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, default_config
+
+    cfg = dataclasses.replace(default_config(512, 32, L, is_kda, fmt), flush_tile=tile, flush_prefetch=tile == 1,
+                              read_rows=launch == "items")
+    if launch == "parts":
+        cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=2, fp8_recip=True, flush_tile=tile)
+    if launch == "items":
+        cfg = dataclasses.replace(cfg, flush_parts=8, flush_per_sm=1)
+    _assert_matches_reference(fmt, is_kda, cfg, rows=320 if launch == "items" else 20, strong=launch == "strong")
+
+
+@gpu
+@pytest.mark.usefixtures("_on_cuda")
 def test_builds_in_one_process_keep_their_own_launch_state() -> None:
     """Two builds loaded in one process (as ``default_config`` does across batch sizes): each keeps its
     own flush grid and shared-memory attribute (internal linkage in ``read_copy.cu``; with external
@@ -263,11 +316,15 @@ def _strong_decays(inp: Any, HV: int, is_kda: bool) -> None:
 @gpu
 @pytest.mark.usefixtures("_on_cuda")
 @pytest.mark.parametrize("is_kda", [False, True])
-@pytest.mark.parametrize("stages,tc_read", [(0, False), (4, False), (4, True)])
-def test_cuda_fp32_io_matches_reference(is_kda: bool, stages: int, tc_read: bool) -> None:
+@pytest.mark.parametrize("stages,tc_read,tile,rows", [(0, False, False, False), (4, False, False, False),
+                                                     (4, True, False, False), (4, False, True, False),
+                                                     (4, False, False, True)])
+def test_cuda_fp32_io_matches_reference(is_kda: bool, stages: int, tc_read: bool, tile: bool, rows: bool) -> None:
     """fp32 io (qkv, a, b, out and the d~ / v rings fp32): the staged non-flush pass copies two 16-byte
     pieces per d~ record and chunk instead of one; with ``tc_read`` its row sums (3-term bf16 split of
-    the read-out vectors) stay within the fp32 reference's reassociation distance."""
+    the read-out vectors) stay within the fp32 reference's reassociation distance; ``tile``: the flush
+    pass in the tile layout (fp32 outputs of its flush rows); ``rows``: four lanes per copy row
+    (``read_rows``: the io's fp32 d~ pieces beside the fp32-read vectors)."""
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
@@ -275,7 +332,7 @@ def test_cuda_fp32_io_matches_reference(is_kda: bool, stages: int, tc_read: bool
     inp.qkv, inp.b = inp.qkv.float(), inp.b.float()
     f32 = torch.float32
     ref = run_copy(inp, "bf16", L, decode=read_copy_decode_torch, d_dtype=f32, v_dtype=f32)
-    cfg = ReadCopyCudaConfig(flush_parts=1, stages=stages, tc_read=tc_read)
+    cfg = ReadCopyCudaConfig(flush_parts=1, stages=stages, tc_read=tc_read, flush_tile=int(tile), read_rows=rows)
 
     def cuda(*args: Any, **kw: Any) -> Any:
         return read_copy_decode_cuda(*args, **kw, config=cfg)

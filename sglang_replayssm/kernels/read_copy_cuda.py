@@ -35,7 +35,7 @@ __all__ = [
 _DIR = Path(__file__).parent / "csrc"
 _SRC = _DIR / "read_copy.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, bool, bool, bool, int, bool, int, bool, int, int, bool, bool], ctypes.CDLL] = {}
+_LIBS: dict[tuple[object, ...], ctypes.CDLL] = {}  # build fields -> the loaded build
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 #: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
 DEFAULT_READ_COPY_BUILD = (3, 3)
@@ -71,7 +71,14 @@ class ReadCopyCudaConfig:
     (instead of ``flush_waves`` resident sets), so the non-flush pass keeps the rest of the register file;
     ``tc_read`` (with ``stages``): the staged non-flush pass sums each chunk's rows against the read-out
     vectors on tensor cores (mma.m16n8k16: bf16 copy x a 3-term bf16 split of the vectors, e4m3 copy
-    widened to f16 x a 2-term f16 split of the vectors scaled by a power of two; ~22-24 bits)."""
+    widened to f16 x a 2-term f16 split of the vectors scaled by a power of two; ~22-24 bits);
+    ``flush_tile`` 1: the warp-layout flush pass with lanes owning 4 rows x 16 columns of a 16-row block
+    (a row sum over 8 lanes, 7 shuffles a step instead of 32) against per-item key tables
+    (``kt = c o k``, ``kh = k / c``) built once per item instead of per block (excludes ``flush_pair``);
+    2: the same replaying two blocks together (excludes ``flush_prefetch``); ``read_rows`` (with
+    ``stages``, not with ``tc_read``): the staged non-flush pass gives each copy row of a chunk to
+    eight lanes (16 columns of two rows each, the read-out vectors for them in registers), so a row
+    sum is one shuffle round before the records' two instead of a reduce-scatter of 8 rows over 32."""
 
     depth: int = DEFAULT_READ_COPY_BUILD[0]
     min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
@@ -91,6 +98,8 @@ class ReadCopyCudaConfig:
     flush_pair: bool = False
     flush_per_sm: int = 0
     tc_read: bool = False
+    flush_tile: int = 0
+    read_rows: bool = False
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -127,7 +136,8 @@ def _arch() -> str:
 def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir: Path | None = None,
           tc_flush: bool = False, flush_prefetch: bool = False, fp8_recip: bool = False, stages: int = 0,
           d_tile: bool = False, flush_rows: int = 0, flush_pipe: bool = False, flush_min_blocks: int = 0,
-          read_warps: int = 4, flush_pair: bool = False, tc_read: bool = False) -> Path:
+          read_warps: int = 4, flush_pair: bool = False, tc_read: bool = False, flush_tile: int = 0,
+          read_rows: bool = False) -> Path:
     """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path."""
     if not 1 <= depth <= 6:
         raise ValueError(f"depth must be 1..6 (got {depth})")
@@ -145,12 +155,22 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
         raise ValueError("flush_pair takes the registers flush_prefetch needs: pick one")
     if tc_read and not stages:
         raise ValueError("tc_read reads staged chunks: it needs stages >= 2")
+    if read_rows and (not stages or tc_read):
+        raise ValueError("read_rows reads staged chunks: it needs stages >= 2 and not tc_read")
+    if flush_tile not in (0, 1, 2):
+        raise ValueError(f"flush_tile must be 0, 1 or 2 (got {flush_tile})")
+    if flush_tile and (flush_pair or flush_rows or flush_pipe):
+        raise ValueError("flush_tile is a warp-layout flush with its own paired replay (2): not with flush_pair, "
+                         "flush_rows or flush_pipe")
+    if flush_tile == 2 and flush_prefetch:
+        raise ValueError("flush_tile 2 takes the registers flush_prefetch needs: pick one")
     arch = arch or _arch()
     src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
     tc = ("_tc" if tc_flush else "") + ("_pf" if flush_prefetch else "") + ("_rcp" if fp8_recip else "")
     tc += (f"_st{stages}" if stages else "") + ("_dt" if d_tile else "") + (f"_fr{flush_rows}" if flush_rows else "")
     tc += ("_pipe" if flush_pipe else "") + (f"_fm{flush_min_blocks}" if flush_min_blocks else "")
     tc += (f"_rw{read_warps}" if read_warps != 4 else "") + ("_fp2" if flush_pair else "") + ("_tcr" if tc_read else "")
+    tc += (f"_ftl{flush_tile}" if flush_tile else "") + ("_rr" if read_rows else "")
     key = hashlib.sha256(src + f"{arch}:{depth}:{min_blocks}{tc}".encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     so = out_dir / f"read_copy_{arch}_d{depth}_m{min_blocks}{tc}_{key}.so"
@@ -164,20 +184,23 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
                                         f"-DRC_DTILE={int(d_tile)}", f"-DRC_FLUSH_ROWS={flush_rows}",
                                         f"-DRC_FLUSH_PIPE={int(flush_pipe)}", f"-DRC_FLUSH_MIN_BLOCKS={flush_min_blocks}",
                                         f"-DRC_READ_WARPS={read_warps}", f"-DRC_FLUSH_PAIR={int(flush_pair)}",
-                                        f"-DRC_TC_READ={int(tc_read)}"])
+                                        f"-DRC_TC_READ={int(tc_read)}", f"-DRC_FLUSH_TILE={int(flush_tile)}",
+                                        f"-DRC_READ_ROWS={int(read_rows)}"])
 
 
 def _lib(depth: int, min_blocks: int, tc_flush: bool = False, flush_prefetch: bool = False,
          fp8_recip: bool = False, stages: int = 0, d_tile: bool = False, flush_rows: int = 0,
          flush_pipe: bool = False, flush_min_blocks: int = 0, read_warps: int = 4,
-         flush_pair: bool = False, tc_read: bool = False) -> ctypes.CDLL:
+         flush_pair: bool = False, tc_read: bool = False, flush_tile: int = 0,
+         read_rows: bool = False) -> ctypes.CDLL:
     key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip, stages, d_tile, flush_rows, flush_pipe,
-           flush_min_blocks, read_warps, flush_pair, tc_read)
+           flush_min_blocks, read_warps, flush_pair, tc_read, flush_tile, read_rows)
     if key not in _LIBS:
         lib = ctypes.CDLL(str(build(key[0], depth, min_blocks, tc_flush=tc_flush, flush_prefetch=flush_prefetch,
                                     fp8_recip=fp8_recip, stages=stages, d_tile=d_tile, flush_rows=flush_rows,
                                     flush_pipe=flush_pipe, flush_min_blocks=flush_min_blocks,
-                                    read_warps=read_warps, flush_pair=flush_pair, tc_read=tc_read)))
+                                    read_warps=read_warps, flush_pair=flush_pair, tc_read=tc_read,
+                                    flush_tile=flush_tile, read_rows=read_rows)))
         lib.read_copy_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -252,7 +275,7 @@ def read_copy_decode_cuda(
     waves = -cfg.flush_per_sm if cfg.flush_per_sm else cfg.flush_waves
     lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip, cfg.stages,
                cfg.d_tile, cfg.flush_rows, cfg.flush_pipe, cfg.flush_min_blocks, cfg.read_warps,
-               cfg.flush_pair, cfg.tc_read)
+               cfg.flush_pair, cfg.tc_read, cfg.flush_tile, cfg.read_rows)
     fp8 = read_copy_scales is not None
     sc = read_copy_scales if read_copy_scales is not None else initial_state
     strides = (*step.strides, read_copy.stride(0), sc.stride(0), v_cache.stride(0), beta_cache.stride(0))

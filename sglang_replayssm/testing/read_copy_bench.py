@@ -94,8 +94,17 @@ CUDA_SWEEP_TABLE = ((2, 4, 0, 1, 0, 1, 1, 4), (2, 4, 2, 1, 0, 1, 1, 4), (2, 4, 1
 CUDA_SWEEP_TCREAD = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 1),
                      (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 1), (2, 4, 1, 1, 0, 1, 1, 6, 0, 0, 0, 1, 0, 4, 1),
                      (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0))  # fmt: skip
+#: ``--sweep tile``: the flush pass in the tile layout (``flush_tile``, field 15: lanes own 4 rows x 16
+#: columns, key tables per item; 2: two blocks replayed together, no prefetch) and the non-flush pass
+#: with eight lanes per copy row (``read_rows``, field 16), apart and together, beside the default
+#: launch written out (a repeat); with both: 5 flush warps per SM, non-flush budget 5, 2 flush parts
+CUDA_SWEEP_TILE = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 0), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 0),
+                   (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 1), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 0), (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 1),
+                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 5, 0, 2, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1),
+                   (2, 4, 2, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 1))  # fmt: skip
 SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID, "table": CUDA_SWEEP_TABLE,
-          "tcread": CUDA_SWEEP_TCREAD}
+          "tcread": CUDA_SWEEP_TCREAD, "tile": CUDA_SWEEP_TILE}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:
@@ -190,7 +199,9 @@ def sweep_config(cfg: tuple[int, ...], parts: int | None) -> Any:
                               flush_min_blocks=cfg[10] if len(cfg) > 10 else 0,
                               read_warps=cfg[11] if len(cfg) > 11 else 4, flush_pair=len(cfg) > 12 and cfg[12] == 1,
                               flush_per_sm=cfg[13] if len(cfg) > 13 else 0,
-                              tc_read=len(cfg) > 14 and cfg[14] == 1)  # fmt: skip
+                              tc_read=len(cfg) > 14 and cfg[14] == 1,
+                              flush_tile=cfg[15] if len(cfg) > 15 else 0,
+                              read_rows=len(cfg) > 16 and cfg[16] == 1)  # fmt: skip
 
 
 def pass_split(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...] = ()) -> dict[str, float]:
@@ -227,7 +238,8 @@ def _staged_default(pb: StaggeredProblem, fmt: str) -> tuple[int, ...]:
     c = default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt)
     return (c.depth, c.min_blocks, c.flush_parts or 0, 1 if c.high_priority else 0, int(c.tc_flush),
             int(c.flush_prefetch), int(c.fp8_recip), c.stages, int(c.d_tile), c.flush_rows or -int(c.flush_pipe),
-            c.flush_min_blocks, c.read_warps, int(c.flush_pair), c.flush_per_sm, int(c.tc_read))  # fmt: skip
+            c.flush_min_blocks, c.read_warps, int(c.flush_pair), c.flush_per_sm, int(c.tc_read),
+            c.flush_tile, int(c.read_rows))  # fmt: skip
 
 
 def _check(pb: StaggeredProblem, fmt: str, cuda: bool, cfg: tuple[int, ...] = CUDA_SWEEP[0]) -> dict:

@@ -58,6 +58,12 @@
 #ifndef RC_TC_READ  // non-flush pass, staged (RC_STAGES >= 2): 1 = each chunk's row sums on tensor cores
 #define RC_TC_READ 0  // (mma.m16n8k16, the read-out vectors split into f16 / bf16 terms; tc_read_setup)
 #endif
+#ifndef RC_READ_ROWS  // non-flush pass, staged (RC_STAGES >= 2): 1 = eight lanes per copy row of a chunk, each 16
+#define RC_READ_ROWS 0  // of its columns (of two rows; the read-out vectors there in registers): one shuffle round
+#endif                  // before the records' two instead of a reduce-scatter of 8 rows over 32 lanes
+#ifndef RC_FLUSH_TILE  // warp-layout flush pass: 1 = lanes own 4 rows x 16 columns of a 16-row block (row sums
+#define RC_FLUSH_TILE 0  // over 8 lanes: 7 shuffles a step instead of 32) against key tables built once per item;
+#endif                   // 2 = the same with two blocks replayed together (no prefetch)
 #ifndef RC_DTILE  // non-flush pass, register path (RC_STAGES 0): 1 = the live d~ records copied to shared
 #define RC_DTILE 0  // memory once per (row, head) by cp.async (their latency under the setup's), else loaded per chunk
 #endif
@@ -65,9 +71,13 @@ static_assert(RC_DEPTH >= 1 && RC_DEPTH <= 6, "RC_DEPTH is 1..6");
 static_assert(RC_FLUSH_ROWS >= 0 && RC_FLUSH_ROWS <= 4, "RC_FLUSH_ROWS is 0..4");
 static_assert(RC_READ_WARPS == 1 || RC_READ_WARPS == 2 || RC_READ_WARPS == 4, "RC_READ_WARPS is 1, 2 or 4");
 static_assert(!(RC_FLUSH_PAIR && RC_FLUSH_PREFETCH), "RC_FLUSH_PAIR replaces RC_FLUSH_PREFETCH");
+static_assert(!(RC_FLUSH_TILE && RC_FLUSH_PAIR), "RC_FLUSH_TILE 2 is the tile layout's paired replay");
+static_assert(RC_FLUSH_TILE >= 0 && RC_FLUSH_TILE <= 2, "RC_FLUSH_TILE is 0..2");
+static_assert(!(RC_FLUSH_TILE == 2 && RC_FLUSH_PREFETCH), "RC_FLUSH_TILE 2 takes the registers of RC_FLUSH_PREFETCH");
 static_assert(RC_FLUSH_MIN_BLOCKS >= 0 && RC_FLUSH_MIN_BLOCKS <= 32, "RC_FLUSH_MIN_BLOCKS is 0..32");
 static_assert(RC_STAGES == 0 || (RC_STAGES >= 2 && RC_STAGES <= 8), "RC_STAGES is 0 or 2..8");
 static_assert(!RC_TC_READ || RC_STAGES >= 2, "RC_TC_READ reads staged chunks (RC_STAGES >= 2)");
+static_assert(!RC_READ_ROWS || (RC_STAGES >= 2 && !RC_TC_READ), "RC_READ_ROWS reads staged chunks, not with RC_TC_READ");
 
 // Internal linkage for everything below: the launchers' function-local statics (the flush grid's
 // resident count, the dynamic shared-memory attribute) would otherwise be STB_GNU_UNIQUE symbols,
@@ -151,6 +161,25 @@ __device__ __forceinline__ float rs_perm_max16(float (&v)[16]) {
   rs_perm_max<1>(v, 2);
   return fmaxf(v[0], __shfl_xor_sync(FULL, v[0], 1));
 }
+// RC_FLUSH_TILE, within each 8-lane group (c = lane & 7): 4 slots (slot i = row i ^ ((c >> 1) & 3))
+// -> the group's total of row (c >> 1) & 3 (in lanes c and c ^ 1); rs_perm_max4 the same for max.
+__device__ __forceinline__ float rs_perm4(float (&v)[4]) {
+  rs_perm<2>(v, 4);
+  rs_perm<1>(v, 2);
+  return v[0] + __shfl_xor_sync(FULL, v[0], 1);
+}
+__device__ __forceinline__ float rs_perm_max4(float (&v)[4]) {
+  rs_perm_max<2>(v, 4);
+  rs_perm_max<1>(v, 2);
+  return fmaxf(v[0], __shfl_xor_sync(FULL, v[0], 1));
+}
+// the inverse: x of this lane's row (c >> 1) & 3 -> o[i] = slot i's row's x, from the lanes holding it
+__device__ __forceinline__ void bc_perm4(float x, float (&o)[4]) {
+  o[0] = x;
+  o[1] = __shfl_xor_sync(FULL, x, 2);
+  o[2] = __shfl_xor_sync(FULL, x, 4);
+  o[3] = __shfl_xor_sync(FULL, o[1], 4);
+}
 
 struct Args {
   const void *qkv, *a, *b;
@@ -190,7 +219,8 @@ template <typename T> struct DTile {
   static constexpr int STRIDE = V + 16 / static_cast<int>(sizeof(T));
   static constexpr int F4 = 16 * STRIDE * static_cast<int>(sizeof(T)) / 16;
 };
-constexpr int TC_SCRATCH_F4 = RC_TC_READ ? 2 * K / 4 : 0;  // RC_TC_READ: the read-out vectors, once per pair
+// RC_TC_READ, RC_READ_ROWS: the read-out vectors, once per pair
+constexpr int TC_SCRATCH_F4 = RC_TC_READ || RC_READ_ROWS ? 2 * K / 4 : 0;
 __host__ __device__ constexpr int read_smem_f4(int io_bytes, int cf) {
   return RC_STAGES > 0 ? RC_STAGES * (ROWS * K * (cf == 1 ? 2 : 1) / 16 + 16 * ROWS * io_bytes / 16 + (cf == 2 ? ROWS / 4 : 0)) + TC_SCRATCH_F4
          : RC_DTILE ? 16 * (V + 16 / io_bytes) * io_bytes / 16 : 0;
@@ -430,6 +460,25 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
   float inv_q, inv_k;
   tc_read_setup<CF>(h.qv, h.kv, stage + ST * SG::F4, lane, afr, inv_q, inv_k);
 #endif
+#if RC_READ_ROWS
+  // lane (g, c) = (lane >> 3, lane & 7) reads chunk rows 2g, 2g + 1 at 16 columns, float4 columns
+  // rcol(u): e4m3 piece c (4c + u), bf16 pieces c, c + 8 (2c + u, 2c + 14 + u); the read-out vectors there
+  const int rhk = (lane >> 2) & 1;  // the row of the two it keeps: 2g + rhk = sigma
+  float4 rq4[4], rk4[4];
+  {
+    float4* rv = stage + ST * SG::F4;  // qv at [0, 32), kv at [32, 64) (float4 column f at f)
+    rv[lane] = h.qv;
+    rv[32 + lane] = h.kv;
+    __syncwarp();
+    const int c = lane & 7;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int f = CF == 1 ? 2 * c + u + (u >= 2 ? 14 : 0) : 4 * c + u;
+      rq4[u] = rv[f];
+      rk4[u] = rv[32 + f];
+    }
+  }
+#endif
 
   // this step's records: gate, key (one value head per key head), v, beta (slot m: nothing reads it now)
   if (!KDA) {
@@ -459,6 +508,23 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       wptr[v0] = from_f<T>(dcur);
     }
   };
+  // this lane's partial sums pq, pk of row v0 + sigma (the copy rows' part; over the 4 lanes of the
+  // row's group, lane & 3) completed with the live records 4 s + t and finished
+  auto tail = [&](float pq, float pk, const float (&d)[4], float v, float scl, int v0) {
+    float rq = h.cqs[0] * d[0], rk = h.cks[0] * d[0];
+#pragma unroll
+    for (int t = 1; t < 4; ++t) {
+      rq = fmaf(h.cqs[t], d[t], rq);
+      rk = fmaf(h.cks[t], d[t], rk);
+    }
+    float sq = CF == 2 ? fmaf(pq, scl, rq) : pq + rq;
+    float sk = CF == 2 ? fmaf(pk, scl, rk) : pk + rk;
+    sq += __shfl_xor_sync(FULL, sq, 2);
+    sk += __shfl_xor_sync(FULL, sk, 2);
+    sq += __shfl_xor_sync(FULL, sq, 1);
+    sk += __shfl_xor_sync(FULL, sk, 1);
+    finish(sq, sk, v, v0);
+  };
   auto chunk = [&](const float4 (&sr)[ROWS], const float (&d)[4], float v, float scl, int v0) {
     float pq[ROWS], pk[ROWS];
 #pragma unroll
@@ -474,19 +540,7 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
     rs_round<2>(pk, lane, 8);
     rs_round<1>(pq, lane, 4);
     rs_round<1>(pk, lane, 4);
-    float rq = h.cqs[0] * d[0], rk = h.cks[0] * d[0];
-#pragma unroll
-    for (int t = 1; t < 4; ++t) {
-      rq = fmaf(h.cqs[t], d[t], rq);
-      rk = fmaf(h.cks[t], d[t], rk);
-    }
-    float sq = CF == 2 ? fmaf(pq[0], scl, rq) : pq[0] + rq;
-    float sk = CF == 2 ? fmaf(pk[0], scl, rk) : pk[0] + rk;
-    sq += __shfl_xor_sync(FULL, sq, 2);
-    sk += __shfl_xor_sync(FULL, sk, 2);
-    sq += __shfl_xor_sync(FULL, sq, 1);
-    sk += __shfl_xor_sync(FULL, sk, 1);
-    finish(sq, sk, v, v0);
+    tail(pq[0], pk[0], d, v, scl, v0);
   };
   // RC_TC_READ: the same with the rows' sums st (complete in every lane of the row) from tc_chunk
   auto chunk_tc = [&](float2 st, const float (&d)[4], float v, float scl, int v0) {
@@ -518,6 +572,47 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       const float4* buf = stage + (c % ST) * SG::F4;
 #if RC_TC_READ
       const float2 st = tc_chunk<CF>(buf, lane, afr, inv_q, inv_k);
+#elif RC_READ_ROWS
+      // rows 2g + (i ^ hk), i = 0, 1 (slot 0: the row this lane keeps); then one round over lane ^ 4
+      float pq[2], pk[2];
+      {
+        const uint4* rows = reinterpret_cast<const uint4*>(buf);
+        constexpr int PIECES = CF == 1 ? 16 : 8;  // 16-byte pieces per row
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = 2 * (lane >> 3) + (i ^ rhk);
+          float4 x[4];  // this lane's 16 columns, float4 columns rcol(u)
+          if constexpr (CF == 1) {
+            const uint4 w0 = rows[r * PIECES + (lane & 7)], w1 = rows[r * PIECES + (lane & 7) + 8];
+            x[0] = bf16x4(make_uint2(w0.x, w0.y));
+            x[1] = bf16x4(make_uint2(w0.z, w0.w));
+            x[2] = bf16x4(make_uint2(w1.x, w1.y));
+            x[3] = bf16x4(make_uint2(w1.z, w1.w));
+          } else {
+            const uint4 w = rows[r * PIECES + (lane & 7)];
+            x[0] = e4m3x4(w.x);
+            x[1] = e4m3x4(w.y);
+            x[2] = e4m3x4(w.z);
+            x[3] = e4m3x4(w.w);
+          }
+          float aq = x[0].x * rq4[0].x, ak = x[0].x * rk4[0].x;
+          aq = fmaf(x[0].y, rq4[0].y, aq);
+          ak = fmaf(x[0].y, rk4[0].y, ak);
+          aq = fmaf(x[0].z, rq4[0].z, aq);
+          ak = fmaf(x[0].z, rk4[0].z, ak);
+          aq = fmaf(x[0].w, rq4[0].w, aq);
+          ak = fmaf(x[0].w, rk4[0].w, ak);
+#pragma unroll
+          for (int u = 1; u < 4; ++u) {
+            aq = fmaf(x[u].w, rq4[u].w, fmaf(x[u].z, rq4[u].z, fmaf(x[u].y, rq4[u].y, fmaf(x[u].x, rq4[u].x, aq))));
+            ak = fmaf(x[u].w, rk4[u].w, fmaf(x[u].z, rk4[u].z, fmaf(x[u].y, rk4[u].y, fmaf(x[u].x, rk4[u].x, ak))));
+          }
+          pq[i] = aq;
+          pk[i] = ak;
+        }
+        pq[0] += __shfl_xor_sync(FULL, pq[1], 4);
+        pk[0] += __shfl_xor_sync(FULL, pk[1], 4);
+      }
 #else
       float4 sr[ROWS];
 #pragma unroll
@@ -537,6 +632,8 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       const float vsel = vreg == 0 ? vr[0] : vreg == 1 ? vr[1] : vreg == 2 ? vr[2] : vr[3];
 #if RC_TC_READ
       chunk_tc(st, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+#elif RC_READ_ROWS
+      tail(pq[0], pk[0], d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
 #else
       chunk(sr, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
 #endif
@@ -571,7 +668,11 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
 
 // ---- flush pass: grid capped at the resident blocks (one warp each), items (row, head, part) by ballot
 // shared memory per warp: keys [16][32] float4, KDA decays [16][32] float4, v [16][V] fp32
-__host__ __device__ constexpr int flush_smem_f4_seq(bool kda) { return (kda ? 2 : 1) * 16 * 32 + 16 * V / 4; }
+// (RC_FLUSH_TILE: keys [16][32] float4 -> kt, decays -> kh (GDN too), this token's qt and the end decay
+// [32] float4 each, then v)
+__host__ __device__ constexpr int flush_smem_f4_seq(bool kda) {
+  return (RC_FLUSH_TILE ? 2 * 16 * 32 + 2 * 32 : (kda ? 2 : 1) * 16 * 32) + 16 * V / 4;
+}
 
 // What a flush item's block replay reads: the window's records in this warp's shared memory (keys,
 // KDA decays, v rows), this token's scaled q and k.q, the lane-held beta_j / alpha_j (lane j),
@@ -699,6 +800,151 @@ __device__ __forceinline__ void replay_blocks(const FlushRows<T, CF>& f, int r0,
   }
 }
 
+// RC_FLUSH_TILE: what replay_tile reads. Tables (float4 column c4 at [j * 32 + c4], steps j = 0..m):
+// kt_j = c_j o k_j (the row sums' key) and kh_j = k_j / c_j (the update's), c_j the deferred decay
+// (state = c_j o St; GDN: one scalar); at a renormalisation step (bit j of renorm, item-uniform:
+// some c_j fell under 2**-40) the state is scaled by kh_j, c restarts at 1 and the update's key is
+// kt_j = k_j. qt = c_m o q, ce = c_m (folded into the rows before they are written).
+template <typename T, int CF>
+struct FlushTile {
+  using CT = typename std::conditional<CF == 1, __nv_bfloat16, uint8_t>::type;
+  const float4 *kt, *kh, *qt, *ce;
+  const float* vsm;
+  float beta_reg, kq;
+  unsigned renorm;
+  int m, lane;
+  float* sbase;  // the item's state rows, float4 column lane & 7
+  CT* cbase;     // its copy rows, the same column
+  T* outp;
+  float* scales;
+};
+
+// Replays NB consecutive 16-row blocks (rows r0 .. r0 + 16 NB - 1; NB > 1: independent chains sharing
+// the step's keys) over steps 0..m, then writes their rows, copy and (fp8) scales. Lane (g, c) =
+// (lane >> 3, lane & 7) holds in S[b][4 i + t] row r0 + 16 b + 4 g + (i ^ rr),
+// rr = (c >> 1) & 3, at float4 column c + 8 t: a row's sum is over the 8 lanes of group g (3
+// shuffle rounds) and its d_j goes back to them in 3 shuffles.
+template <typename T, int CF, int NB>
+__device__ __forceinline__ void replay_tile(const FlushTile<T, CF>& f, int r0, float4 (&S)[NB][16]) {
+  const int lane = f.lane, c = lane & 7, rr = (c >> 1) & 3, rg = lane >> 3, m = f.m;
+  // two chains of 8 per row sum over this lane's 16 columns
+  auto dot16 = [](const float4* s, const float4 (&x)[4]) {
+    float a = s[0].x * x[0].x, b = s[2].x * x[2].x;
+    a = fmaf(s[0].y, x[0].y, a);
+    b = fmaf(s[2].y, x[2].y, b);
+    a = fmaf(s[0].z, x[0].z, a);
+    b = fmaf(s[2].z, x[2].z, b);
+    a = fmaf(s[0].w, x[0].w, a);
+    b = fmaf(s[2].w, x[2].w, b);
+    a = fmaf(s[1].x, x[1].x, a);
+    b = fmaf(s[3].x, x[3].x, b);
+    a = fmaf(s[1].y, x[1].y, a);
+    b = fmaf(s[3].y, x[3].y, b);
+    a = fmaf(s[1].z, x[1].z, a);
+    b = fmaf(s[3].z, x[3].z, b);
+    a = fmaf(s[1].w, x[1].w, a);
+    b = fmaf(s[3].w, x[3].w, b);
+    return a + b;
+  };
+#pragma unroll 1
+  for (int j = 0; j <= m; ++j) {
+    float4 kt[4], kh[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      kt[t] = f.kt[j * 32 + c + 8 * t];
+      kh[t] = f.kh[j * 32 + c + 8 * t];
+    }
+    if ((f.renorm >> j) & 1u) {  // item-uniform
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) S[b][4 * i + t] = mul4(S[b][4 * i + t], kh[t]);
+        kh[t] = kt[t];
+      }
+    }
+    float pr[NB][4], dj[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pr[b][i] = dot16(S[b] + 4 * i, kt);
+    const float bj = __shfl_sync(FULL, f.beta_reg, j);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) dj[b] = bj * (f.vsm[j * V + r0 + 16 * b + 4 * rg + rr] - rs_perm4(pr[b]));
+    if (j == m) {  // item-uniform: this token's output from the decayed state
+      float4 qt[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) qt[t] = f.qt[c + 8 * t];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pr[b][i] = dot16(S[b] + 4 * i, qt);
+        const float oq = rs_perm4(pr[b]);
+        if ((c & 1) == 0) f.outp[r0 + 16 * b + 4 * rg + rr] = from_f<T>(fmaf(dj[b], f.kq, oq));
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      float d[4];
+      bc_perm4(dj[b], d);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) S[b][4 * i + t] = fma4(d[i], kh[t], S[b][4 * i + t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const float4 ce = f.ce[c + 8 * t];
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) S[b][4 * i + t] = mul4(S[b][4 * i + t], ce);
+  }
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const int rb = r0 + 16 * b + 4 * rg;  // slot i: row rb + (i ^ rr)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        __stcs(reinterpret_cast<float4*>(f.sbase + static_cast<int64_t>(rb + (i ^ rr)) * K + 32 * t), S[b][4 * i + t]);
+    if constexpr (CF == 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+          *reinterpret_cast<uint2*>(f.cbase + static_cast<int64_t>(rb + (i ^ rr)) * K + 32 * t) = pack_bf16(S[b][4 * i + t]);
+    } else {
+      float am[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        am[i] = 0.f;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const float4 x = S[b][4 * i + t];
+          am[i] = fmaxf(am[i], fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
+        }
+      }
+      const float amax = rs_perm_max4(am);
+      const float scl = amax > 0.f ? amax / 448.f : 1.f, inv = amax > 0.f ? 448.f / amax : 1.f;
+      if ((c & 1) == 0) f.scales[rb + rr] = scl;
+      float u[4];  // the one fp8_units reads (RC_FP8_RECIP: inv, else scl), per slot
+      bc_perm4(RC_FP8_RECIP ? inv : scl, u);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const float4 x = S[b][4 * i + t];
+          *reinterpret_cast<uint32_t*>(f.cbase + static_cast<int64_t>(rb + (i ^ rr)) * K + 32 * t) =
+              pack_e4m3(make_float4(fp8_units(x.x, u[i], u[i]), fp8_units(x.y, u[i], u[i]), fp8_units(x.z, u[i], u[i]),
+                                    fp8_units(x.w, u[i], u[i])));
+        }
+    }
+  }
+}
+
 template <typename T, bool KDA, int CF>
 __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem, int lane) {
   const int HV = p.HV, H = p.H, L = p.L;
@@ -708,7 +954,7 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   const int m = p.write_pos[n];  // records 0..m-1 live (m <= L - 1); this token is step m
   float4* ksm = smem;
   float4* asm_ = smem + 16 * 32;
-  float* vsm = reinterpret_cast<float*>(smem + (KDA ? 2 : 1) * 16 * 32);
+  float* vsm = reinterpret_cast<float*>(smem + (RC_FLUSH_TILE ? 2 * 16 * 32 + 2 * 32 : (KDA ? 2 : 1) * 16 * 32));
   const T* row = static_cast<const T*>(p.qkv) + n * p.s_qkv;
 
   // this token: normalised q (scaled), k, kq, beta, decay
@@ -785,7 +1031,88 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   // (staging the next 16 rows by cp.async during the replay measured slower: 8 KiB more shared
   // memory per warp, fewer resident flush warps; notes/read-copy.md)
   const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
-#if RC_FLUSH_PAIR
+#if RC_FLUSH_TILE
+  (void)fx;
+  // the tables in place of the keys and decays (each lane its own float4 column: no barrier within)
+  float4* kh_tab = smem + 16 * 32;
+  float4* qt_tab = smem + 2 * 16 * 32;
+  unsigned renorm = 0u;
+  {
+    constexpr float RENORM = 9.094947e-13f;  // 2**-40, as replay_blocks
+    float4 c4 = make_float4(1.f, 1.f, 1.f, 1.f);
+    float cg = 1.f;
+#pragma unroll 1
+    for (int j = 0; j <= m; ++j) {
+      const float4 kj = ksm[j * 32 + lane];
+      bool low;
+      if (KDA) {
+        c4 = mul4(c4, asm_[j * 32 + lane]);
+        low = __any_sync(FULL, fminf(fminf(c4.x, c4.y), fminf(c4.z, c4.w)) < RENORM);
+      } else {
+        cg *= __shfl_sync(FULL, alpha_reg, j);
+        low = cg < RENORM;
+        c4 = make_float4(cg, cg, cg, cg);
+      }
+      if (low) {  // warp-uniform: kt_j stays k_j, kh_j is the factor
+        renorm |= 1u << j;
+        kh_tab[j * 32 + lane] = c4;
+        c4 = make_float4(1.f, 1.f, 1.f, 1.f);
+        cg = 1.f;
+      } else {
+        ksm[j * 32 + lane] = mul4(c4, kj);
+        // c4 in [2**-40, 1]: the fast reciprocal (2 ulp) is enough for the update's scale
+        kh_tab[j * 32 + lane] = make_float4(__fdividef(kj.x, c4.x), __fdividef(kj.y, c4.y), __fdividef(kj.z, c4.z),
+                                            __fdividef(kj.w, c4.w));
+      }
+    }
+    qt_tab[lane] = mul4(c4, q);
+    qt_tab[32 + lane] = c4;
+  }
+  __syncwarp();
+  const int c8 = lane & 7, rg = lane >> 3, rr = (c8 >> 1) & 3;
+  const FlushTile<T, CF> ft{ksm, kh_tab, qt_tab, qt_tab + 32, vsm, beta_reg, kq, renorm, m, lane,
+                            sbase + 4 * (c8 - lane), cbase + 4 * (c8 - lane), outp,
+                            p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V};
+  auto tile_rows = [&](float4 (&S)[16], int r0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int t = 0; t < 4; ++t) S[4 * i + t] = ld4_cs(ft.sbase + static_cast<int64_t>(r0 + 4 * rg + (i ^ rr)) * K + 32 * t);
+  };
+#if RC_FLUSH_TILE == 2
+  // two 16-row blocks per pass (two chains per step; no prefetch: their registers)
+  int r0 = rbeg;
+#pragma unroll 1
+  for (; r0 + 32 <= rend; r0 += 32) {
+    float4 S[2][16];
+    tile_rows(S[0], r0);
+    tile_rows(S[1], r0 + 16);
+    replay_tile<T, CF, 2>(ft, r0, S);
+  }
+  if (r0 < rend) {  // one block left (parts = 8: 16 rows per part)
+    float4 S[1][16];
+    tile_rows(S[0], r0);
+    replay_tile<T, CF, 1>(ft, r0, S);
+  }
+#else
+#if RC_FLUSH_PREFETCH
+  float4 SN[16];  // the next block's rows, requested before this block's replay
+  tile_rows(SN, rbeg);
+#endif
+#pragma unroll 1
+  for (int r0 = rbeg; r0 < rend; r0 += 16) {
+    float4 S[1][16];
+#if RC_FLUSH_PREFETCH
+#pragma unroll
+    for (int i = 0; i < 16; ++i) S[0][i] = SN[i];
+    if (r0 + 16 < rend) tile_rows(SN, r0 + 16);
+#else
+    tile_rows(S[0], r0);
+#endif
+    replay_tile<T, CF, 1>(ft, r0, S);
+  }
+#endif
+#elif RC_FLUSH_PAIR
   // two 16-row blocks per pass (two independent chains per step; no prefetch: their 128 registers)
   int r0 = rbeg;
 #pragma unroll 1
