@@ -399,11 +399,13 @@ def test_cuda_on_records_carved_out_of_an_fp32_ring(fmt: str, is_kda: bool, stag
 def test_default_config_follows_the_flush_rows() -> None:
     """The product's launch by regime (docstring of :func:`default_config`): the register path while a
     step flushes at most 256 (row, head) pairs (4 flush warps per item); above, staged chunks in one-warp
-    blocks beside a flush grid of 4 warps per SM, one warp per item."""
+    blocks, eight lanes per copy row, beside a flush grid of 4 warps per SM in the tile layout, one
+    warp per item."""
     from sglang_replayssm.kernels.read_copy_cuda import default_config
 
     small, big = default_config(64, 32, 16, False), default_config(256, 32, 16, False)
     assert (small.stages, small.flush_parts) == (0, 4) and (big.stages, big.flush_parts) == (4, 1)
     assert [default_config(B, 32, 16, True).flush_parts for B in (64, 256, 512)] == [4, 1, 1]
     assert (big.read_warps, big.flush_per_sm, small.read_warps, small.flush_per_sm) == (1, 4, 4, 0)
-    assert default_config(256, 32, 16, False, "fp8").min_blocks == 5
+    assert all(default_config(256, 32, 16, kda, fmt).min_blocks == 5 for kda in (False, True) for fmt in ("bf16", "fp8"))
+    assert (big.flush_tile, big.read_rows, small.flush_tile, small.read_rows) == (1, True, 0, False)

@@ -111,21 +111,23 @@ def default_flush_parts(B: int, HV: int, L: int) -> int:
 
 def default_config(B: int, HV: int, L: int, is_kda: bool, fmt: str = "bf16") -> ReadCopyCudaConfig:
     """The launch :func:`read_copy_decode_cuda` uses when given none, picked from the H200 sweeps of
-    2026-12-02 (staggered cursors, B = 64 / 256 / 512; notes/read-copy.md, "The flush grid").
+    2026-12-02 and 2026-12-03 (staggered cursors, B = 64 / 256 / 512; notes/read-copy.md, "The flush
+    grid", "Tiles and rows").
 
     Up to 256 flush (row, head) pairs per step (B <= 128 at HV = 32): the register-path non-flush
     build (depth 2, 4 blocks per SM) with 4 flush warps per item. Above: the non-flush pass stages
-    4 chunks per warp in shared memory in one-warp blocks (register budget: 20 warps per SM for
-    GDN's fp8 copy, else 16); the flush pass prefetches the next block, one warp per item, on a grid
-    of 4 warps per SM that take several items each, so the rest of the register file stays with
-    the non-flush pass, which then runs beside the flush pass instead of after it. Every fp8 copy
-    is written with a reciprocal per row."""
+    4 chunks per warp in shared memory in one-warp blocks, eight lanes per copy row (``read_rows``;
+    register budget 20 warps per SM); the flush pass in the tile layout (``flush_tile`` 1) prefetches
+    the next block, one warp per item, on a grid of 4 warps per SM that take several items each, so
+    the rest of the register file stays with the non-flush pass, which then runs beside the flush
+    pass instead of after it. Every fp8 copy is written with a reciprocal per row. (``fmt`` chose
+    the budget before ``read_rows``; every model and copy now takes the same.)"""
+    del fmt
     pairs = max(1, B // max(L, 1)) * HV
     if pairs <= 256:
         return ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=4, flush_prefetch=not is_kda, fp8_recip=True)
-    mb = 5 if fmt == "fp8" and not is_kda else 4
-    return ReadCopyCudaConfig(depth=2, min_blocks=mb, flush_parts=1, flush_prefetch=True, fp8_recip=True,
-                              stages=4, read_warps=1, flush_per_sm=4)
+    return ReadCopyCudaConfig(depth=2, min_blocks=5, flush_parts=1, flush_prefetch=True, fp8_recip=True,
+                              stages=4, read_warps=1, flush_per_sm=4, flush_tile=1, read_rows=True)
 
 
 def _arch() -> str:

@@ -95,14 +95,13 @@ CUDA_SWEEP_TCREAD = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0), (2, 4, 1, 1,
                      (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 1), (2, 4, 1, 1, 0, 1, 1, 6, 0, 0, 0, 1, 0, 4, 1),
                      (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0))  # fmt: skip
 #: ``--sweep tile``: the flush pass in the tile layout (``flush_tile``, field 15: lanes own 4 rows x 16
-#: columns, key tables per item; 2: two blocks replayed together, no prefetch) and the non-flush pass
-#: with eight lanes per copy row (``read_rows``, field 16), apart and together, beside the default
-#: launch written out (a repeat); with both: 5 flush warps per SM, non-flush budget 5, 2 flush parts
-CUDA_SWEEP_TILE = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 0), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 0),
-                   (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 1), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1),
-                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 0), (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 1),
-                   (2, 4, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 5, 0, 2, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1),
-                   (2, 4, 2, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 1))  # fmt: skip
+#: columns, key tables per item; 2: two blocks replayed together, no prefetch) with the non-flush pass
+#: in eight lanes per copy row (``read_rows``, field 16), beside the default launch written out (a
+#: repeat): non-flush budget 4 / 5, 3 / 5 flush warps per SM, the paired tile replay
+CUDA_SWEEP_TILE = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 0), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1),
+                   (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 0, 1, 1),
+                   (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 3, 0, 1, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 0, 1, 1),
+                   (2, 5, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 1))  # fmt: skip
 SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID, "table": CUDA_SWEEP_TABLE,
           "tcread": CUDA_SWEEP_TCREAD, "tile": CUDA_SWEEP_TILE}
 

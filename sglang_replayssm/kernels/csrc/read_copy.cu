@@ -401,18 +401,21 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
   const CT* chead = static_cast<const CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K;
   const T* dhead = static_cast<const T*>(p.d_ring) + slot * p.s_d + static_cast<int64_t>(hv) * L * V;
   const float* shead = p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V;
-  auto issue = [&](int c) {  // ST > 0: stage chunk c (rows v0 .. v0 + 7 of this head)
+  // ST > 0: this lane's sources of the next chunk to stage (rows, d~ piece, fp8 scales), advanced by
+  // one chunk per issue (chunks are issued in order, each once)
+  const float4* isrc = reinterpret_cast<const float4*>(chead) + lane;
+  const T* idsrc = sizeof(T) == 2 ? dhead + lane * V : dhead + (lane >> 1) * V + 4 * (lane & 1);
+  const float* issrc = shead + 4 * lane;
+  const bool dlive = (sizeof(T) == 2 ? lane : lane >> 1) < m;
+  auto issue = [&](int c) {  // stage chunk c (rows 8c .. 8c + 7 of this head)
     float4* buf = stage + (c % ST) * SG::F4;
-    const int v0 = c * ROWS;
-    const float4* src = reinterpret_cast<const float4*>(chead + static_cast<int64_t>(v0) * K);
 #pragma unroll
-    for (int i = 0; i < SG::ROWS_F4 / 32; ++i) cp_async16v(buf + tc_swz<CF>(32 * i + lane), src + 32 * i + lane);
-    if constexpr (sizeof(T) == 2) {
-      if (lane < m) cp_async16v(buf + SG::ROWS_F4 + lane, dhead + lane * V + v0);
-    } else {
-      if ((lane >> 1) < m) cp_async16v(buf + SG::ROWS_F4 + lane, dhead + (lane >> 1) * V + v0 + 4 * (lane & 1));
-    }
-    if (CF == 2 && lane < ROWS / 4) cp_async16v(buf + SG::ROWS_F4 + SG::TILE_F4 + lane, shead + v0 + 4 * lane);
+    for (int i = 0; i < SG::ROWS_F4 / 32; ++i) cp_async16v(buf + tc_swz<CF>(32 * i + lane), isrc + 32 * i);
+    if (dlive) cp_async16v(buf + SG::ROWS_F4 + lane, idsrc);
+    if (CF == 2 && lane < ROWS / 4) cp_async16v(buf + SG::ROWS_F4 + SG::TILE_F4 + lane, issrc);
+    isrc += SG::ROWS_F4;
+    idsrc += ROWS;
+    issrc += ROWS;
   };
   if constexpr (ST > 0) {
 #pragma unroll
@@ -631,12 +634,14 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       const int v0 = c * ROWS, vreg = v0 >> 5;
       const float vsel = vreg == 0 ? vr[0] : vreg == 1 ? vr[1] : vreg == 2 ? vr[2] : vr[3];
 #if RC_TC_READ
-      chunk_tc(st, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+      chunk_tc(st, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, 0);
 #elif RC_READ_ROWS
-      tail(pq[0], pk[0], d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+      tail(pq[0], pk[0], d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, 0);
 #else
-      chunk(sr, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, v0);
+      chunk(sr, d, __shfl_sync(FULL, vsel, (v0 & 31) + sigma), scl, 0);
 #endif
+      optr += ROWS;  // (finish writes row 0 + sigma of these: chunk c's)
+      wptr += ROWS;
     }
   } else {
     if constexpr (DT) {
