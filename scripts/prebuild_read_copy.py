@@ -4,8 +4,8 @@
 
 Builds (sm_90a by default) every distinct build of :func:`..read_copy_cuda.default_config` over the
 batch sizes the tests and benches use, of the GPU tests' launches (``tests/test_read_copy_cuda.py``,
-listed below: keep them in step), and of the named sweeps of :mod:`..testing.read_copy_bench`; two
-at a time, each ~7-13 s. Carry the folder (``tar cJf``: ~11 MB for ~40 builds) and point
+listed below: keep them in step), and of the named sweeps of :mod:`..testing.read_copy_bench`;
+``--jobs`` at a time (2), each ~7-13 s. Carry the folder (``tar cJf``: ~11 MB for ~40 builds) and point
 ``SGLANG_REPLAYSSM_CUDA_CACHE`` at it on the box; a build it lacks is compiled there.
 """
 
@@ -64,13 +64,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--arch", default="90a")
     ap.add_argument("--sweep", nargs="*", default=["table"], choices=sorted(SWEEPS))
+    ap.add_argument("--jobs", type=int, default=2, help="builds at a time (nvcc processes)")
     args = ap.parse_args()
     cfgs = test_configs()
     for B in (2, 12, 20, 64, 256, 320, 512):
         for kda in (False, True):
             for fmt in ("bf16", "fp8"):
                 d = default_config(B, 32 if B > 20 else 4, 16, kda, fmt)
-                cfgs += [d] + [dataclasses.replace(d, flush_parts=None, flush_rows=r) for r in (1, 2)]
+                cfgs += [d] + [dataclasses.replace(d, flush_parts=None, flush_rows=r, flush_tile=0) for r in (1, 2)]
     for name in args.sweep:
         cfgs += [sweep_config(t, parts=1) for t in SWEEPS[name]]
     keys = sorted({build_key(c) for c in cfgs})
@@ -83,7 +84,7 @@ def main() -> None:
                    tc_read=tcr, flush_tile=ftl, read_rows=rr)
         print(so.name, flush=True)
 
-    with ThreadPoolExecutor(2) as ex:
+    with ThreadPoolExecutor(args.jobs) as ex:
         list(ex.map(one, keys))
 
 

@@ -102,8 +102,13 @@ CUDA_SWEEP_TILE = ((2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 0), (2, 4, 1
                    (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 0, 1, 1),
                    (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 3, 0, 1, 1), (2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 5, 0, 1, 1),
                    (2, 5, 1, 1, 0, 0, 1, 4, 0, 0, 0, 1, 0, 4, 0, 2, 1))  # fmt: skip
+#: ``--sweep default``: the default above 256 flush pairs written out (a repeat), beside it at 16
+#: non-flush warps per SM, and the default before ``flush_tile`` / ``read_rows``
+CUDA_SWEEP_DEFAULT = ((2, 5, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1), (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 1, 1),
+                      (2, 4, 1, 1, 0, 1, 1, 4, 0, 0, 0, 1, 0, 4, 0, 0, 0))  # fmt: skip
 SWEEPS = {"rows": CUDA_SWEEP, "warp": CUDA_SWEEP_WARP, "share": CUDA_SWEEP_SHARE, "pair": CUDA_SWEEP_PAIR, "grid": CUDA_SWEEP_GRID, "table": CUDA_SWEEP_TABLE,
-          "tcread": CUDA_SWEEP_TCREAD, "tile": CUDA_SWEEP_TILE}
+          "tcread": CUDA_SWEEP_TCREAD, "tile": CUDA_SWEEP_TILE,
+          "default": CUDA_SWEEP_DEFAULT}
 
 
 def window_bytes(arm: str, H: int, HV: int, K: int, V: int, L: int, is_kda: bool) -> float:

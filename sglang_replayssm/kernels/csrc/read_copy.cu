@@ -119,14 +119,15 @@ __device__ __forceinline__ int64_t slot_of(const void* slots, bool idx64, int n)
 __device__ __forceinline__ bool flush_of(const int32_t* write_pos, const int32_t* force_flush, int n, int L) {
   return write_pos[n] == L - 1 || (force_flush != nullptr && force_flush[n] != 0);
 }
-// x in units of a row's fp8 scale s = amax / 448 (inv = 448 / amax), saturated to e4m3's range
+// x in units of a row's fp8 scale s = amax / 448 (inv = 448 / amax); pack_e4m3's satfinite
+// conversion saturates it to +-448 (the reference's clamp: a finite x rounds to the same e4m3 value)
 __device__ __forceinline__ float fp8_units(float x, float s, float inv) {
 #if RC_FP8_RECIP
   (void)s;
-  return fminf(fmaxf(x * inv, -448.f), 448.f);
+  return x * inv;
 #else
   (void)inv;
-  return fminf(fmaxf(__fdiv_rn(x, s), -448.f), 448.f);
+  return __fdiv_rn(x, s);
 #endif
 }
 __device__ __forceinline__ float4 fma4(float s, float4 a, float4 c) {
@@ -418,6 +419,11 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
     issrc += ROWS;
   };
   if constexpr (ST > 0) {
+    // the d~ pieces of dead records, never copied, are zeros in every slot (read as such below)
+    if (!dlive && lane < SG::TILE_F4) {
+#pragma unroll
+      for (int c = 0; c < ST; ++c) stage[c * SG::F4 + SG::ROWS_F4 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
 #pragma unroll
     for (int c = 0; c < ST - 1; ++c) {
       issue(c);
@@ -629,7 +635,7 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
       const T* tile = reinterpret_cast<const T*>(buf + SG::ROWS_F4);
       float d[4];
 #pragma unroll
-      for (int t = 0; t < 4; ++t) d[t] = t < jt ? to_f(tile[(4 * s + t) * ROWS + sigma]) : 0.f;
+      for (int t = 0; t < 4; ++t) d[t] = to_f(tile[(4 * s + t) * ROWS + sigma]);  // dead: zeros
       const float scl = CF == 2 ? reinterpret_cast<const float*>(buf + SG::ROWS_F4 + SG::TILE_F4)[sigma] : 1.f;
       const int v0 = c * ROWS, vreg = v0 >> 5;
       const float vsel = vreg == 0 ? vr[0] : vreg == 1 ? vr[1] : vreg == 2 ? vr[2] : vr[3];
