@@ -182,15 +182,18 @@ def test_cuda_launch_shapes_match_reference(fmt: str, is_kda: bool, fmin: int, w
 @pytest.mark.parametrize("is_kda", [False, True])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 @pytest.mark.parametrize("warps,strong", [(1, False), (4, False), (1, True)])
-def test_cuda_tensor_core_read_matches_reference(fmt: str, is_kda: bool, warps: int, strong: bool) -> None:
-    """The staged non-flush pass with its row sums on tensor cores (``tc_read``) against the reference
-    and the oracle, in one- and four-warp blocks (each warp its own scratch), and with decays under
-    ~0.006 per step (``strong``: read-out vectors down to ~1e-30, which the fp8 path's f16 operands
-    hold only through the power-of-two prescale)."""
+@pytest.mark.parametrize("read", ["tc_read", "read_rows"])
+def test_cuda_staged_read_layouts_match_reference(fmt: str, is_kda: bool, warps: int, strong: bool, read: str) -> None:
+    """The staged non-flush pass with its row sums on tensor cores (``tc_read``) or with eight lanes per
+    copy row (``read_rows``: 16 columns of two rows each) against the reference and the oracle, in one-
+    and four-warp blocks (each warp its own scratch / read-out vectors), and with decays under ~0.006
+    per step (``strong``: read-out vectors down to ~1e-30, which tc_read's f16 operands for the fp8
+    copy hold only through the power-of-two prescale)."""
     from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
 
     cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=1, flush_prefetch=True, fp8_recip=True, stages=4,
-                             read_warps=warps, flush_per_sm=4, tc_read=True)
+                             read_warps=warps, flush_per_sm=4, tc_read=read == "tc_read",
+                             read_rows=read == "read_rows")
     _assert_matches_reference(fmt, is_kda, cfg, strong=strong)
 
 
@@ -211,22 +214,6 @@ def test_cuda_flush_warps_taking_several_items_match_reference(is_kda: bool, lau
         cfg = default_config(512, 32, L, is_kda)
         assert cfg.flush_per_sm and cfg.stages
     _assert_matches_reference("bf16", is_kda, cfg, rows=320)
-
-
-@gpu
-@pytest.mark.usefixtures("_on_cuda")
-@pytest.mark.parametrize("is_kda", [False, True])
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-@pytest.mark.parametrize("warps,strong", [(1, False), (4, False), (1, True)])
-def test_cuda_read_rows_matches_reference(fmt: str, is_kda: bool, warps: int, strong: bool) -> None:
-    """The staged non-flush pass with eight lanes per copy row (``read_rows``: 16 columns of two rows
-    each) against the reference and the oracle, in one- and four-warp blocks (each warp its own
-    read-out vectors) and with decays under ~0.006 per step."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
-
-    cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=1, flush_prefetch=True, fp8_recip=True, stages=4,
-                             read_warps=warps, flush_per_sm=4, read_rows=True)
-    _assert_matches_reference(fmt, is_kda, cfg, strong=strong)
 
 
 @gpu

@@ -130,6 +130,10 @@ __device__ __forceinline__ float fp8_units(float x, float s, float inv) {
   return __fdiv_rn(x, s);
 #endif
 }
+// acc + a . b as one chain (dot4's order, from acc)
+__device__ __forceinline__ float dot4acc(float4 a, float4 b, float acc) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
 __device__ __forceinline__ float4 fma4(float s, float4 a, float4 c) {
   return make_float4(fmaf(s, a.x, c.x), fmaf(s, a.y, c.y), fmaf(s, a.z, c.z), fmaf(s, a.w, c.w));
 }
@@ -604,17 +608,11 @@ __global__ void __launch_bounds__(32 * RC_READ_WARPS, RC_MIN_BLOCKS * 4 / RC_REA
             x[2] = e4m3x4(w.z);
             x[3] = e4m3x4(w.w);
           }
-          float aq = x[0].x * rq4[0].x, ak = x[0].x * rk4[0].x;
-          aq = fmaf(x[0].y, rq4[0].y, aq);
-          ak = fmaf(x[0].y, rk4[0].y, ak);
-          aq = fmaf(x[0].z, rq4[0].z, aq);
-          ak = fmaf(x[0].z, rk4[0].z, ak);
-          aq = fmaf(x[0].w, rq4[0].w, aq);
-          ak = fmaf(x[0].w, rk4[0].w, ak);
+          float aq = dot4(x[0], rq4[0]), ak = dot4(x[0], rk4[0]);
 #pragma unroll
           for (int u = 1; u < 4; ++u) {
-            aq = fmaf(x[u].w, rq4[u].w, fmaf(x[u].z, rq4[u].z, fmaf(x[u].y, rq4[u].y, fmaf(x[u].x, rq4[u].x, aq))));
-            ak = fmaf(x[u].w, rk4[u].w, fmaf(x[u].z, rk4[u].z, fmaf(x[u].y, rk4[u].y, fmaf(x[u].x, rk4[u].x, ak))));
+            aq = dot4acc(x[u], rq4[u], aq);
+            ak = dot4acc(x[u], rk4[u], ak);
           }
           pq[i] = aq;
           pk[i] = ak;
@@ -811,6 +809,43 @@ __device__ __forceinline__ void replay_blocks(const FlushRows<T, CF>& f, int r0,
   }
 }
 
+// An item's rows [rbeg, rend) in 16-row blocks: load(S, r0) fills one block's registers, replay(S, r0)
+// replays S[NB][16] from row r0. PAIR: two blocks per replay (one left over at 16 rows per part);
+// else one, with PREFETCH the next block's rows requested before the current one's replay.
+template <bool PAIR, bool PREFETCH, typename Load, typename Replay>
+__device__ __forceinline__ void replay_item_blocks(int rbeg, int rend, Load&& load, Replay&& replay) {
+  if constexpr (PAIR) {
+    int r0 = rbeg;
+#pragma unroll 1
+    for (; r0 + 32 <= rend; r0 += 32) {
+      float4 S[2][16];
+      load(S[0], r0);
+      load(S[1], r0 + 16);
+      replay(S, r0);
+    }
+    if (r0 < rend) {
+      float4 S[1][16];
+      load(S[0], r0);
+      replay(S, r0);
+    }
+  } else {
+    float4 SN[16];  // PREFETCH: the next block's rows
+    if constexpr (PREFETCH) load(SN, rbeg);
+#pragma unroll 1
+    for (int r0 = rbeg; r0 < rend; r0 += 16) {
+      float4 S[1][16];
+      if constexpr (PREFETCH) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) S[0][i] = SN[i];
+        if (r0 + 16 < rend) load(SN, r0 + 16);
+      } else {
+        load(S[0], r0);
+      }
+      replay(S, r0);
+    }
+  }
+}
+
 // RC_FLUSH_TILE: what replay_tile reads. Tables (float4 column c4 at [j * 32 + c4], steps j = 0..m):
 // kt_j = c_j o k_j (the row sums' key) and kh_j = k_j / c_j (the update's), c_j the deferred decay
 // (state = c_j o St; GDN: one scalar); at a renormalisation step (bit j of renorm, item-uniform:
@@ -840,22 +875,7 @@ __device__ __forceinline__ void replay_tile(const FlushTile<T, CF>& f, int r0, f
   const int lane = f.lane, c = lane & 7, rr = (c >> 1) & 3, rg = lane >> 3, m = f.m;
   // two chains of 8 per row sum over this lane's 16 columns
   auto dot16 = [](const float4* s, const float4 (&x)[4]) {
-    float a = s[0].x * x[0].x, b = s[2].x * x[2].x;
-    a = fmaf(s[0].y, x[0].y, a);
-    b = fmaf(s[2].y, x[2].y, b);
-    a = fmaf(s[0].z, x[0].z, a);
-    b = fmaf(s[2].z, x[2].z, b);
-    a = fmaf(s[0].w, x[0].w, a);
-    b = fmaf(s[2].w, x[2].w, b);
-    a = fmaf(s[1].x, x[1].x, a);
-    b = fmaf(s[3].x, x[3].x, b);
-    a = fmaf(s[1].y, x[1].y, a);
-    b = fmaf(s[3].y, x[3].y, b);
-    a = fmaf(s[1].z, x[1].z, a);
-    b = fmaf(s[3].z, x[3].z, b);
-    a = fmaf(s[1].w, x[1].w, a);
-    b = fmaf(s[3].w, x[3].w, b);
-    return a + b;
+    return dot4acc(s[1], x[1], dot4(s[0], x[0])) + dot4acc(s[3], x[3], dot4(s[2], x[2]));
   };
 #pragma unroll 1
   for (int j = 0; j <= m; ++j) {
@@ -1090,79 +1110,18 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
 #pragma unroll
       for (int t = 0; t < 4; ++t) S[4 * i + t] = ld4_cs(ft.sbase + static_cast<int64_t>(r0 + 4 * rg + (i ^ rr)) * K + 32 * t);
   };
-#if RC_FLUSH_TILE == 2
-  // two 16-row blocks per pass (two chains per step; no prefetch: their registers)
-  int r0 = rbeg;
-#pragma unroll 1
-  for (; r0 + 32 <= rend; r0 += 32) {
-    float4 S[2][16];
-    tile_rows(S[0], r0);
-    tile_rows(S[1], r0 + 16);
-    replay_tile<T, CF, 2>(ft, r0, S);
-  }
-  if (r0 < rend) {  // one block left (parts = 8: 16 rows per part)
-    float4 S[1][16];
-    tile_rows(S[0], r0);
-    replay_tile<T, CF, 1>(ft, r0, S);
-  }
+  replay_item_blocks<RC_FLUSH_TILE == 2, RC_FLUSH_PREFETCH>(rbeg, rend, tile_rows, [&](auto& S, int r0) {
+    replay_tile<T, CF, static_cast<int>(sizeof(S) / sizeof(S[0]))>(ft, r0, S);
+  });
 #else
-#if RC_FLUSH_PREFETCH
-  float4 SN[16];  // the next block's rows, requested before this block's replay
-  tile_rows(SN, rbeg);
-#endif
-#pragma unroll 1
-  for (int r0 = rbeg; r0 < rend; r0 += 16) {
-    float4 S[1][16];
-#if RC_FLUSH_PREFETCH
+  // (two blocks together under RC_FLUSH_PAIR: no prefetch, whose registers they take)
+  auto rows = [&](float4 (&S)[16], int r0) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) S[0][i] = SN[i];
-    if (r0 + 16 < rend) tile_rows(SN, r0 + 16);
-#else
-    tile_rows(S[0], r0);
-#endif
-    replay_tile<T, CF, 1>(ft, r0, S);
-  }
-#endif
-#elif RC_FLUSH_PAIR
-  // two 16-row blocks per pass (two independent chains per step; no prefetch: their 128 registers)
-  int r0 = rbeg;
-#pragma unroll 1
-  for (; r0 + 32 <= rend; r0 += 32) {
-    float4 S[2][16];
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) S[b][i] = ld4_cs(sbase + static_cast<int64_t>(r0 + 16 * b + (i ^ lr)) * K);
-    replay_blocks<T, KDA, CF, 2>(fx, r0, S);
-  }
-  if (r0 < rend) {  // one block left (parts = 8: 16 rows per part)
-    float4 S[1][16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) S[0][i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
-    replay_blocks<T, KDA, CF, 1>(fx, r0, S);
-  }
-#else
-#if RC_FLUSH_PREFETCH
-  float4 SN[16];  // the next block's rows, requested before this block's replay
-#pragma unroll
-  for (int i = 0; i < 16; ++i) SN[i] = ld4_cs(sbase + static_cast<int64_t>(rbeg + (i ^ lr)) * K);
-#endif
-#pragma unroll 1
-  for (int r0 = rbeg; r0 < rend; r0 += 16) {
-    float4 S[1][16];
-#if RC_FLUSH_PREFETCH
-#pragma unroll
-    for (int i = 0; i < 16; ++i) S[0][i] = SN[i];
-    if (r0 + 16 < rend) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) SN[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + 16 + (i ^ lr)) * K);
-    }
-#else
-#pragma unroll
-    for (int i = 0; i < 16; ++i) S[0][i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
-#endif
-    replay_blocks<T, KDA, CF, 1>(fx, r0, S);
-  }
+    for (int i = 0; i < 16; ++i) S[i] = ld4_cs(sbase + static_cast<int64_t>(r0 + (i ^ lr)) * K);
+  };
+  replay_item_blocks<RC_FLUSH_PAIR, RC_FLUSH_PREFETCH>(rbeg, rend, rows, [&](auto& S, int r0) {
+    replay_blocks<T, KDA, CF, static_cast<int>(sizeof(S) / sizeof(S[0]))>(fx, r0, S);
+  });
 #endif
   __syncwarp();  // the next item rewrites this warp's shared memory
 }
