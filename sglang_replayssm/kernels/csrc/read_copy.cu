@@ -1056,14 +1056,15 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
   CT* cbase = static_cast<CT*>(p.copy) + slot * p.s_copy + static_cast<int64_t>(hv) * V * K + 4 * lane;
   T* outp = static_cast<T*>(p.out) + (static_cast<int64_t>(n) * HV + hv) * V;
   const int rows_per_part = V / p.parts;
+#if !RC_FLUSH_TILE
   const int lr = lane >> 1;  // the row (of 16) this lane's reduce-scatters end with; slot i holds row i ^ lr
   const FlushRows<T, CF> fx{p, m, q, kq, ksm, asm_, vsm, beta_reg, alpha_reg, sbase, cbase, outp,
                             p.scales + slot * p.s_scales + static_cast<int64_t>(hv) * V, lane};
+#endif
   // (staging the next 16 rows by cp.async during the replay measured slower: 8 KiB more shared
   // memory per warp, fewer resident flush warps; notes/read-copy.md)
   const int rbeg = part * rows_per_part, rend = rbeg + rows_per_part;
 #if RC_FLUSH_TILE
-  (void)fx;
   // the tables in place of the keys and decays (each lane its own float4 column: no barrier within)
   float4* kh_tab = smem + 16 * 32;
   float4* qt_tab = smem + 2 * 16 * 32;
