@@ -29,7 +29,7 @@ bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(RAG_ARGS)
 
 lint: env
-	@$(PY) -m ruff check sglang_replayssm tests scripts
+	@$(PY) -m ruff check sglang_replayssm tests scripts lab
 	@$(PY) -m mypy
 
 # Regenerate requirements.lock from requirements.in (then commit it; the environment key changes).

@@ -15,11 +15,14 @@ class Arm:
     description: str
     flags: tuple[str, ...]  # the arm's own server flags
     plugins: tuple[str, ...]  # SGLANG_PLUGINS whitelist (entry-point names)
+    env: tuple[tuple[str, str], ...] = ()  # the arm's own environment variables (name, value)
 
 
-# Flags every arm launches with: no_buffer requires overlap off, and the hit-rate cross-check
-# reads the server's Prometheus counters.
+# Flags every arm launches with: the hit-rate cross-check reads the server's Prometheus counters; on
+# CPU every arm runs without the overlap scheduler (the CPU runtime's measured configuration).
 COMMON_FLAGS: tuple[str, ...] = ("--disable-overlap-schedule", "--enable-metrics")
+# On a GPU, SGLang's default overlap scheduler stays on, except where SGLang requires it off (no_buffer).
+GPU_COMMON_FLAGS: tuple[str, ...] = ("--enable-metrics",)
 
 # Speculative decoding with the model's MTP layer (``mtp.*``, NEXTN): chain drafts of 3 steps, 4 tokens
 # per verify. Only for a model that has one (the embedded tiny-gdn; run with --dataset-name mtp-fit).
@@ -51,6 +54,18 @@ ARMS: dict[str, Arm] = {
         Arm("nextn-plugin", "NEXTN + ReplaySSM spec-verify ring, extra_buffer, adapter on",
             ("--enable-linear-replayssm-spec", "--mamba-radix-cache-strategy", "extra_buffer", *NEXTN_FLAGS),
             ("replayssm_cpu", "replayssm_radix")),
+        # The read copy (SGLANG_REPLAYSSM_READ_COPY): non-flush decode steps read a bf16 / fp8 copy of the
+        # fp32 checkpoint; flushes stay fp32-exact.
+        Arm("plugin-bf16", "plugin arm + bf16 read copy",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_READ_COPY", "bf16"),)),
+        Arm("plugin-fp8", "plugin arm + fp8 read copy",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_READ_COPY", "fp8"),)),
+        # SGLang's own way to halve the state's bytes: a bf16 SSM state, ReplaySSM off.
+        Arm("bf16-state", "ReplaySSM off, bf16 SSM state, extra_buffer",
+            ("--mamba-ssm-dtype", "bfloat16", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix")),
     )
 }
 DEFAULT_ARMS: tuple[str, ...] = ("baseline", "upstream", "plugin")
@@ -67,7 +82,7 @@ def parse_arms(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _merge(base: list[str], extra: list[str]) -> list[str]:
+def merge_flags(base: list[str], extra: list[str]) -> list[str]:
     """``base`` followed by the flags of ``extra`` whose option name ``base`` lacks."""
     present = {tok.split("=", 1)[0] for tok in base if tok.startswith("--")}
     out = list(base)
@@ -82,6 +97,13 @@ def _merge(base: list[str], extra: list[str]) -> list[str]:
     return out
 
 
+def common_flags(arm: Arm, device: str) -> tuple[str, ...]:
+    """The flags every arm gets on ``device``: overlap off on CPU and wherever no_buffer needs it."""
+    if device == "cpu" or "no_buffer" in arm.flags:
+        return COMMON_FLAGS
+    return GPU_COMMON_FLAGS
+
+
 def server_command(arm: Arm, model_path: Path, port: int, *, device: str, tp: int,
                    extra_args: list[str], host: str = "127.0.0.1") -> list[str]:
     """The exact ``python -m sglang.launch_server`` command line of one arm.
@@ -91,16 +113,16 @@ def server_command(arm: Arm, model_path: Path, port: int, *, device: str, tp: in
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
            "--host", host, "--port", str(port)]
     user = list(extra_args)
-    cmd = _merge(cmd, user)
-    cmd = _merge(cmd, [*arm.flags, *COMMON_FLAGS])
+    cmd = merge_flags(cmd, user)
+    cmd = merge_flags(cmd, [*arm.flags, *common_flags(arm, device)])
     if tp > 1:
-        cmd = _merge(cmd, ["--tp-size", str(tp)])
+        cmd = merge_flags(cmd, ["--tp-size", str(tp)])
     if device == "cpu":
         from sglang_replayssm.cpu.launch import cpu_server_args
 
-        cmd = _merge(cmd, cpu_server_args())
+        cmd = merge_flags(cmd, cpu_server_args())
     elif device != "auto":
-        cmd = _merge(cmd, ["--device", device])
+        cmd = merge_flags(cmd, ["--device", device])
     return cmd
 
 
@@ -109,6 +131,7 @@ def server_env(arm: Arm, device: str) -> dict[str, str]:
     sets the CPU runtime's own variables in the server process, cpu/launch_env.py)."""
     env = dict(os.environ)
     env["SGLANG_PLUGINS"] = ",".join(arm.plugins)
+    env.update(arm.env)
     return env
 
 

@@ -12,24 +12,16 @@ It must stay cheap: it runs in every Python process of the environment that impo
 
 from __future__ import annotations
 
-import ctypes
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
 
+from sglang_replayssm.cpu.driver import libcuda_loadable
+
 _STANDIN = "sglang_replayssm.cpu.standin"
 _installed = False
-
-
-def libcuda_loadable() -> bool:
-    """True when the CUDA driver library can be loaded (a GPU machine): the real sgl_kernel is used."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
 
 
 def standin_wanted() -> bool:

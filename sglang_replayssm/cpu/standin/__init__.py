@@ -68,10 +68,20 @@ from sglang_replayssm.cpu.standin import ops as _ops  # noqa: E402  (registers t
 from sglang_replayssm.cpu.standin import spec as _spec  # noqa: E402, F401  (EAGLE / NEXTN functions)
 
 _ops.register_all()
-logger.warning(
-    "sglang-replayssm CPU runtime: libcuda is not loadable, so `sgl_kernel` is the torch stand-in "
-    "(%d ops registered); kernels are torch references, not SGLang's.", len(_ops.REGISTERED)
-)
+
+
+def _why_standin() -> str:
+    """Why `sgl_kernel` resolved here: no CUDA driver (the CPU runtime), or the lab GPU switch."""
+    from sglang_replayssm.cpu.driver import libcuda_loadable
+
+    if not libcuda_loadable():
+        return "sglang-replayssm CPU runtime: libcuda is not loadable, so `sgl_kernel` is the torch stand-in"
+    return ("sglang-replayssm lab GPU runtime (SGLANG_REPLAYSSM_LAB_GPU=1): this torch cannot load the real "
+            "`sgl_kernel`, so it is the torch stand-in")
+
+
+logger.warning("%s (%d ops registered); kernels are torch references, not SGLang's.", _why_standin(),
+               len(_ops.REGISTERED))
 
 
 def __getattr__(attr: str):

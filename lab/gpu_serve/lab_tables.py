@@ -1,0 +1,62 @@
+"""Markdown tables of a serve_check.json document (serve_check.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(x: Any, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def tables(doc: dict[str, Any]) -> str:
+    arms = doc["arms"]
+    out: list[str] = [f"model: {doc['model_path']}", ""]
+    for ds in ("gsp", "rag"):
+        rows = {n: a["stages"]["main"][ds] for n, a in arms.items() if ds in a.get("stages", {}).get("main", {})}
+        if not rows:
+            continue
+        base = rows.get("baseline", {})
+        out += [f"### main job: {ds}", "",
+                "| arm | hit rate | ceiling | TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (ms) | TTFT p50 / baseline "
+                "| failed |", "|---|---|---|---|---|---|---|---|"]
+        for n, r in rows.items():
+            out.append(f"| {n} | {_f(r.get('hit_rate'), '.4f')} | {_f(r.get('ceiling_hit_rate'), '.4f')} | "
+                       f"{_f(r['ttft_p50_s'] and 1e3 * r['ttft_p50_s'], '.1f')} | "
+                       f"{_f(r['ttft_p90_s'] and 1e3 * r['ttft_p90_s'], '.1f')} | "
+                       f"{_f(r['e2e_p50_s'] and 1e3 * r['e2e_p50_s'], '.1f')} | "
+                       f"{_ratio(r.get('ttft_p50_s'), base.get('ttft_p50_s'))} | {r.get('requests_failed')} |")
+        out.append("")
+    kl = {n: a["stages"]["kl"] for n, a in arms.items() if "kl" in a.get("stages", {})}
+    if kl:
+        out += ["### teacher-forced KL against a cold prefill", "",
+                "| arm | scenario | tokens | KL | p50 abs dlp | p95 abs dlp | max abs dlp | hits at depth |",
+                "|---|---|---|---|---|---|---|---|"]
+        for n, sc in kl.items():
+            for s, r in sc.items():
+                out.append(f"| {n} | {s} | {r['tokens']} | {r['kl']:.3g} | {r['dlp_p50']:.3g} | {r['dlp_p95']:.3g} | "
+                           f"{r['dlp_max']:.3g} | {r['hit_at_expected']}/{r['probes']} |")
+        out.append("")
+    dec = {n: a["stages"]["decode"] for n, a in arms.items() if "decode" in a.get("stages", {})}
+    if dec:
+        base = {d["concurrency"]: d for d in dec.get("baseline", [])}
+        out += ["### decode throughput", "",
+                "| arm | concurrent | output tok/s | / baseline | step p50 (ms) | step p90 (ms) | log lines |",
+                "|---|---|---|---|---|---|---|"]
+        for n, ds in dec.items():
+            for d in ds:
+                b = base.get(d["concurrency"], {})
+                out.append(f"| {n} | {d['concurrency']} | {d['output_tok_s']:.0f} | "
+                           f"{_ratio(d['output_tok_s'], b.get('output_tok_s'))} | {d['step_ms_p50']:.2f} | "
+                           f"{d['step_ms_p90']:.2f} | {d['step_lines']} |")
+        out.append("")
+    for n, a in arms.items():
+        if a.get("error"):
+            out.append(f"- {n} failed: {a['error'].splitlines()[0][:300]}")
+    if doc.get("skipped"):
+        out.append(f"- skipped (budget): {', '.join(doc['skipped'])}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,176 @@
+"""The GPU serving check: per arm, one real SGLang server, then the stages that arm is in.
+
+    python lab/gpu_serve/serve_check.py --model-path M --out DIR [--arms a,b] [--stages main,kl,decode]
+
+Stages, each against the arm's one server (``sglang_replayssm.bench``):
+  main    the shared-prefix bench (gsp, then RAG) through ``sglang-replayssm bench --url``:
+          hit rate beside the attention-only ceiling, TTFT p50 / p90, e2e (a /flush_cache between)
+  kl      teacher-forced KL / |delta logprob| of served continuations (bench/kl.py)
+  decode  output tokens/s and SGLang's per-step time at each --decode-concurrency (bench/decode.py)
+Writes DIR/serve_check.json after every arm, DIR/tables.md at the end, server logs in DIR/logs/.
+Arms are skipped (and said so) once less than --min-arm-s of --budget-s is left.
+``--lab`` adds the lab H200's flags (its torch cannot load the real sgl_kernel: Triton attention,
+torch sampling); scripts/gpu_serve.sh passes it. A user's GPU box runs without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sglang_replayssm.bench.arms import (
+    ARMS,
+    command_line,
+    merge_flags,
+    parse_arms,
+    server_command,
+    server_env,
+)
+from sglang_replayssm.bench.decode import run_decode
+from sglang_replayssm.bench.kl import SCENARIOS, KlSpec, run_kl
+from sglang_replayssm.bench.server import ServerProcess, ServerStartError, pick_port
+
+LAB_FLAGS = "--attention-backend triton --sampling-backend pytorch --disable-custom-all-reduce"
+# Serving sizes: up to 256 running requests with CUDA graphs; extra_buffer + ring take ~5 mamba slots
+# per running request.
+SERVE_FLAGS = ("--max-running-requests 256 --cuda-graph-bs-decode 1 2 4 8 16 32 64 128 256 "
+               "--max-mamba-cache-size 1400 --chunked-prefill-size 8192 --mem-fraction-static 0.85")
+# Prompts of 2-8K tokens: gsp system prompts 4,096 + questions of 128-512; RAG: a 1,000-token system
+# prompt, documents of 1,500-4,500 tokens (off the 64-token grid), two turns.
+GSP_ARGS = ("--dataset-name generated-shared-prefix --gsp-num-groups 4 --gsp-prompts-per-group 8 "
+            "--gsp-system-prompt-len 4096 --gsp-question-len 512 --gsp-range-ratio 0.25 --gsp-output-len 32 "
+            "--max-concurrency 8")
+RAG_ARGS = ("--dataset-name rag --rag-num-docs 4 --rag-doc-len 3000 --gsp-range-ratio 0.5 "
+            "--rag-system-prompt-len 1000 --rag-num-conversations 16 --rag-num-turns 2 --rag-question-len 128 "
+            "--rag-output-len 32 --max-concurrency 8")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--arms", default="baseline,upstream,plugin,plugin-bf16,plugin-fp8,bf16-state")
+    p.add_argument("--stages", default="main,kl,decode")
+    p.add_argument("--main-arms", default="baseline,upstream,plugin,plugin-fp8",
+                   help="arms that run the main stage (others skip it)")
+    p.add_argument("--kl-arms", default="baseline,plugin,plugin-bf16,plugin-fp8")
+    p.add_argument("--kl-scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--kl-decode-tokens", type=int, default=512)
+    p.add_argument("--kl-probes", type=int, default=4)
+    p.add_argument("--decode-concurrency", default="64,256")
+    p.add_argument("--decode-prompt-len", type=int, default=512)
+    p.add_argument("--decode-output-len", type=int, default=256)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--lab", action="store_true", help="the lab H200's flags (scripts/gpu_serve.sh)")
+    p.add_argument("--server-args", default="", help="extra server flags for every arm")
+    p.add_argument("--gsp-args", default=GSP_ARGS)
+    p.add_argument("--rag-args", default=RAG_ARGS)
+    p.add_argument("--budget-s", type=float, default=540.0)
+    p.add_argument("--min-arm-s", type=float, default=60.0)
+    p.add_argument("--start-timeout-s", type=float, default=300.0)
+    return p
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _main_stage(url: str, arm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    import asyncio
+
+    from sglang_replayssm.bench import cli as bench_cli
+    from sglang_replayssm.bench.client import post
+
+    res: dict[str, Any] = {}
+    for ds, extra in (("gsp", args.gsp_args), ("rag", args.rag_args)):
+        asyncio.run(post(url, "/flush_cache"))
+        path = out / f"main-{ds}-{arm}.json"
+        argv = ["--url", url, "--arms", arm, "--model-path", str(args.model_path), "--json", str(path),
+                "--disable-tqdm", "--flush-cache", *shlex.split(extra)]
+        rc = bench_cli.main(argv)
+        doc = json.loads(path.read_text()) if path.exists() else {}
+        a = doc.get("arms", {}).get(arm, {})
+        keep = ("hit_rate", "ceiling_hit_rate", "hit_rate_server", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+                "e2e_p50_s", "e2e_p90_s", "output_tok_s", "requests_ok", "requests_failed", "prompt_tokens",
+                "cached_tokens")
+        res[ds] = {"rc": rc, **{k: a.get(k) for k in keep},
+                   "output_ids": [r.get("output_ids") for r in a.get("requests", [])],
+                   "workload": doc.get("workload"), "error": doc.get("error") or doc.get("failed_arms")}
+    return res
+
+
+def _log_facts(log: Path) -> dict[str, Any]:
+    """Memory and configuration lines of the server log worth keeping beside the numbers."""
+    keys = ("KV Cache is allocated", "Mamba Cache is allocated", "Memory pool end", "record pool",
+            "sglang-replayssm", "Capture cuda graph end", "max_total_num_tokens", "Traceback", "Error")
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return {"lines": [ln[-300:] for ln in lines if any(k in ln for k in keys)][:40]}
+
+
+def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: float) -> None:
+    arm = ARMS[name]
+    stages = _csv(args.stages)
+    # --server-args first: a flag given there wins over the lab and serving defaults.
+    extra = merge_flags(shlex.split(args.server_args),
+                        (shlex.split(LAB_FLAGS) if args.lab else []) + shlex.split(SERVE_FLAGS))
+    port = pick_port()
+    cmd = server_command(arm, args.model_path, port, device=args.device, tp=1, extra_args=extra)
+    env = server_env(arm, args.device)
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"server-{name}.log"
+    entry: dict[str, Any] = {"server_cmd": command_line(cmd, env), "stages": {}}
+    doc["arms"][name] = entry
+    print(f"[{name}] {arm.description}\n[{name}] {entry['server_cmd']}", flush=True)
+    t0 = time.monotonic()
+    try:
+        with ServerProcess(cmd, env, log, f"http://127.0.0.1:{port}",
+                           min(args.start_timeout_s, max(30.0, t_end - time.monotonic() - 30))) as srv:
+            entry["startup_s"] = srv.startup_s
+            print(f"[{name}] healthy after {srv.startup_s:.0f} s", flush=True)
+            url = srv.base_url
+            if "main" in stages and name in _csv(args.main_arms) and time.monotonic() < t_end:
+                entry["stages"]["main"] = _main_stage(url, name, args, args.out)
+            if "kl" in stages and name in _csv(args.kl_arms) and time.monotonic() < t_end:
+                spec = KlSpec(probes=args.kl_probes, decode_tokens=args.kl_decode_tokens)
+                entry["stages"]["kl"] = run_kl(url, spec, _csv(args.kl_scenarios))
+            if "decode" in stages and time.monotonic() < t_end:
+                entry["stages"]["decode"] = [
+                    run_decode(url, int(c), args.decode_prompt_len, args.decode_output_len, log_path=log)
+                    for c in _csv(args.decode_concurrency) if time.monotonic() < t_end]
+    except (ServerStartError, RuntimeError, OSError) as exc:
+        entry["error"] = str(exc)[-3000:]
+        print(f"[{name}] FAILED: {str(exc)[-1500:]}", flush=True)
+    entry["wall_s"] = time.monotonic() - t0
+    entry["log_facts"] = _log_facts(log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_end = time.monotonic() + args.budget_s
+    doc: dict[str, Any] = {"model_path": str(args.model_path), "argv": sys.argv[1:], "arms": {}, "skipped": []}
+    for name in parse_arms(args.arms):
+        left = t_end - time.monotonic()
+        if left < args.min_arm_s:
+            doc["skipped"].append(name)
+            print(f"[{name}] skipped: {left:.0f} s of the budget left", flush=True)
+            continue
+        run_arm(name, args, doc, t_end)
+        (args.out / "serve_check.json").write_text(json.dumps(doc, indent=1))
+    from lab_tables import tables  # noqa: E402  (beside this file)
+
+    text = tables(doc)
+    (args.out / "tables.md").write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    raise SystemExit(main())

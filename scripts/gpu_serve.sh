@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU serving check in one device call, from the repository root, with .gpucarry/ carried (built
+# here by lab/gpu_serve/carry.sh):
+#   bash scripts/gpu_serve.sh [serve_check.py args, e.g. --arms baseline,plugin --stages main,kl]
+# Installs SGLang 0.5.23 and its missing dependencies from the carry into /tmp/site, this tree as the
+# plugin (its entry points through a dist-info), builds the model ($MODEL, default qnext-gdn) with
+# `make-models`, then runs lab/gpu_serve/serve_check.py: real `python -m sglang.launch_server`
+# processes with the plugin, CUDA graphs and the overlap scheduler on (SGLang's defaults).
+# The lab machine's torch 2.11 cannot load the real sgl_kernel nor SGLang's Rust radix-tree core: the
+# lab switch SGLANG_REPLAYSSM_LAB_GPU=1 with lab/gpu_serve/shim on PYTHONPATH routes sgl_kernel to the
+# torch stand-in, and SGLang's own Python tree core is chosen. A user's install takes neither.
+# Returns under $OUT: tables.md, serve_check.json, logs.tar.xz (server logs, bench JSONs), caches.tar.xz
+# (Triton / JIT caches: copy it to .gpucarry/ for the next call), setup.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+OUT=${OUT:-out/gpu-serve}; mkdir -p "$OUT"; W=/tmp/serve_out; rm -rf $W; mkdir -p $W /tmp/ops
+BUDGET=${BUDGET:-570}; MODEL=${MODEL:-qnext-gdn}; C=.gpucarry; S=/tmp/site
+{
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S $C/whl/*.whl 2>&1 | tail -3
+tar xJf $C/sglang.tar.xz -C $S
+mkdir -p /tmp/rrcache && cp -r $C/cuda/. /tmp/rrcache/
+for f in $C/caches.tar.*; do [ -f "$f" ] && tar xf "$f" -C /tmp; done
+python3 - "$S" <<'PY'
+import sys, tomllib
+from pathlib import Path
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+d = Path(sys.argv[1]) / f"sglang_replayssm-{p['version']}.dist-info"
+d.mkdir(parents=True, exist_ok=True)
+(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {p['name']}\nVersion: {p['version']}\n")
+(d / "top_level.txt").write_text("sglang_replayssm\n")
+(d / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
+                                            for g, eps in p["entry-points"].items()))
+PY
+echo "[$(el)s] installed the carry"
+} > $OUT/setup.log 2>&1
+export PYTHONPATH=$S:$PWD:$PWD/lab/gpu_serve/shim:$PWD/lab/gpu_serve/stubs PATH=$S/bin:$PATH
+export SGLANG_REPLAYSSM_LAB_GPU=1 SGLANG_REPLAYSSM_LAB_OPS_LOG=/tmp/ops/ops SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+  SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python SGLANG_FORCE_FUSED_OP_BACKEND=torch TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
+  HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 SGLANG_JIT_CACHE_DIR=/tmp/jit TRITON_CACHE_DIR=/tmp/triton \
+  SGLANG_REPLAYSSM_CUDA_CACHE=/tmp/rrcache
+{
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import sys, torch, triton, sglang; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__)"
+python3 -m sglang_replayssm.cli make-models --out /tmp/models --names $MODEL
+echo "[$(el)s] model $MODEL built"
+} >> $OUT/setup.log 2>&1
+cat $OUT/setup.log
+python3 lab/gpu_serve/serve_check.py --lab --model-path /tmp/models/$MODEL --out $W \
+  --budget-s $(( BUDGET - $(el) - 40 )) "$@" 2>&1 | tee $W/serve_check.log | grep -v "^\[.*\] \(prefill\|decode\)"
+cp $W/tables.md $W/serve_check.json $OUT/ 2>/dev/null
+cat /tmp/ops/ops.* 2>/dev/null | awk '{c[$1]+=$2} END {for (k in c) print "lab stand-in op", k, c[k]}' | sort > $W/ops.txt
+(cd $W && tar cf - --exclude=tables.md --exclude=serve_check.json . | xz -T0 -3 > $OUT/logs.tar.xz)
+(cd /tmp && tar cf - $(ls -d triton jit 2>/dev/null) | xz -T0 -3 > $OUT/caches.tar.xz)
+ls -la $OUT; echo "[$(el)s] done"
