@@ -10,7 +10,17 @@
   cold 2048-token prefill costs far more than a cached 64-token tail on a small CPU
   (``scripts/measure_small_gdn_prefill.py`` measures the ratio).
 
-Everything is float32 and seeded: two builds give byte-identical files. Each directory holds
+Built only when named (``REAL_SHAPE_NAMES``, not in ``MODEL_NAMES``: about 0.5 B parameters and 1 GB
+each, for GPU machines), bfloat16 on disk (``ModelSpec.weight_dtype``):
+
+* ``qnext-gdn``: Qwen3.5 text GDN hybrid at Qwen3-Next's layer shapes: hidden 2048, 8 layers
+  [GDN, GDN, GDN, full] x 2, GDN with 16 key / 32 value heads of dim 128 (conv 4), full attention with
+  16 query / 2 KV heads of dim 256, dense MLP 5120.
+* ``kimi-kda``: Kimi-Linear KDA hybrid at Kimi-Linear's KDA shape: hidden 2048, 8 layers
+  [KDA, KDA, KDA, MLA] x 2, KDA with 32 heads of dim 128 (conv 4), MLA with 16 heads (kv_lora_rank 512,
+  qk_nope 128, qk_rope 64, v 128), and no MoE layer (first_k_dense_replace = 8: every MLP dense, 5120).
+
+Everything is seeded: two builds give byte-identical files. The default models are float32. Each directory holds
 ``config.json``, ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``,
 ``tokenizer_config.json`` (with a ChatML chat template) and a marker file (``MARKER``) recording the
 builder version, a hash of the spec and a hash of the contents; a directory whose marker matches is
@@ -61,9 +71,11 @@ from sglang_replayssm.models.specs import (
     MARKER,
     MODEL_NAMES,
     PAD_ID,
+    REAL_SHAPE_NAMES,
     SPECIAL_TOKENS,
     SPECS,
     TOKENIZER_VOCAB,
+    WEIGHT_DTYPES,
     WEIGHTS_FILE,
     ModelSpec,
 )
@@ -71,8 +83,8 @@ from sglang_replayssm.models.weights import _hf_model, hf_config_class, hf_model
 
 __all__ = [
     "BUILDER_VERSION", "CHAT_TEMPLATE", "CORPUS_SEED", "CORPUS_SENTENCES", "DEFAULT_OUT", "ENDOFTEXT_ID",
-    "IM_END_ID", "IM_START_ID", "MARKER", "MODEL_NAMES", "PAD_ID", "SPECIAL_TOKENS", "SPECS", "TOKENIZER_VOCAB",
-    "WEIGHTS_FILE", "ModelSpec", "_build_into", "_hf_model", "build_model", "gdn_config", "generation_config",
+    "IM_END_ID", "IM_START_ID", "MARKER", "MODEL_NAMES", "PAD_ID", "REAL_SHAPE_NAMES", "SPECIAL_TOKENS", "SPECS", "TOKENIZER_VOCAB",
+    "WEIGHT_DTYPES", "WEIGHTS_FILE", "ModelSpec", "_build_into", "_hf_model", "build_model", "gdn_config", "generation_config",
     "hf_config_class", "hf_model_class", "is_complete", "kda_config", "main", "make_models", "model_config",
     "read_marker", "synthetic_sentences", "synthetic_text", "synthetic_words", "tokenizer_vocab_size",
 ]

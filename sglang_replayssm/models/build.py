@@ -24,11 +24,12 @@ from sglang_replayssm.models.specs import (
     DEFAULT_OUT,
     MARKER,
     MODEL_NAMES,
+    REAL_SHAPE_NAMES,
     SPECS,
     WEIGHTS_FILE,
     ModelSpec,
 )
-from sglang_replayssm.models.weights import _checkpoint_state_dict, _hf_model
+from sglang_replayssm.models.weights import _checkpoint_state_dict, _hf_model, weight_dtype
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -54,7 +55,7 @@ def _build_into(spec: ModelSpec, dest: Path) -> dict[str, Any]:
     if spec.mtp:
         from sglang_replayssm.models.mtp import mtp_config, mtp_state_dict
 
-        sd.update(mtp_state_dict(spec, cfg, model))
+        sd.update({k: v.to(weight_dtype(spec)) for k, v in mtp_state_dict(spec, cfg, model).items()})
         cfg = {**cfg, **mtp_config(cfg)}
     save_file({k: sd[k] for k in sorted(sd)}, str(dest / WEIGHTS_FILE), metadata={"format": "pt"})
     _write_json(dest / "config.json", cfg)
@@ -122,7 +123,7 @@ def build_model(spec: ModelSpec, out: Path, force: bool = False, log: Any = prin
             return target
         t0 = time.monotonic()
         log(f"[make-models] {spec.name}: building ({spec.family}, {spec.shape.get('hidden_size')} hidden, "
-            f"{spec.shape.get('num_hidden_layers')} layers) ...")
+            f"{spec.shape.get('num_hidden_layers')} layers, {spec.weight_dtype}) ...")
         tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.tmp-", dir=out))
         try:
             marker = _build_into(spec, tmp)
@@ -158,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sglang-replayssm make-models", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--names", nargs="+", choices=list(SPECS), default=list(MODEL_NAMES),
-                        help="which models to build (default: all)")
+                        help=f"which models to build (default: {' '.join(MODEL_NAMES)}; the real-shape "
+                             f"bfloat16 models {' '.join(REAL_SHAPE_NAMES)} are built only when named)")
     parser.add_argument("--force", action="store_true", help="rebuild even when an up-to-date copy exists")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     built = make_models(args.out, args.names, force=args.force)

@@ -7,11 +7,11 @@ from typing import Any
 from sglang_replayssm.models.specs import ENDOFTEXT_ID, IM_END_ID, PAD_ID, ModelSpec
 
 
-def _common_config(vocab: int) -> dict[str, Any]:
+def _common_config(vocab: int, dtype: str = "float32") -> dict[str, Any]:
     return {
         "vocab_size": vocab,
-        "torch_dtype": "float32",
-        "dtype": "float32",
+        "torch_dtype": dtype,
+        "dtype": dtype,
         "bos_token_id": ENDOFTEXT_ID,
         "eos_token_id": IM_END_ID,
         "pad_token_id": PAD_ID,
@@ -29,7 +29,7 @@ def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     n_layers = s["num_hidden_layers"]
     interval = s["full_attention_interval"]
     layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
-    cfg = _common_config(vocab)
+    cfg = _common_config(vocab, spec.weight_dtype)
     cfg.update(
         architectures=["Qwen3_5ForCausalLM"],
         model_type="qwen3_5_text",
@@ -59,7 +59,7 @@ def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
 def kda_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     """config.json of a Kimi-Linear KDA hybrid, in the checkpoint layout both libraries read."""
     s = spec.shape
-    cfg = _common_config(vocab)
+    cfg = _common_config(vocab, spec.weight_dtype)
     cfg.update(
         architectures=["KimiLinearForCausalLM"],
         model_type="kimi_linear",

@@ -10,7 +10,12 @@ from typing import Any
 
 BUILDER_VERSION = 2  # bump whenever a config or weight recipe changes
 MARKER = "replayssm-model.json"
+# What make-models / make bench / the tests build by default. The real-shape models (REAL_SHAPE_NAMES:
+# Qwen3-Next's / Kimi-Linear's linear-attention layer shapes, about 0.5 B parameters each) are built
+# only when named (make-models --names qnext-gdn): a GPU machine's job, not a 2-core CI machine's.
 MODEL_NAMES: tuple[str, ...] = ("tiny-gdn", "tiny-kda", "small-gdn")
+REAL_SHAPE_NAMES: tuple[str, ...] = ("qnext-gdn", "kimi-kda")
+WEIGHT_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 DEFAULT_OUT = Path.home() / ".cache" / "sglang-replayssm" / "models"
 
 # Tokenizer
@@ -41,6 +46,7 @@ class ModelSpec:
     init_std: float = 0.02
     norm_noise: float = 0.1  # std of noise added to norm weights / router bias (so wrong norms show)
     mtp: bool = False  # an MTP draft layer under mtp.* (models/mtp.py), for NEXTN speculative decoding
+    weight_dtype: str = "float32"  # dtype of the weights on disk and of config.json's torch_dtype/dtype
 
     def spec_hash(self) -> str:
         fields = {"builder": BUILDER_VERSION, "name": self.name, "family": self.family, "seed": self.seed,
@@ -48,6 +54,8 @@ class ModelSpec:
                   "tokenizer": [TOKENIZER_VOCAB, CORPUS_SEED, CORPUS_SENTENCES, list(SPECIAL_TOKENS), CHAT_TEMPLATE]}
         if self.mtp:  # only then: the other models keep their hashes (and their built copies)
             fields["mtp"] = 1
+        if self.weight_dtype != "float32":  # likewise
+            fields["weight_dtype"] = self.weight_dtype
         blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -119,6 +127,64 @@ SPECS: dict[str, ModelSpec] = {
             "linear_key_head_dim": 64,
             "linear_value_head_dim": 64,
             "linear_conv_kernel_dim": 4,
+        },
+    ),
+    # The real-shape models (REAL_SHAPE_NAMES): not built by default, bfloat16 on disk.
+    "qnext-gdn": ModelSpec(
+        name="qnext-gdn",
+        family="gdn",
+        seed=1004,
+        # at 0.02 (transformers' default) the logits are nearly flat (std 0.9, entropy 7.2 of 7.6 nats);
+        # at 0.05 std 2.2, entropy 3-5 nats, median top-2 gap 0.5, and 48 greedy tokens without a repeat
+        init_std=0.05,
+        weight_dtype="bfloat16",
+        shape={
+            # Qwen3-Next's linear-attention (GDN) and full-attention layer shapes, at 8 layers with a
+            # dense MLP: [GDN, GDN, GDN, full] x 2
+            "hidden_size": 2048,
+            "intermediate_size": 5120,
+            "num_hidden_layers": 8,
+            "full_attention_interval": 4,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+        },
+    ),
+    "kimi-kda": ModelSpec(
+        name="kimi-kda",
+        family="kda",
+        seed=1005,
+        init_std=0.05,  # as qnext-gdn (at 0.02 two prompts began with the same greedy token)
+        weight_dtype="bfloat16",
+        shape={
+            # Kimi-Linear's KDA layer shape, at 8 layers: [KDA, KDA, KDA, MLA] x 2
+            "hidden_size": 2048,
+            "intermediate_size": 5120,
+            "num_hidden_layers": 8,
+            "kda_layers": [1, 2, 3, 5, 6, 7],  # 1-based
+            "full_attn_layers": [4, 8],
+            "linear_num_heads": 32,
+            "linear_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "num_attention_heads": 16,
+            # MLA at DeepSeek-V3's / Kimi-Linear's head shape: kv_lora_rank + qk_rope_head_dim = 576 and
+            # qk_nope + qk_rope = 192, both special-cased in SGLang's Triton MLA kernels
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            # No MoE layer: first_k_dense_replace = num_hidden_layers makes every layer's MLP dense (in
+            # SGLang and transformers alike). The expert fields stay (both config classes read them).
+            "num_experts": 4,
+            "num_experts_per_token": 2,
+            "num_shared_experts": 1,
+            "moe_intermediate_size": 32,
+            "first_k_dense_replace": 8,
         },
     ),
 }

@@ -1,12 +1,22 @@
-"""Seeded float32 weights from transformers' own classes, renamed to the checkpoint names SGLang loads."""
+"""Seeded weights from transformers' own classes, renamed to the checkpoint names SGLang loads.
+
+The model is always built and initialised in float32; the checkpoint is written in the spec's
+``weight_dtype``. Float32 specs (the tiny/small models) construct the model as transformers does
+(torch's per-module init, then transformers' ``post_init``), byte-for-byte as they always have. Other
+specs (the real-shape bfloat16 models) skip torch's per-module init, which transformers' init redraws
+anyway and which dominates the build time at 0.5 B parameters: the model is constructed on the meta
+device, materialised on the CPU and initialised by transformers' own ``initialize_weights`` (the same
+``_init_weights`` code ``post_init`` runs), from the same seeded global generator.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
-from sglang_replayssm.models.specs import SPECIAL_TOKENS, ModelSpec
+from sglang_replayssm.models.specs import SPECIAL_TOKENS, WEIGHT_DTYPES, ModelSpec
 
 # transformers' classes of each family: (model, config), named explicitly (not through AutoModel).
 _HF_CLASSES = {"gdn": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"), "kda": ("KimiLinearForCausalLM", "KimiLinearConfig")}
@@ -35,11 +45,15 @@ def _hf_model(spec: ModelSpec, cfg: dict[str, Any]) -> Any:
     """A freshly initialised, seeded, float32 transformers model for ``cfg``."""
     import torch
 
+    weight_dtype(spec)  # refuses an unsupported one before any work
     hf_cfg = hf_config_class(spec.family).from_dict(dict(cfg))
     hf_cfg._attn_implementation = "eager"
     torch.manual_seed(spec.seed)
-    with _default_dtype(torch.float32):
-        model = hf_model_class(spec.family)(hf_cfg)
+    with _default_dtype(torch.float32), _all_threads():
+        if spec.weight_dtype == "float32":
+            model = hf_model_class(spec.family)(hf_cfg)
+        else:
+            model = _hf_model_fast_init(hf_model_class(spec.family), hf_cfg)
     model = model.float().eval()
     gen = torch.Generator().manual_seed(spec.seed + 7)
     with torch.no_grad():
@@ -54,6 +68,40 @@ def _hf_model(spec: ModelSpec, cfg: dict[str, Any]) -> Any:
     return model
 
 
+def _hf_model_fast_init(cls: Any, hf_cfg: Any) -> Any:
+    """``cls(hf_cfg)`` initialised by transformers' ``_init_weights`` alone (no torch per-module init)."""
+    import torch
+
+    with torch.device("meta"):  # torch's init functions are no-ops here, and post_init skips its init
+        model = cls(hf_cfg)
+    model = model.to_empty(device="cpu")  # uninitialised memory until _init_weights writes it
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    versions = {name: t._version for name, t in tensors.items()}  # bumped by every in-place write
+    for module in model.modules():  # in case a transformers version marks modules done on the meta device
+        if getattr(module, "_is_hf_initialized", False):
+            module._is_hf_initialized = False
+    model.initialize_weights()  # (our configs never tie the embeddings: nothing to tie)
+    left = [name for name, t in tensors.items() if t._version == versions[name]]
+    if left:
+        raise RuntimeError(f"transformers' init left {len(left)} tensor(s) of {cls.__name__} unset: {left[:8]}")
+    return model
+
+
+@contextlib.contextmanager
+def _all_threads() -> Iterator[None]:
+    """Every CPU this process may run on, for the init and the casts (the random draws do not depend on it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(want, threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: Any) -> Iterator[None]:
     import torch
@@ -66,11 +114,19 @@ def _default_dtype(dtype: Any) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def _checkpoint_state_dict(spec: ModelSpec, model: Any) -> dict[str, Any]:
-    """The model's weights under the checkpoint names SGLang's loader (and transformers) read."""
+def weight_dtype(spec: ModelSpec) -> Any:
+    """The torch dtype of ``spec``'s weights on disk."""
     import torch
 
-    sd = {k: v.detach().to(torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
+    if spec.weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"{spec.name}: unsupported weight_dtype {spec.weight_dtype!r} (one of {WEIGHT_DTYPES})")
+    return getattr(torch, spec.weight_dtype)
+
+
+def _checkpoint_state_dict(spec: ModelSpec, model: Any) -> dict[str, Any]:
+    """The model's weights under the checkpoint names SGLang's loader (and transformers) read, in the spec's
+    ``weight_dtype``."""
+    sd = {k: v.detach().to(weight_dtype(spec), copy=True).contiguous() for k, v in model.state_dict().items()}
     if spec.family == "gdn":
         return sd
     out: dict[str, Any] = {}
