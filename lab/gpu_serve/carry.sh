@@ -3,10 +3,10 @@
 #   lab/gpu_serve/carry.sh            (needs the project's .venv: `make env`; network to PyPI; nvcc)
 #   sglang.tar.xz  SGLang 0.5.23's cp312 wheel, less what a text server never imports (multimodal_gen/,
 #                  test/ but kl_test_utils, the gRPC / Rust-server / bench / multimodal Rust .so, __pycache__)
-#   whl/           cp312 wheels of SGLang's import-time dependencies the device image lacks (versions from
-#                  requirements.lock)
+#   whl/           cp312 wheels of SGLang's import-time dependencies the device image lacks, and the lock's
+#                  transformers (the device has an older one); versions from requirements.lock
 #   cuda/          ring_read.cu's default build and read_copy.cu's two serving builds, sm_90a (nvcc here)
-#   caches.tar.gz  Triton / JIT caches a previous call brought back (copy it here from its $OUT), if any
+#   caches.tar.xz  Triton / JIT caches a previous call brought back (copy it here from its $OUT), if any
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 C=.gpucarry; PY=.venv/bin/python
@@ -32,7 +32,8 @@ if [ ! -f $C/sglang.tar.xz ] || [ "$wheel" -nt $C/sglang.tar.xz ]; then
 fi
 names="pybase64 pydantic pydantic-core annotated-types typing-inspection orjson pyzmq msgspec setproctitle fastapi
   starlette uvicorn python-multipart partial-json-parser openai jiter distro sniffio opentelemetry-api dill
-  apache-tvm-ffi compressed-tensors loguru gguf jsonschema referencing rpds-py jsonschema-specifications xgrammar"
+  apache-tvm-ffi compressed-tensors loguru gguf jsonschema referencing rpds-py jsonschema-specifications xgrammar
+  transformers"
 pin() { grep -i -E "^$(echo "$1" | sed 's/[-_]/[-_]/g')==" requirements.lock; }
 pins=$(for n in $names; do pin $n || { echo "carry.sh: $n not in requirements.lock" >&2; exit 2; }; done)
 platforms=""; for p in 2_34 2_28 2_27 2_26 2_24 2_17 2014 1 2_5; do

@@ -34,12 +34,13 @@ def tables(doc: dict[str, Any]) -> str:
     kl = {n: a["stages"]["kl"] for n, a in arms.items() if "kl" in a.get("stages", {})}
     if kl:
         out += ["### teacher-forced KL against a cold prefill", "",
-                "| arm | scenario | tokens | KL | p50 abs dlp | p95 abs dlp | max abs dlp | hits at depth |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| arm | scenario | tokens | KL | p50 abs dlp | p95 abs dlp | max abs dlp | hits at depth | rebuilt hits |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for n, sc in kl.items():
             for s, r in sc.items():
                 out.append(f"| {n} | {s} | {r['tokens']} | {r['kl']:.3g} | {r['dlp_p50']:.3g} | {r['dlp_p95']:.3g} | "
-                           f"{r['dlp_max']:.3g} | {r['hit_at_expected']}/{r['probes']} |")
+                           f"{r['dlp_max']:.3g} | {r['hit_at_expected']}/{r['probes']} | "
+                           f"{_f(r.get('replayssm_record_rebuilt_hits_total'), '.0f')} |")
         out.append("")
     dec = {n: a["stages"]["decode"] for n, a in arms.items() if "decode" in a.get("stages", {})}
     if dec:
@@ -54,9 +55,29 @@ def tables(doc: dict[str, Any]) -> str:
                            f"{_ratio(d['output_tok_s'], b.get('output_tok_s'))} | {d['step_ms_p50']:.2f} | "
                            f"{d['step_ms_p90']:.2f} | {d['step_lines']} |")
         out.append("")
+    out.append(profile_table(doc))
     for n, a in arms.items():
         if a.get("error"):
             out.append(f"- {n} failed: {a['error'].splitlines()[0][:300]}")
     if doc.get("skipped"):
         out.append(f"- skipped (budget): {', '.join(doc['skipped'])}")
+    return "\n".join(out) + "\n"
+
+
+def profile_table(doc: dict[str, Any]) -> str:
+    prof = {n: a["stages"]["profile"] for n, a in doc["arms"].items() if "profile" in a.get("stages", {})}
+    if not prof:
+        return ""
+    fams = sorted({f for p in prof.values() for f in p.get("family_us_per_step", {})})
+    out = ["### one decode step, by kernel family (us per step)", "",
+           "| arm | " + " | ".join(fams) + " | total | linear share | host syncs / step |",
+           "|---" * (len(fams) + 4) + "|"]
+    for n, p in prof.items():
+        if "error" in p:
+            out.append(f"| {n} | {p['error']} |")
+            continue
+        f = p["family_us_per_step"]
+        out.append(f"| {n} | " + " | ".join(f"{f.get(x, 0.0):.0f}" for x in fams) +
+                   f" | {p['kernel_us_per_step']:.0f} | {p['linear_share']:.2f} | "
+                   f"{sum(p['host_syncs_per_step'].values()):.1f} |")
     return "\n".join(out) + "\n"

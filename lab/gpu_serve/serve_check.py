@@ -2,11 +2,12 @@
 
     python lab/gpu_serve/serve_check.py --model-path M --out DIR [--arms a,b] [--stages main,kl,decode]
 
-Stages, each against the arm's one server (``sglang_replayssm.bench``):
+Stages, each against the arm's one server (``sglang_replayssm.bench``; ``profile``: profile_step.py):
   main    the shared-prefix bench (gsp, then RAG) through ``sglang-replayssm bench --url``:
           hit rate beside the attention-only ceiling, TTFT p50 / p90, e2e (a /flush_cache between)
   kl      teacher-forced KL / |delta logprob| of served continuations (bench/kl.py)
   decode  output tokens/s and SGLang's per-step time at each --decode-concurrency (bench/decode.py)
+  profile a torch-profiler trace of full-batch decode steps summed by kernel family (not by default)
 Writes DIR/serve_check.json after every arm, DIR/tables.md at the end, server logs in DIR/logs/.
 Arms are skipped (and said so) once less than --min-arm-s of --budget-s is left.
 ``--lab`` adds the lab H200's flags (its torch cannot load the real sgl_kernel: Triton attention,
@@ -35,19 +36,25 @@ from sglang_replayssm.bench.decode import run_decode
 from sglang_replayssm.bench.kl import SCENARIOS, KlSpec, run_kl
 from sglang_replayssm.bench.server import ServerProcess, ServerStartError, pick_port
 
-LAB_FLAGS = "--attention-backend triton --sampling-backend pytorch --disable-custom-all-reduce"
+# The lab's flags: Triton attention and torch sampling (no flashinfer / sgl_kernel there), and no prefill
+# CUDA graphs (at qnext-gdn's size the stand-in's breakable prefill graphs took ~24 s and ~5.7 GB per
+# shape, 58 shapes: out of memory and out of time). Decode CUDA graphs stay on.
+LAB_FLAGS = ("--attention-backend triton --sampling-backend pytorch --disable-custom-all-reduce "
+             "--disable-prefill-cuda-graph")
 # Serving sizes: up to 256 running requests with CUDA graphs; extra_buffer + ring take ~5 mamba slots
 # per running request.
 SERVE_FLAGS = ("--max-running-requests 256 --cuda-graph-bs-decode 1 2 4 8 16 32 64 128 256 "
                "--max-mamba-cache-size 1400 --chunked-prefill-size 8192 --mem-fraction-static 0.85")
 # Prompts of 2-8K tokens: gsp system prompts 4,096 + questions of 128-512; RAG: a 1,000-token system
-# prompt, documents of 1,500-4,500 tokens (off the 64-token grid), two turns.
+# prompt, documents of 1,500-4,500 tokens (off the 64-token grid), two turns. One request at a time, as
+# `make bench`: the attention-only ceiling assumes every earlier prompt is cached when a request is sent,
+# which requests prefilled in one batch cannot see (concurrency is the decode stage's job).
 GSP_ARGS = ("--dataset-name generated-shared-prefix --gsp-num-groups 4 --gsp-prompts-per-group 8 "
             "--gsp-system-prompt-len 4096 --gsp-question-len 512 --gsp-range-ratio 0.25 --gsp-output-len 32 "
-            "--max-concurrency 8")
+            "--max-concurrency 1")
 RAG_ARGS = ("--dataset-name rag --rag-num-docs 4 --rag-doc-len 3000 --gsp-range-ratio 0.5 "
             "--rag-system-prompt-len 1000 --rag-num-conversations 16 --rag-num-turns 2 --rag-question-len 128 "
-            "--rag-output-len 32 --max-concurrency 8")
+            "--rag-output-len 32 --max-concurrency 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-concurrency", default="64,256")
     p.add_argument("--decode-prompt-len", type=int, default=512)
     p.add_argument("--decode-output-len", type=int, default=256)
+    p.add_argument("--profile-arms", default="baseline,plugin,plugin-fp8",
+                   help="arms whose decode step is profiled (stage profile)")
+    p.add_argument("--profile-concurrency", type=int, default=256)
     p.add_argument("--device", default="cuda")
     p.add_argument("--lab", action="store_true", help="the lab H200's flags (scripts/gpu_serve.sh)")
     p.add_argument("--server-args", default="", help="extra server flags for every arm")
@@ -134,20 +144,36 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
             entry["startup_s"] = srv.startup_s
             print(f"[{name}] healthy after {srv.startup_s:.0f} s", flush=True)
             url = srv.base_url
-            if "main" in stages and name in _csv(args.main_arms) and time.monotonic() < t_end:
-                entry["stages"]["main"] = _main_stage(url, name, args, args.out)
+            # KL first: its rebuilds and decodes also warm what the main job's TTFT would pay for once.
             if "kl" in stages and name in _csv(args.kl_arms) and time.monotonic() < t_end:
                 spec = KlSpec(probes=args.kl_probes, decode_tokens=args.kl_decode_tokens)
                 entry["stages"]["kl"] = run_kl(url, spec, _csv(args.kl_scenarios))
+            if "main" in stages and name in _csv(args.main_arms) and time.monotonic() < t_end:
+                entry["stages"]["main"] = _main_stage(url, name, args, args.out)
             if "decode" in stages and time.monotonic() < t_end:
-                entry["stages"]["decode"] = [
-                    run_decode(url, int(c), args.decode_prompt_len, args.decode_output_len, log_path=log)
-                    for c in _csv(args.decode_concurrency) if time.monotonic() < t_end]
+                entry["stages"]["decode"] = []
+                for c in _csv(args.decode_concurrency):
+                    if time.monotonic() < t_end:  # a short unmeasured burst first (first-use costs)
+                        run_decode(url, int(c), args.decode_prompt_len, 24, seed=5)
+                        entry["stages"]["decode"].append(
+                            run_decode(url, int(c), args.decode_prompt_len, args.decode_output_len, log_path=log))
+            if "profile" in stages and name in _csv(args.profile_arms) and time.monotonic() < t_end:
+                from profile_step import profile_decode
+
+                entry["stages"]["profile"] = profile_decode(
+                    url, args.out / "profiles" / name, log, args.profile_concurrency, args.decode_prompt_len,
+                    args.decode_output_len)
     except (ServerStartError, RuntimeError, OSError) as exc:
         entry["error"] = str(exc)[-3000:]
         print(f"[{name}] FAILED: {str(exc)[-1500:]}", flush=True)
     entry["wall_s"] = time.monotonic() - t0
     entry["log_facts"] = _log_facts(log)
+
+
+def _drop_traces(out: Path) -> None:
+    """Profiler traces are summarised in the JSON; the raw ones are too big to bring back."""
+    for trace in out.glob("profiles/*/*.trace.json*"):
+        trace.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] skipped: {left:.0f} s of the budget left", flush=True)
             continue
         run_arm(name, args, doc, t_end)
+        _drop_traces(args.out)
         (args.out / "serve_check.json").write_text(json.dumps(doc, indent=1))
     from lab_tables import tables  # noqa: E402  (beside this file)
 

@@ -142,11 +142,28 @@ def _ids(rng: random.Random, n: int, spec: KlSpec) -> list[int]:
     return [rng.randrange(spec.vocab_low, spec.vocab_high) for _ in range(n)]
 
 
+# The plugin's Prometheus counters of record-rebuilt hits (radix/metrics.py), read around each scenario
+# so a row says whether its hits were rebuilt or found exact (absent without the plugin's records).
+REBUILT_COUNTERS = ("sglang:replayssm_record_rebuilt_hits_total", "sglang:replayssm_record_rebuilt_tokens_total")
+
+
+async def _counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    from sglang_replayssm.bench.server_metrics import metric_sums
+
+    try:
+        async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            sums = metric_sums(await resp.text()) if resp.status == 200 else {}
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        sums = {}
+    return {k: sums[k] for k in REBUILT_COUNTERS if k in sums}
+
+
 async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult], dict[str, Any]]:
     rng = random.Random(f"{spec.seed}-{name}")
     sem = asyncio.Semaphore(max(1, spec.concurrency))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await flush(session, url)
+        before = await _counters(session, url)
 
         async def bounded(coro: Any) -> Any:
             async with sem:
@@ -164,9 +181,12 @@ async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult
             await serve(session, url, seed_ids, 0)
             prompts = prompts[1:]
             probes = [await serve(session, url, p, spec.branch_tokens, spec.prefix_len) for p in prompts]
+        after = await _counters(session, url)
         # References only after every probe: their cold prefills insert into the tree too.
         await asyncio.gather(*(bounded(reference(session, url, pr, p)) for pr, p in zip(probes, prompts)))
-    return list(probes), summarize(probes)
+    summary = summarize(probes)
+    summary.update({k.split(":")[-1]: after[k] - before.get(k, 0.0) for k in after})
+    return list(probes), summary
 
 
 SCENARIOS: tuple[str, ...] = ("decode", "exact", "rebuilt")

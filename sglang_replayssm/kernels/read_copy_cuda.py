@@ -260,7 +260,7 @@ def read_copy_decode_cuda(
     check_fused_layout(shape, mixed_qkv, a, b, dt_bias, initial_state, d_cache, k_cache, g_cache, out, is_kda)
     step = prepare_step(shape, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache,
                         out, ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda)  # fmt: skip
-    why = read_copy_supports(step.qkv, step.a, step.b, A_log, dt_bias, out, initial_state, read_copy, d_cache,
+    why = read_copy_supports(step.qkv, step.a, step.b, step.A_log, step.dt_bias, out, initial_state, read_copy, d_cache,
                              k_cache, g_cache, v_cache, beta_cache, ssm_state_indices, shape.K, shape.V, shape.L,
                              read_copy_scales)
     if why is not None:
@@ -288,8 +288,8 @@ def read_copy_decode_cuda(
 
     def launch(flush: bool) -> None:
         rc = lib.read_copy_launch(
-            vp(step.qkv.data_ptr()), vp(step.a.data_ptr()), vp(step.b.data_ptr()), vp(A_log.data_ptr()),
-            vp(dt_bias.data_ptr()), vp(out.data_ptr()), vp(initial_state.data_ptr()), vp(read_copy.data_ptr()),
+            vp(step.qkv.data_ptr()), vp(step.a.data_ptr()), vp(step.b.data_ptr()), vp(step.A_log.data_ptr()),
+            vp(step.dt_bias.data_ptr()), vp(out.data_ptr()), vp(initial_state.data_ptr()), vp(read_copy.data_ptr()),
             vp(sc.data_ptr()), vp(d_cache.data_ptr()), vp(k_cache.data_ptr()), vp(g_cache.data_ptr()),
             vp(v_cache.data_ptr()), vp(beta_cache.data_ptr()), vp(ssm_state_indices.data_ptr()),
             vp(write_pos.data_ptr()), vp(ff.data_ptr() if ff is not None else 0), ctypes.c_float(step.scale), st,

@@ -51,6 +51,7 @@ passes.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -59,6 +60,8 @@ from .ring_decode_config import RingDecodeConfig
 from .ring_decode_cuda import DEFAULT_BUILD, CudaReadUnsupported, available, run_passes, supports
 from .ring_decode_slices import launch_read
 from .ring_decode_triton import ALL_ROWS, FLUSH_ROWS, NON_FLUSH_ROWS, launch_rows
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RingDecodeConfig", "checked_step", "cuda_unfit", "launch", "pick_config", "ring_decode"]
 
@@ -127,9 +130,22 @@ def cuda_unfit(step: RingStep, *, forced: bool) -> str | None:
     return why
 
 
+_ENGINES_LOGGED: set[tuple[str, str | None]] = set()
+
+
 def default_config(step: RingStep) -> RingDecodeConfig:
-    """:func:`pick_config` for this step, the CUDA passes allowed where they fit and build."""
-    return pick_config(*step.shape, is_kda=step.is_kda, cuda=cuda_unfit(step, forced=False) is None)
+    """:func:`pick_config` for this step, the CUDA passes allowed where they fit and build. Each engine
+    (and reason the CUDA passes do not run) is logged once per process."""
+    why = cuda_unfit(step, forced=False)
+    cfg = pick_config(*step.shape, is_kda=step.is_kda, cuda=why is None)
+    key = (cfg.engine, why if cfg.engine != "cuda" else None)
+    if key not in _ENGINES_LOGGED:
+        _ENGINES_LOGGED.add(key)
+        s = step.shape
+        logger.info("sglang-replayssm ring decode (%s, B=%d HV=%d K=%d V=%d): %s%s", "KDA" if step.is_kda else "GDN",
+                    s.B, s.HV, s.K, s.V, "CUDA passes (csrc/ring_read.cu)" if cfg.engine == "cuda" else
+                    f"Triton ({cfg.engine})", "" if why is None else f"; not the CUDA passes: {why}")
+    return cfg
 
 
 def launch(step: RingStep, cfg: RingDecodeConfig) -> None:

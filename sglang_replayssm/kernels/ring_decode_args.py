@@ -149,8 +149,14 @@ def prepare_step(
     k_cache: torch.Tensor, g_cache: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor,
     write_pos: torch.Tensor, force_flush: torch.Tensor | None, use_l2norm: bool, is_kda: bool,
 ) -> RingStep:  # fmt: skip
-    """The checked arguments as the kernels take them (see :class:`RingStep`); no copies."""
+    """The checked arguments as the kernels take them (see :class:`RingStep`). No copies, except that
+    ``A_log`` / ``dt_bias`` narrower than fp32 (SGLang creates ``dt_bias`` in the served dtype) are
+    widened to fp32 (exact; ``[HV]`` / ``[HV, K]`` values, what every kernel computes with)."""
     B = shape.B
+    if A_log.dtype != torch.float32:
+        A_log = A_log.float()
+    if dt_bias.dtype != torch.float32:
+        dt_bias = dt_bias.float()
     a_arg = a.reshape(B, shape.HV * shape.K) if is_kda else a
     b_arg = b.reshape(B, shape.HV)
     strides = (

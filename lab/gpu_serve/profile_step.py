@@ -1,0 +1,103 @@
+"""Where one served decode step goes: a torch-profiler trace of a full batch, summed by kernel family.
+
+``profile_decode`` sends ``concurrency`` long decodes (bench/decode.py's burst), waits until the
+server's log shows the whole batch decoding, asks SGLang for ``num_steps`` profiled steps
+(``/start_profile``, CPU + GPU activities) and, after the burst, reads the trace it wrote:
+GPU kernel time per family (``FAMILIES``, first match wins), the linear-attention share, and the host
+synchronisations the CUDA runtime saw (``cudaStreamSynchronize`` and the like) per step.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from sglang_replayssm.bench.decode import decode_steps, run_decode
+
+FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("plugin CUDA passes", ("ring_step_kernel", "flush_kernel", "read_kernel", "flush_rows_kernel",
+                            "flush_pipe_kernel")),
+    ("plugin Triton", ("ring_decode_kernel", "ring_read_rows_kernel", "read_copy_decode_kernel", "_refresh_kernel",
+                       "_cursor_step_kernel", "materialize_kernel")),
+    ("SGLang linear attention", ("fused_recurrent", "gated_delta", "chunk_", "kda", "fused_sigmoid_gating",
+                                 "causal_conv1d", "conv1d", "packed_decode", "fused_gdn")),
+    ("attention", ("decode_attention", "extend_attention", "_fwd_kernel", "attn", "mla")),
+    ("GEMM", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_", "splitk")),
+)
+LINEAR = ("plugin CUDA passes", "plugin Triton", "SGLang linear attention")
+SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ")
+
+
+def family(kernel: str) -> str:
+    low = kernel.lower()
+    for fam, keys in FAMILIES:
+        if any(k.lower() in low for k in keys):
+            return fam
+    return "other"
+
+
+def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
+    """Kernel microseconds per family (per step), the linear-attention share, host syncs per step."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        events = json.load(f).get("traceEvents", [])
+    per_family: dict[str, float] = defaultdict(float)
+    per_kernel: dict[str, float] = defaultdict(float)
+    syncs: dict[str, int] = defaultdict(int)
+    for ev in events:
+        cat, name = ev.get("cat", ""), ev.get("name", "")
+        if cat == "kernel":
+            per_family[family(name)] += float(ev.get("dur", 0.0))
+            per_kernel[name[:120]] += float(ev.get("dur", 0.0))
+        elif cat == "cuda_runtime" and any(name.startswith(s.strip()) for s in SYNC_NAMES):
+            syncs[name] += 1
+    total = sum(per_family.values())
+    steps = max(steps, 1)
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    return {
+        "trace": path.name, "steps": steps, "kernel_us_per_step": total / steps,
+        "family_us_per_step": {k: v / steps for k, v in sorted(per_family.items(), key=lambda kv: -kv[1])},
+        "linear_share": sum(per_family[f] for f in LINEAR) / total if total else float("nan"),
+        "plugin_cuda_us_per_step": per_family["plugin CUDA passes"] / steps,
+        "host_syncs_per_step": {k: v / steps for k, v in syncs.items()},
+        "top_kernels_us_per_step": [(k, v / steps) for k, v in top],
+    }
+
+
+def profile_decode(url: str, out_dir: Path, log_path: Path, concurrency: int, prompt_len: int, output_len: int,
+                   num_steps: int = 10, wait_s: float = 120.0) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {}
+    burst = threading.Thread(target=lambda: result.update(
+        run_decode(url, concurrency, prompt_len, output_len, log_path=log_path, seed=11)))
+    start = log_path.stat().st_size
+    burst.start()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and burst.is_alive():
+        with open(log_path, errors="replace") as f:
+            f.seek(start)
+            if decode_steps(f.read(), concurrency):
+                break
+        time.sleep(0.5)
+    body = json.dumps({"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"]}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/start_profile", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        resp.read()
+    burst.join()
+    traces: list[Path] = []
+    for _ in range(60):  # the trace is written after the last profiled step
+        traces = sorted(out_dir.glob("*.trace.json*"))
+        if traces:
+            break
+        time.sleep(1.0)
+    if not traces:
+        return {"error": f"no trace under {out_dir}", "burst": result}
+    time.sleep(2.0)
+    return {"burst": result, **summarize_trace(traces[-1], num_steps)}
