@@ -50,6 +50,8 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
     per_family: dict[str, float] = defaultdict(float)
     per_kernel: dict[str, float] = defaultdict(float)
     syncs: dict[str, int] = defaultdict(int)
+    sync_events: list[dict[str, Any]] = []
+    frames: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for ev in events:
         cat, name = ev.get("cat", ""), ev.get("name", "")
         if cat == "kernel":
@@ -57,7 +59,18 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
             per_kernel[name[:120]] += float(ev.get("dur", 0.0))
         elif cat == "cuda_runtime" and any(name.startswith(s.strip()) for s in SYNC_NAMES):
             syncs[name] += 1
+            sync_events.append(ev)
+        elif cat == "python_function":
+            frames[ev.get("tid")].append(ev)
     total = sum(per_family.values())
+    # Where the syncs come from (with_stack traces): the innermost Python frame of ours or SGLang's.
+    where: dict[str, int] = defaultdict(int)
+    for ev in sync_events:
+        t = float(ev.get("ts", 0.0))
+        inside = [f for f in frames.get(ev.get("tid"), []) if f["ts"] <= t <= f["ts"] + f.get("dur", 0.0)
+                  and ("sglang" in f.get("name", ""))]
+        inner = min(inside, key=lambda f: f.get("dur", 0.0), default=None)
+        where[(inner or {}).get("name", "?")[-110:]] += 1
     steps = max(steps, 1)
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
     return {
@@ -66,6 +79,7 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
         "linear_share": sum(per_family[f] for f in LINEAR) / total if total else float("nan"),
         "plugin_cuda_us_per_step": per_family["plugin CUDA passes"] / steps,
         "host_syncs_per_step": {k: v / steps for k, v in syncs.items()},
+        "host_sync_sites_per_step": {k: v / steps for k, v in sorted(where.items(), key=lambda kv: -kv[1])[:20]},
         "top_kernels_us_per_step": [(k, v / steps) for k, v in top],
     }
 
@@ -85,7 +99,8 @@ def profile_decode(url: str, out_dir: Path, log_path: Path, concurrency: int, pr
             if decode_steps(f.read(), concurrency):
                 break
         time.sleep(0.5)
-    body = json.dumps({"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"]}).encode()
+    body = json.dumps({"output_dir": str(out_dir), "num_steps": num_steps, "activities": ["CPU", "GPU"],
+                       "with_stack": True}).encode()
     req = urllib.request.Request(url.rstrip("/") + "/start_profile", data=body,
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:

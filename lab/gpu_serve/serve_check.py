@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gsp-args", default=GSP_ARGS)
     p.add_argument("--rag-args", default=RAG_ARGS)
     p.add_argument("--budget-s", type=float, default=540.0)
-    p.add_argument("--min-arm-s", type=float, default=60.0)
+    p.add_argument("--min-arm-s", type=float, default=110.0)
     p.add_argument("--start-timeout-s", type=float, default=300.0)
     return p
 

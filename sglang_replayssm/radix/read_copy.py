@@ -269,13 +269,21 @@ def replay_into(rc: ReadCopyPool, temporal: torch.Tensor, k: torch.Tensor, g: to
 
     The exact fold of a read-copy pool (``k``, ``g``: SGLang's rings; ``v``, ``beta``: ours), the same
     recurrence the flush runs, so a moved state equals fp32 decode. Rows with ``src < 0``, ``dst < 0``
-    or ``counts <= 0`` are skipped (the caller marks ``dst`` stale). One host read of the row mask.
+    or ``counts <= 0`` are skipped (the caller marks ``dst`` stale). On CUDA one Triton launch per layer
+    with no host read (capturable: SGLang tracks decode states inside its decode graph); on CPU the torch
+    reference, with one host read of the row mask.
     """
     src, dst, counts = (t.reshape(-1).to(device=temporal.device, dtype=torch.long) for t in (src, dst, counts))
-    live = torch.nonzero((src >= 0) & (dst >= 0) & (counts > 0)).flatten()
     v, beta = rc.v, rc.beta
     if layers is not None:
         v, beta = v[layers], beta[layers]
+    if temporal.is_cuda:
+        from sglang_replayssm.kernels.replay_exact_triton import replay_exact_triton
+
+        for li in range(temporal.shape[0]):
+            replay_exact_triton(temporal[li], k[li], g[li], v[li], beta[li], src, dst, counts, is_kda=is_kda)
+        return
+    live = torch.nonzero((src >= 0) & (dst >= 0) & (counts > 0)).flatten()
     if live.numel():
         s, d_, m = src[live], dst[live], counts[live]
         G = temporal.shape[2] // k.shape[2]
