@@ -16,7 +16,7 @@ def _ratio(a: Any, b: Any) -> str:
 def tables(doc: dict[str, Any]) -> str:
     arms = doc["arms"]
     out: list[str] = [f"model: {doc['model_path']}", ""]
-    for ds in ("gsp", "rag"):
+    for ds in ("gsp", "rag", "gsp-long"):
         rows = {n: a["stages"]["main"][ds] for n, a in arms.items() if ds in a.get("stages", {}).get("main", {})}
         if not rows:
             continue

@@ -55,6 +55,11 @@ GSP_ARGS = ("--dataset-name generated-shared-prefix --gsp-num-groups 4 --gsp-pro
 RAG_ARGS = ("--dataset-name rag --rag-num-docs 4 --rag-doc-len 3000 --gsp-range-ratio 0.5 "
             "--rag-system-prompt-len 1000 --rag-num-conversations 16 --rag-num-turns 2 --rag-question-len 128 "
             "--rag-output-len 32 --max-concurrency 1")
+# The same shape with 16K-token system prompts: at qnext-gdn's size (8 layers) a 2-8K prefill is a few
+# ms beside a ~45 ms fixed TTFT (H200, 2026-12-03), so hits can only show in TTFT at longer prompts.
+GSP_LONG_ARGS = ("--dataset-name generated-shared-prefix --gsp-num-groups 3 --gsp-prompts-per-group 5 "
+                 "--gsp-system-prompt-len 16384 --gsp-question-len 512 --gsp-range-ratio 0.25 --gsp-output-len 16 "
+                 "--max-concurrency 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-args", default="", help="extra server flags for every arm")
     p.add_argument("--gsp-args", default=GSP_ARGS)
     p.add_argument("--rag-args", default=RAG_ARGS)
+    p.add_argument("--gsp-long-args", default=GSP_LONG_ARGS)
+    p.add_argument("--main-workloads", default="gsp,rag", help="of gsp, rag, gsp-long")
     p.add_argument("--budget-s", type=float, default=540.0)
     p.add_argument("--min-arm-s", type=float, default=110.0)
     p.add_argument("--start-timeout-s", type=float, default=300.0)
@@ -97,7 +104,9 @@ def _main_stage(url: str, arm: str, args: argparse.Namespace, out: Path) -> dict
     from sglang_replayssm.bench.client import post
 
     res: dict[str, Any] = {}
-    for ds, extra in (("gsp", args.gsp_args), ("rag", args.rag_args)):
+    workloads = {"gsp": args.gsp_args, "rag": args.rag_args, "gsp-long": args.gsp_long_args}
+    for ds in _csv(args.main_workloads):
+        extra = workloads[ds]
         asyncio.run(post(url, "/flush_cache"))
         path = out / f"main-{ds}-{arm}.json"
         argv = ["--url", url, "--arms", arm, "--model-path", str(args.model_path), "--json", str(path),

@@ -1,0 +1,66 @@
+"""The lab GPU serving check's CPU-side parts: its scripts parse, its tables render what the JSON holds,
+its profile summary sorts kernels into families, and its shim stays out of the way without the lab switch."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "lab" / "gpu_serve"
+sys.path.insert(0, str(LAB))
+
+from lab_tables import tables  # noqa: E402
+from profile_step import family, summarize_trace  # noqa: E402
+
+
+@pytest.mark.parametrize("script", [ROOT / "scripts" / "gpu_serve.sh", LAB / "carry.sh"])
+def test_scripts_parse(script: Path) -> None:
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_tables_show_each_stage() -> None:
+    main = {"hit_rate": 0.5, "ceiling_hit_rate": 0.5, "ttft_p50_s": 0.04, "ttft_p90_s": 0.05, "e2e_p50_s": 0.1,
+            "requests_failed": 0}
+    kl = {"tokens": 8, "kl": 1e-3, "dlp_p50": 0.01, "dlp_p95": 0.1, "dlp_max": 0.2, "hit_at_expected": 2, "probes": 2,
+          "replayssm_record_rebuilt_hits_total": 2.0}
+    dec = {"concurrency": 64, "output_tok_s": 1000.0, "step_ms_p50": 3.0, "step_ms_p90": 4.0, "step_lines": 5}
+    doc = {"model_path": "/m", "skipped": ["bf16-state"], "arms": {
+        "baseline": {"stages": {"main": {"gsp": {**main, "ttft_p50_s": 0.08}}, "decode": [dec]}},
+        "plugin": {"stages": {"main": {"gsp": main}, "kl": {"rebuilt": kl},
+                              "decode": [{**dec, "output_tok_s": 1500.0}]}},
+        "plugin-fp8": {"stages": {}, "error": "Capture cuda graph failed\nmore"}}}
+    text = tables(doc)
+    assert "| plugin | 0.5000 | 0.5000 | 40.0 | 50.0 | 100.0 | 0.50x | 0 |" in text
+    assert "| plugin | rebuilt | 8 | 0.001 |" in text and text.count("| 2 |") >= 1
+    assert "| plugin | 64 | 1500 | 1.50x |" in text
+    assert "- plugin-fp8 failed: Capture cuda graph failed" in text and "skipped (budget): bf16-state" in text
+
+
+def test_profile_families_and_trace_summary(tmp_path: Path) -> None:
+    assert family("void ring_step_kernel<4>(...)") == "plugin CUDA passes"
+    assert family("ring_decode_kernel") == "plugin Triton"
+    assert family("fused_recurrent_gated_delta_rule_fwd_kernel") == "SGLang linear attention"
+    assert family("nvjet_sm90_tst_64x64") == "GEMM" and family("rmsnorm_something") == "other"
+    events = [{"cat": "kernel", "name": "ring_step_kernel", "dur": 30.0, "ts": 0},
+              {"cat": "kernel", "name": "nvjet_sm90_x", "dur": 10.0, "ts": 0},
+              {"cat": "python_function", "name": "sglang_replayssm/radix/a.py(1): f", "ts": 0, "dur": 5, "tid": 1},
+              {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 2, "tid": 1}]
+    path = tmp_path / "x.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = summarize_trace(path, steps=2)
+    assert s["kernel_us_per_step"] == 20.0 and s["linear_share"] == 0.75
+    assert s["host_sync_sites_per_step"] == {"sglang_replayssm/radix/a.py(1): f": 0.5}
+
+
+def test_shim_is_inert_without_the_lab_switch() -> None:
+    code = "import sys, sitecustomize; print(any('Standin' in type(f).__name__ for f in sys.meta_path))"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(LAB / "shim")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
