@@ -83,10 +83,14 @@ def test_existing_spec_hashes_are_unchanged() -> None:
         assert spec.weight_dtype == "float32"
         assert dataclasses.replace(spec, weight_dtype="float32").spec_hash() == spec.spec_hash()
         assert dataclasses.replace(spec, weight_dtype="bfloat16").spec_hash() != spec.spec_hash()
+        assert spec.memory_init is None
+        assert dataclasses.replace(spec, memory_init="mamba").spec_hash() != spec.spec_hash()
     for name in REAL:
         spec = M.SPECS[name]
         assert spec.weight_dtype == "bfloat16" and not spec.mtp
         assert dataclasses.replace(spec, weight_dtype="float32").spec_hash() != spec.spec_hash()
+        assert spec.memory_init == "mamba"
+        assert dataclasses.replace(spec, memory_init=None).spec_hash() != spec.spec_hash()
 
 
 # --- configs at full size ---------------------------------------------------------------------
@@ -275,3 +279,65 @@ def test_unknown_weight_dtype_is_refused(tmp_path: Path) -> None:
     spec = dataclasses.replace(_shrunk("kimi-kda"), weight_dtype="float8")
     with pytest.raises(ValueError, match="weight_dtype"):
         M.build_model(spec, tmp_path, log=_quiet)
+
+
+# --- the linear-attention memory (ModelSpec.memory_init) ------------------------------------------
+
+
+def _decay_gates(name: str, memory_init: str | None) -> list[tuple[Any, Any, Any]]:
+    """(A, dt_bias, gate input for a unit-variance hidden state) of every linear-attention layer of a
+    shrunk copy of ``SPECS[name]`` with 16 gate heads, built by ``_hf_model`` (the build's code path)."""
+    import torch
+
+    spec = _shrunk(name)
+    wide = {"linear_num_key_heads": 4, "linear_num_value_heads": 16} if spec.family == "gdn" else {"linear_num_heads": 16}
+    spec = dataclasses.replace(spec, shape={**spec.shape, **wide}, memory_init=memory_init)
+    model = M._hf_model(spec, M.model_config(spec, 2048))
+    x = torch.randn(256, spec.shape["hidden_size"], generator=torch.Generator().manual_seed(0))
+    out = []
+    with torch.no_grad():
+        for _, mod in sorted(model.named_modules(), key=lambda kv: kv[0]):
+            if hasattr(mod, "in_proj_a") and hasattr(mod, "A_log"):
+                out.append((mod.A_log.exp(), mod.dt_bias, mod.in_proj_a(x)))
+            elif hasattr(mod, "f_b_proj") and hasattr(mod, "A_log"):
+                k = mod.head_dim
+                out.append((mod.A_log.exp().flatten().repeat_interleave(k), mod.dt_bias, mod.f_b_proj(mod.f_a_proj(x))))
+    assert len(out) == 6
+    return out
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_shape_decay_gates_remember(name: str) -> None:
+    """The real-shape models exist to check that served states are exact: a model whose linear-attention
+    heads forget their state within a token or two makes those checks blind. With memory_init="mamba"
+    the per-token decay exp(-A * softplus(dt_bias)) spans ~0.2..0.999 (memories of ~1 to ~1000 tokens),
+    about half the gate channels keep > 0.9 per token, and the data-dependent gate input moves
+    softplus(a + dt_bias) by well under e^1."""
+    import torch
+    import torch.nn.functional as F
+
+    gates = _decay_gates(name, "mamba")
+    decay = torch.cat([torch.exp(-A * F.softplus(dt_bias)) for A, dt_bias, _ in gates])
+    # the recipe's expectation: ~59% of channels above 0.9 per token (A * dt < 0.105)
+    assert float((decay > 0.9).float().mean()) >= 0.45, decay
+    assert float((decay > 0.99).float().mean()) >= 0.05 and float(decay.min()) > 0.1
+    for A, dt_bias, a in gates:
+        dt = F.softplus(dt_bias)
+        assert float(dt.min()) > 0.9e-3 and float(dt.max()) < 0.11 and 1 <= float(A.min()) and float(A.max()) <= 16
+        assert 0.45 < float(a.pow(2).mean().sqrt()) < 0.55
+        ratio = F.softplus(a + dt_bias) / dt
+        assert float(ratio.log().abs().median()) < 0.5
+    if name == "qnext-gdn":  # what transformers' own GDN init gives: nearly every head forgets at once
+        for A, dt_bias, a in _decay_gates(name, None):
+            assert float((torch.exp(-A * F.softplus(a + dt_bias)) > 0.9).float().mean()) < 0.2
+
+
+def test_memory_init_is_seeded_and_checked(tmp_path: Path) -> None:
+    import torch
+
+    spec = _shrunk("qnext-gdn")
+    one, two = (M._hf_model(spec, M.model_config(spec, 2048)) for _ in range(2))
+    for (k, p), q in zip(one.state_dict().items(), two.state_dict().values(), strict=True):
+        assert torch.equal(p, q), k
+    with pytest.raises(ValueError, match="memory_init"):
+        M.build_model(dataclasses.replace(spec, memory_init="xavier"), tmp_path, log=_quiet)

@@ -20,6 +20,11 @@ each, for GPU machines), bfloat16 on disk (``ModelSpec.weight_dtype``):
   [KDA, KDA, KDA, MLA] x 2, KDA with 32 heads of dim 128 (conv 4), MLA with 16 heads (kv_lora_rank 512,
   qk_nope 128, qk_rope 64, v 128), and no MoE layer (first_k_dense_replace = 8: every MLP dense, 5120).
 
+Both real-shape models draw their linear-attention decay gates by Mamba's recipe
+(``ModelSpec.memory_init = "mamba"``: dt log-uniform in [1e-3, 1e-1], A in U(1, 16), the gate's input
+projection scaled to RMS 0.5), so their heads remember ~1 to ~1000 tokens and a served state that is
+wrong changes the output (transformers' GDN init forgets within a token or two).
+
 Everything is seeded: two builds give byte-identical files. The default models are float32. Each directory holds
 ``config.json``, ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``,
 ``tokenizer_config.json`` (with a ChatML chat template) and a marker file (``MARKER``) recording the

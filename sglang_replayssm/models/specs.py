@@ -16,6 +16,7 @@ MARKER = "replayssm-model.json"
 MODEL_NAMES: tuple[str, ...] = ("tiny-gdn", "tiny-kda", "small-gdn")
 REAL_SHAPE_NAMES: tuple[str, ...] = ("qnext-gdn", "kimi-kda")
 WEIGHT_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+MEMORY_INITS: tuple[str, ...] = ("mamba",)
 DEFAULT_OUT = Path.home() / ".cache" / "sglang-replayssm" / "models"
 
 # Tokenizer
@@ -47,6 +48,12 @@ class ModelSpec:
     norm_noise: float = 0.1  # std of noise added to norm weights / router bias (so wrong norms show)
     mtp: bool = False  # an MTP draft layer under mtp.* (models/mtp.py), for NEXTN speculative decoding
     weight_dtype: str = "float32"  # dtype of the weights on disk and of config.json's torch_dtype/dtype
+    # How the linear-attention decay gates are drawn. None: as transformers' init leaves them (GDN: A in
+    # U(0.01, 16), dt_bias = 1, so most heads forget their state within a token or two). "mamba": Mamba's
+    # recipe (weights.py, _memory_init): per gate channel dt log-uniform in [1e-3, 1e-1], dt_bias its
+    # inverse softplus, A in U(1, 16), and the gate's input projection scaled down so that
+    # softplus(a + dt_bias) stays near dt: per-token decays exp(-A * dt) from ~0.2 to ~0.999.
+    memory_init: str | None = None
 
     def spec_hash(self) -> str:
         fields = {"builder": BUILDER_VERSION, "name": self.name, "family": self.family, "seed": self.seed,
@@ -56,6 +63,8 @@ class ModelSpec:
             fields["mtp"] = 1
         if self.weight_dtype != "float32":  # likewise
             fields["weight_dtype"] = self.weight_dtype
+        if self.memory_init is not None:  # likewise
+            fields["memory_init"] = self.memory_init
         blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -138,6 +147,7 @@ SPECS: dict[str, ModelSpec] = {
         # at 0.05 std 2.2, entropy 3-5 nats, median top-2 gap 0.5, and 48 greedy tokens without a repeat
         init_std=0.05,
         weight_dtype="bfloat16",
+        memory_init="mamba",  # transformers' GDN decay init forgets within a token or two
         shape={
             # Qwen3-Next's linear-attention (GDN) and full-attention layer shapes, at 8 layers with a
             # dense MLP: [GDN, GDN, GDN, full] x 2
@@ -161,6 +171,9 @@ SPECS: dict[str, ModelSpec] = {
         seed=1005,
         init_std=0.05,  # as qnext-gdn (at 0.02 two prompts began with the same greedy token)
         weight_dtype="bfloat16",
+        # transformers already draws Mamba's dt/A for KDA; "mamba" redraws them from the spec's seed and
+        # scales f_b_proj so the gate input f_b(f_a(x)) has RMS 0.5 (about 1.3 at init_std 0.05)
+        memory_init="mamba",
         shape={
             # Kimi-Linear's KDA layer shape, at 8 layers: [KDA, KDA, KDA, MLA] x 2
             "hidden_size": 2048,

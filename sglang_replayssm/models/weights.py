@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from sglang_replayssm.models.specs import SPECIAL_TOKENS, WEIGHT_DTYPES, ModelSpec
+from sglang_replayssm.models.specs import MEMORY_INITS, SPECIAL_TOKENS, WEIGHT_DTYPES, ModelSpec
 
 # transformers' classes of each family: (model, config), named explicitly (not through AutoModel).
 _HF_CLASSES = {"gdn": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"), "kda": ("KimiLinearForCausalLM", "KimiLinearConfig")}
@@ -46,6 +46,8 @@ def _hf_model(spec: ModelSpec, cfg: dict[str, Any]) -> Any:
     import torch
 
     weight_dtype(spec)  # refuses an unsupported one before any work
+    if spec.memory_init is not None and spec.memory_init not in MEMORY_INITS:
+        raise ValueError(f"{spec.name}: unsupported memory_init {spec.memory_init!r} (one of {MEMORY_INITS})")
     hf_cfg = hf_config_class(spec.family).from_dict(dict(cfg))
     hf_cfg._attn_implementation = "eager"
     torch.manual_seed(spec.seed)
@@ -65,7 +67,52 @@ def _hf_model(spec: ModelSpec, cfg: dict[str, Any]) -> Any:
                 b.copy_(torch.randn(b.shape, generator=gen, dtype=b.dtype) * spec.norm_noise)
         # Special tokens never win a greedy argmax: their logits are exactly 0.
         model.lm_head.weight[: len(SPECIAL_TOKENS)].zero_()
+        if spec.memory_init == "mamba":
+            _memory_init(spec, model)
     return model
+
+
+# Mamba's decay recipe (``ModelSpec.memory_init == "mamba"``): dt log-uniform in [DT_MIN, DT_MAX] per gate
+# channel, A uniform in [A_MIN, A_MAX] per head; and the RMS of the gate's data-dependent input (for a
+# unit-variance hidden state) is scaled to GATE_INPUT_STD, so softplus(a + dt_bias) stays within about
+# e^(+-GATE_INPUT_STD) of dt rather than swamping it.
+DT_MIN, DT_MAX = 1e-3, 1e-1
+A_MIN, A_MAX = 1.0, 16.0
+GATE_INPUT_STD = 0.5
+
+
+def _memory_init(spec: ModelSpec, model: Any) -> None:
+    """Redraw every linear-attention layer's decay gate (``g = -exp(A_log) * softplus(a + dt_bias)``,
+    the formula of transformers' and SGLang's GDN and KDA alike) by Mamba's recipe, seeded by the spec.
+
+    GDN (Qwen3.5 ``linear_attn``): A_log and dt_bias per value head, ``a = in_proj_a(x)``.
+    KDA (Kimi-Linear ``self_attn.forget_gate``): A_log per head, dt_bias per (head, key channel),
+    ``a = f_b_proj(f_a_proj(x))`` (the scale goes on f_b_proj)."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(spec.seed + 13)
+    n = 0
+    for _, module in sorted(model.named_modules(), key=lambda kv: kv[0]):
+        if spec.family == "gdn" and hasattr(module, "in_proj_a") and hasattr(module, "A_log"):
+            w_gate, scaled = module.in_proj_a.weight, module.in_proj_a.weight
+        elif spec.family == "kda" and hasattr(module, "f_b_proj") and hasattr(module, "A_log"):
+            w_gate, scaled = module.f_b_proj.weight @ module.f_a_proj.weight, module.f_b_proj.weight
+        else:
+            continue
+        a_log, dt_bias = module.A_log, module.dt_bias
+        A = torch.empty(a_log.numel(), dtype=torch.float32).uniform_(A_MIN, A_MAX, generator=gen)
+        log_dt = torch.empty(dt_bias.numel(), dtype=torch.float32).uniform_(
+            math.log(DT_MIN), math.log(DT_MAX), generator=gen)
+        dt = log_dt.exp().clamp_min(1e-4)
+        a_log.copy_(A.log().view_as(a_log))
+        dt_bias.copy_((dt + torch.log(-torch.expm1(-dt))).view_as(dt_bias))  # inverse softplus
+        rms = float(w_gate.float().pow(2).sum(dim=1).mean().sqrt())
+        scaled.mul_(GATE_INPUT_STD / rms)
+        n += 1
+    if n == 0:
+        raise RuntimeError(f"{spec.name}: memory_init found no {spec.family} decay gate to initialise")
 
 
 def _hf_model_fast_init(cls: Any, hf_cfg: Any) -> Any:
