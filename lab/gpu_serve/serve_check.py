@@ -179,6 +179,12 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
     entry["log_facts"] = _log_facts(log)
 
 
+def tables(doc: dict[str, Any]) -> str:
+    from lab_tables import tables as render  # beside this file
+
+    return render(doc)
+
+
 def _drop_traces(out: Path) -> None:
     """Profiler traces are summarised in the JSON; the raw ones are too big to bring back."""
     for trace in out.glob("profiles/*/*.trace.json*"):
@@ -199,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         run_arm(name, args, doc, t_end)
         _drop_traces(args.out)
         (args.out / "serve_check.json").write_text(json.dumps(doc, indent=1))
-    from lab_tables import tables  # noqa: E402  (beside this file)
-
+        (args.out / "tables.md").write_text(tables(doc))
     text = tables(doc)
     (args.out / "tables.md").write_text(text)
     print(text, flush=True)
