@@ -114,7 +114,7 @@ class IntervalStates:
 
     def invalidate(self, kv: torch.Tensor) -> None:
         """KV indices a new token will own carry no state."""
-        self.state_of[kv.reshape(-1).to(self.state_of.device, torch.int64)] = -1
+        self.state_of.index_fill_(0, kv.reshape(-1).to(self.state_of.device, torch.int64), -1)  # no H2D scalar
 
     def assign(self, keys: torch.Tensor) -> None:
         """Give every key (the KV index of a kept state's last token) a state slot, oldest first."""
@@ -125,7 +125,7 @@ class IntervalStates:
         slots = (self.head + torch.arange(n, device=self.device)) % self.capacity
         old = self.owner[slots]
         held = (old >= 0) & (self.state_of[old.clamp(min=0)] == slots)
-        self.state_of[torch.where(held, old, self.kv_size)] = -1
+        self.state_of.index_fill_(0, torch.where(held, old, self.kv_size), -1)
         self.state_of[keys] = slots
         self.owner[slots] = keys
         self.head = (self.head + n) % self.capacity

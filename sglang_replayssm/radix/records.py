@@ -130,7 +130,8 @@ class RecordPool:
         """KV indices that a new token will own carry no record (allocator choke point)."""
         if kv is None or kv.numel() == 0:
             return
-        self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)] = -1
+        # index_fill_, not `slot_of[kv] = -1`: that copies the scalar host-to-device on every decode step
+        self.slot_of.index_fill_(0, kv.reshape(-1).to(self.slot_of.device, torch.int64), -1)
         if self.states is not None:
             self.states.invalidate(kv)
 
@@ -144,7 +145,7 @@ class RecordPool:
         slots = (self.head + torch.arange(n, device=self.device)) % self.capacity
         old = self.owner[slots]
         held = (old >= 0) & (self.slot_of[old.clamp(min=0)] == slots)
-        self.slot_of[torch.where(held, old, self.kv_size)] = -1  # the sink absorbs the others
+        self.slot_of.index_fill_(0, torch.where(held, old, self.kv_size), -1)  # the sink absorbs the others
         self.slot_of[kv] = slots
         self.owner[slots] = kv
         self.head = (self.head + n) % self.capacity
