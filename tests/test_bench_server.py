@@ -10,8 +10,8 @@ import pytest
 
 from sglang_replayssm.bench.arms import (
     ARMS,
-    COMMON_FLAGS,
     command_line,
+    common_flags,
     parse_arms,
     server_command,
     server_env,
@@ -74,11 +74,14 @@ def test_each_arm_command_has_its_flags_and_the_common_ones(name: str) -> None:
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     assert flag_value(cmd, "--model-path") == "/m" and flag_value(cmd, "--port") == "1234"
     assert flag_value(cmd, "--tp-size") == "2" and flag_value(cmd, "--device") == "cuda"
-    for flag in COMMON_FLAGS:
+    for flag in common_flags(arm, "cuda"):
         assert flag in cmd
+    # On a GPU the overlap scheduler stays on, except where no_buffer needs it off.
+    assert ("--disable-overlap-schedule" in cmd) == (name == "upstream")
     strategy = flag_value(cmd, "--mamba-radix-cache-strategy")
     assert strategy == ("no_buffer" if name == "upstream" else "extra_buffer")
-    assert ("--enable-linear-replayssm" in cmd) == (name in ("upstream", "plugin", "nextn-ring"))
+    assert ("--enable-linear-replayssm" in cmd) == (name in ("upstream", "plugin", "nextn-ring", "plugin-bf16",
+                                                              "plugin-fp8"))
     spec = name.startswith("nextn")
     assert (flag_value(cmd, "--speculative-algorithm") == "NEXTN") == spec
     assert ("--enable-linear-replayssm-spec" in cmd) == (name == "nextn-plugin")
