@@ -42,19 +42,17 @@ def _cuda_api() -> dict:
         y = y * ((1.0 + w.float()) if gemma else w.float())
         return y.to(x.dtype)
 
-    def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-        y = _rms(input, weight, eps, False)
-        if out is None:
-            return y
-        out.copy_(y)
-        return out
+    def _norm(gemma):
+        def fn(input, weight, eps=1e-6, out=None, enable_pdl=None):
+            y = _rms(input, weight, eps, gemma)
+            if out is None:
+                return y
+            out.copy_(y)
+            return out
 
-    def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-        y = _rms(input, weight, eps, True)
-        if out is None:
-            return y
-        out.copy_(y)
-        return out
+        return fn
+
+    rmsnorm, gemma_rmsnorm = _norm(False), _norm(True)
 
     def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
         residual.add_(input)
