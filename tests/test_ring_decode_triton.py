@@ -28,7 +28,7 @@ import torch
 from sglang_replayssm.kernels import naive
 from sglang_replayssm.kernels.cursor import cursor_step_torch
 from sglang_replayssm.kernels.experimental.ring_decode_research import ring_decode_research
-from sglang_replayssm.kernels.ring_decode import RingDecodeConfig, pick_config, ring_decode
+from sglang_replayssm.kernels.ring_decode import RingDecodeConfig, checked_step, pick_config, ring_decode
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
 CUDA = torch.cuda.is_available()
@@ -373,3 +373,28 @@ def test_same_ring_effects_as_sglang_kernel(is_kda: bool) -> None:
         res.append((out, st, d, k, g))
     for x, y in zip(res[0], res[1]):
         assert _rel(x, y.double()) <= 1e-5
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("is_kda", [False, True])
+def test_bf16_gate_parameters_are_widened_exactly(is_kda: bool) -> None:
+    """SGLang keeps ``dt_bias`` in the served dtype (bf16); the step widens it (and A_log) to fp32 so the
+    CUDA passes, which take fp32 only, can run, and the results equal those of the fp32 values."""
+    s = KDA if is_kda else GDN
+    runs = []
+    for narrow in (False, True):
+        sim = RingSim(s, is_kda, torch.float32, seed=5)
+        sim.dt_bias = sim.dt_bias.to(torch.bfloat16)
+        sim.A_log = sim.A_log.to(torch.bfloat16)
+        if not narrow:
+            sim.dt_bias, sim.A_log = sim.dt_bias.float(), sim.A_log.float()
+        qkv, a, b = sim.inputs()
+        out = torch.zeros(s.B, 1, s.HV, s.V, device=DEV)
+        wp = sim.cursor[sim.rows.clamp(min=0).long()].clone()
+        args = (qkv, a, b, sim.A_log, sim.dt_bias, s.K**-0.5, sim.state, sim.d, sim.k, sim.g, out, sim.rows, wp, None)
+        step = checked_step(*args, use_qk_l2norm_in_kernel=True, is_kda=is_kda)
+        assert step.dt_bias.dtype == torch.float32 and step.A_log.dtype == torch.float32
+        assert torch.equal(step.dt_bias, sim.dt_bias.float()) and torch.equal(step.A_log, sim.A_log.float())
+        ring_decode(*args, use_qk_l2norm_in_kernel=True, is_kda=is_kda)
+        runs.append((out.clone(), sim.state.clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
