@@ -31,6 +31,8 @@ from typing import Any
 
 import aiohttp
 
+from sglang_replayssm.bench.metrics import percentile
+
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
 
 
@@ -42,14 +44,9 @@ def token_kl(ref: Sequence[float], served: Sequence[float]) -> list[float]:
 
 
 def quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of ``values`` (q in [0, 1]); nan for an empty list."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """:func:`~sglang_replayssm.bench.metrics.percentile` at ``100 q``, nan for an empty list (JSON-friendly)."""
+    p = percentile(values, 100.0 * q)
+    return float("nan") if p is None else p
 
 
 @dataclass
