@@ -16,7 +16,7 @@ LAB = ROOT / "lab" / "gpu_serve"
 sys.path.insert(0, str(LAB))
 
 from lab_tables import tables  # noqa: E402
-from profile_step import family, summarize_trace  # noqa: E402
+from profile_step import family, host_frames, summarize_trace  # noqa: E402
 
 
 @pytest.mark.parametrize("script", [ROOT / "scripts" / "gpu_serve.sh", LAB / "carry.sh"])
@@ -57,6 +57,22 @@ def test_profile_families_and_trace_summary(tmp_path: Path) -> None:
     s = summarize_trace(path, steps=2)
     assert s["kernel_us_per_step"] == 20.0 and s["linear_share"] == 0.75
     assert s["host_sync_sites_per_step"] == {"sglang_replayssm/radix/a.py(1): f": 0.5}
+
+
+def test_host_frames_count_our_outermost_frames_once() -> None:
+    def fr(name: str, ts: float, dur: float, tid: int = 1) -> dict[str, object]:
+        return {"cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    frames = {1: [fr("sglang/srt/managers/scheduler.py(1): run_batch", 0, 100),
+                  fr("sglang_replayssm/radix/hooks.py(5): around", 10, 40),
+                  fr("sglang_replayssm/radix/records.py(9): invalidate", 20, 10),  # nested in ours: not again
+                  fr("sglang/srt/mem_cache/x.py(2): alloc", 25, 3),  # inside ours: not SGLang's
+                  fr("sglang_replayssm/radix/records.py(9): invalidate", 60, 6)],
+              2: [fr("sglang_replayssm/kernels/cursor.py(3): step", 0, 4, tid=2)]}
+    h = host_frames(frames, steps=2)
+    assert h["plugin_host_us_per_step"] == (40 + 6 + 4) / 2
+    assert dict(h["plugin_host_frames"])["sglang_replayssm/radix/records.py(9): invalidate"] == 3.0
+    assert dict(h["sglang_host_frames"]) == {"sglang/srt/managers/scheduler.py(1): run_batch": 50.0}
 
 
 def test_shim_is_inert_without_the_lab_switch() -> None:

@@ -16,7 +16,7 @@ import torch
 
 from sglang_replayssm.kernels.materialize import materialize
 from sglang_replayssm.kernels.materialize_ref import check_materialize_args, materialize_torch
-from sglang_replayssm.kernels.materialize_triton import materialize_triton
+from sglang_replayssm.kernels.materialize_triton import materialize_triton, rows_per_program
 from sglang_replayssm.kernels.naive import (
     compute_beta_fp64,
     compute_gate_fp64,
@@ -179,6 +179,21 @@ def test_triton_matches_torch_reference(ring_pool: RingPool) -> None:
     ref = run("torch", ring_pool, rows)
     tri = run("triton", ring_pool, rows)
     assert rel_err(tri.temporal, ref.temporal) <= 1e-6
+
+
+@pytest.mark.interpret
+def test_triton_walks_row_blocks_with_skipped_rows(ring_pool: RingPool) -> None:
+    """A batch-sized launch (71 rows: two rows per program, the last block half past the end) whose
+    live rows sit at a block's first and second place and in the tail block, as in the decode track."""
+    assert rows_per_program(71) == 2 and rows_per_program(32) == 1 and rows_per_program(256) == 8
+    rows = [(-1, -1, 0)] * 71
+    for at, s in {0: 0, 33: 1, 50: 2, 70: 3}.items():
+        rows[at] = (s, 4 + s, ring_pool.cursor[s])
+    rows[12] = (2, -1, 1)  # a source without a destination is skipped too
+    ref = run("torch", ring_pool, rows)
+    tri = run("triton", ring_pool, rows)
+    assert rel_err(tri.temporal, ref.temporal) <= 1e-6
+    assert not torch.equal(bits(tri.temporal[:, 7]), bits(ring_pool.temporal[:, 7]))
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

@@ -73,6 +73,7 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
         where[(inner or {}).get("name", "?")[-110:]] += 1
     steps = max(steps, 1)
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    host = host_frames(frames, steps)
     return {
         "trace": path.name, "steps": steps, "kernel_us_per_step": total / steps,
         "family_us_per_step": {k: v / steps for k, v in sorted(per_family.items(), key=lambda kv: -kv[1])},
@@ -81,6 +82,38 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
         "host_syncs_per_step": {k: v / steps for k, v in syncs.items()},
         "host_sync_sites_per_step": {k: v / steps for k, v in sorted(where.items(), key=lambda kv: -kv[1])[:20]},
         "top_kernels_us_per_step": [(k, v / steps) for k, v in top],
+        **host,
+    }
+
+
+def host_frames(frames: dict[Any, list[dict[str, Any]]], steps: int, top: int = 12) -> dict[str, Any]:
+    """Host time per step: the plugin's outermost Python frames, and SGLang's busiest frames.
+
+    ``plugin_host_us_per_step`` sums the frames of ``sglang_replayssm`` not nested in another frame
+    of ours (inclusive time, on every thread); ``plugin_host_frames`` lists them by name.
+    ``sglang_host_frames`` lists SGLang's frames by inclusive time (nested ones overlap: read it as a
+    call tree). with_stack tracing slows the host, so compare arms, not absolute numbers.
+    """
+    ours: dict[str, float] = defaultdict(float)
+    theirs: dict[str, float] = defaultdict(float)
+    for evs in frames.values():
+        stack: list[tuple[float, bool]] = []  # (end, inside a frame of ours)
+        for ev in sorted(evs, key=lambda e: (float(e.get("ts", 0.0)), -float(e.get("dur", 0.0)))):
+            ts, dur, name = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0)), str(ev.get("name", ""))
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            mine = "sglang_replayssm" in name
+            inside = bool(stack) and stack[-1][1]
+            if mine and not inside:
+                ours[name[-100:]] += dur
+            elif "sglang/srt" in name and not inside:
+                theirs[name[-100:]] += dur
+            stack.append((ts + dur, inside or mine))
+    steps = max(steps, 1)
+    return {
+        "plugin_host_us_per_step": sum(ours.values()) / steps,
+        "plugin_host_frames": [(k, v / steps) for k, v in sorted(ours.items(), key=lambda kv: -kv[1])[:top]],
+        "sglang_host_frames": [(k, v / steps) for k, v in sorted(theirs.items(), key=lambda kv: -kv[1])[:2 * top]],
     }
 
 
