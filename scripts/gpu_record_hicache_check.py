@@ -20,8 +20,8 @@ class HostKVCache:
 base.HostKVCache = HostKVCache
 sys.modules["sglang.srt.mem_cache.pool_host.base"] = base
 sys.path.insert(0, ".")
-from sglang_replayssm.radix import record_hicache as RH  # noqa: E402
-from sglang_replayssm.radix.records import RecordPool, attach  # noqa: E402
+from sglang_replayssm.radix.records.hicache import host_records as RH  # noqa: E402
+from sglang_replayssm.radix.records.pool import RecordPool, attach  # noqa: E402
 
 dev = torch.device("cuda")
 pool = RecordPool(kv_size=4096, capacity=1024, device=dev)

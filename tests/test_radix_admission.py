@@ -148,7 +148,7 @@ def test_guard_is_restored_after_the_call():
 @pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
 def test_pd_disaggregation_with_the_decode_ring(mode, adapter_on):
     """SGLang refuses the decode ring under PD with a ValueError (a traceback at launch). The adapter
-    admits a decode server (radix/pd.py: its pool gets the ring; SGLang's own check runs answered) and
+    admits a decode server (radix/pd/decode_pool.py: its pool gets the ring; SGLang's own check runs answered) and
     refuses a prefill server, or a decode server with the pd_decode_ring fix off, in one line."""
     with config.override(adapter_on):
         if adapter_on and mode == "decode":

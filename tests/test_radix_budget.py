@@ -126,7 +126,7 @@ def test_spec_ring_sizing_is_left_to_sglang():
 @pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
 def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatch):
     """With records beside the spec ring (``record_spec_ring``) their pool comes out of the KV budget too."""
-    from sglang_replayssm.radix import records
+    from sglang_replayssm.radix.records import pool as records
 
     params, _, _ = _pool_bytes_per_slot("gdn", 4)
     monkeypatch.setattr(records, "_budgeted", None)
@@ -143,7 +143,7 @@ def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatc
 
 
 def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
-    from sglang_replayssm.radix import records
+    from sglang_replayssm.radix.records import pool as records
 
     cfg = SimConfig(kind="gdn")
     model = ToyModel(cfg)
@@ -181,7 +181,7 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
 def test_mamba_sizing_charges_the_read_copy(mode):
     """``SGLANG_REPLAYSSM_READ_COPY``: the copy and its records are priced per slot beside the ring."""
-    from sglang_replayssm.radix.read_copy import bytes_per_slot
+    from sglang_replayssm.radix.read_copy.store import bytes_per_slot
 
     ring_len, rest_gib = 16, 0.02
     params, _, ring = _pool_bytes_per_slot("gdn", ring_len)

@@ -27,8 +27,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_replayssm import hook_table
-from sglang_replayssm.radix import config, decode_metadata, hooks
-from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix.ring import decode_metadata as decode_metadata
+from sglang_replayssm.radix.ring.pool import ring_pool
 
 MAX_BS = 12
 

@@ -138,7 +138,7 @@ def test_record_metrics_count_rebuilds_folds_and_the_pool():
     import torch
     from prometheus_client import REGISTRY
 
-    from sglang_replayssm.radix.records import RecordPool, attach
+    from sglang_replayssm.radix.records.pool import RecordPool, attach
 
     labels = {"model_name": "replayssm-records-test", "engine_type": "unified"}
     reporter = _reporter(True, SimpleNamespace(labels=labels))

@@ -1,4 +1,4 @@
-"""Records with HiCache (``radix/record_hicache.py``) on SGLang 0.5.23's real objects (CPU tensors).
+"""Records with HiCache (``radix/records/hicache/host_records.py``) on SGLang 0.5.23's real objects (CPU tensors).
 
 A node's records go to host with its KV (``HybridCacheController.write``), its device copy is
 evicted (the KV indices freed, their device records dropped), HiCache loads it back to new device
@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_replayssm.radix import config, record_hicache
-from sglang_replayssm.radix.records import pool_of
+from sglang_replayssm.radix import config
+from sglang_replayssm.radix.records.hicache import host_records as record_hicache
+from sglang_replayssm.radix.records.pool import pool_of
 from sglang_replayssm.testing import simulate_records
 from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
 
@@ -374,7 +375,7 @@ def test_a_host_hit_whose_plant_fails_after_the_load_recomputes_from_the_deepest
     ``init_load_back`` reports nothing loaded and the request recomputes from the deepest state,
     exact. Keeping SGLang's load result instead would resume the KV depth from that shallower state:
     the oracle check fails."""
-    from sglang_replayssm.radix import record_host_hits
+    from sglang_replayssm.radix.records.hicache import host_hits as record_host_hits
 
     monkeypatch.setattr(record_host_hits, "_plant", lambda *a: False)
     if fallback == "keep-the-load":

@@ -100,7 +100,7 @@ def check_read_copy(server_args: Any) -> None:
     no decode ring, the spec ring or speculative decoding, an explicit non-fp32 ``--mamba-ssm-dtype``
     (an unset ssm dtype is checked on the allocated checkpoint, :func:`read_copy.attach`), the Helion
     decode backend."""
-    from sglang_replayssm.radix.read_copy import refusal
+    from sglang_replayssm.radix.read_copy.store import refusal
 
     try:
         mode = config.read_copy_mode()
@@ -140,8 +140,8 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
             "ignore pending ring records."
         )
     disaggregation = _value(server_args, "disaggregation_mode", "null")
-    if disaggregation not in (None, "null"):  # PD: the decode server only (radix/pd.py)
-        from sglang_replayssm.radix.pd import admit_disaggregation, decode_check_answered
+    if disaggregation not in (None, "null"):  # PD: the decode server only (radix/pd/decode_pool.py)
+        from sglang_replayssm.radix.pd.decode_pool import admit_disaggregation, decode_check_answered
 
         admit_disaggregation(disaggregation, ReplaySSMArgsError)
         with decode_check_answered(importlib.import_module(_GUARD_MODULE)):

@@ -86,14 +86,14 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
 
 
 def _read_copy_bytes_per_slot(configurator: Any, cache_params: Any, record_len: int) -> int:
-    """The read copy's bytes per slot (radix/read_copy.py: copy, scales, d~, v, beta, stale mark; not
+    """The read copy's bytes per slot (radix/read_copy/store.py: copy, scales, d~, v, beta, stale mark; not
     the d~ / v records where they are carved out of SGLang's ``replayssm_d``, fix ``read_copy_d_ring``),
     0 while ``SGLANG_REPLAYSSM_READ_COPY=off``; logged in one line when charged.
 
     The records' io dtype is the conv pool's (``cache_params.dtype.conv``, what ``attach`` allocates
     them in), else the served dtype."""
     from sglang_replayssm.radix import config
-    from sglang_replayssm.radix.read_copy import bytes_per_slot, records_in_d_ring
+    from sglang_replayssm.radix.read_copy.store import bytes_per_slot, records_in_d_ring
 
     mode = config.read_copy_mode()
     if mode == "off":
@@ -144,9 +144,9 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     one chunk of 64 tokens), logged either way.
     """
     from sglang_replayssm.radix import config
-    from sglang_replayssm.radix.interval_states import interval_from_env
-    from sglang_replayssm.radix.record_rebuild import sequential_tokens_from_env
-    from sglang_replayssm.radix.records import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
+    from sglang_replayssm.radix.records.interval_states import interval_from_env
+    from sglang_replayssm.radix.records.pool import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
+    from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
 
     linear = getattr(configurator, "hybrid_gdn_config", None) or getattr(configurator, "hybrid_kda_config", None)
     if not config.enabled("record_hits") or linear is None:

@@ -19,9 +19,9 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.pd_hits import PD_HIT_HOOKS
-from sglang_replayssm.radix.read_copy_hooks import READ_COPY_HOOKS
-from sglang_replayssm.radix.record_hicache_hooks import HICACHE_HOOKS, HOST_HIT_HOOKS, STORAGE_HOOKS
+from sglang_replayssm.radix.pd.hits import PD_HIT_HOOKS
+from sglang_replayssm.radix.read_copy.hooks import READ_COPY_HOOKS
+from sglang_replayssm.radix.records.hicache.hooks import HICACHE_HOOKS, HOST_HIT_HOOKS, STORAGE_HOOKS
 
 __all__ = ["HOOKS", "Hook", "applied_hooks", "install", "register"]
 
@@ -86,7 +86,7 @@ def admit_linear_attn(original: Callable[..., Any], server_args: Any) -> Any:
        at="sglang/srt/layers/attention/linear/kernels/gdn_triton.py:46", fix="ring_kernels")
 def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
     """GDN packed decode on CUDA: sglang-replayssm's ring decode kernel."""
-    from sglang_replayssm.radix.kernel_binding import ring_packed_decode
+    from sglang_replayssm.radix.ring.kernel_binding import ring_packed_decode
 
     return ring_packed_decode(original, kernel, *args, is_kda=False, **kwargs)
 
@@ -95,7 +95,7 @@ def gdn_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwa
        at="sglang/srt/layers/attention/linear/kernels/kda_triton.py:37", fix="ring_kernels")
 def kda_ring_kernel(original: Callable[..., Any], kernel: Any, *args: Any, **kwargs: Any) -> Any:
     """KDA packed decode on CUDA: sglang-replayssm's ring decode kernel."""
-    from sglang_replayssm.radix.kernel_binding import ring_packed_decode
+    from sglang_replayssm.radix.ring.kernel_binding import ring_packed_decode
 
     return ring_packed_decode(original, kernel, *args, is_kda=True, **kwargs)
 
@@ -109,7 +109,7 @@ def decode_metadata_eager(original: Callable[..., Any], backend: Any, *args: Any
     """Eager decode metadata: KDA force flush, then the device cursor (each behind its own fix)."""
     if not (config.enabled("kda_force_flush") or config.enabled("device_cursor")):
         return original(backend, *args, **kwargs)
-    from sglang_replayssm.radix.decode_metadata import forward_metadata
+    from sglang_replayssm.radix.ring.decode_metadata import forward_metadata
 
     return forward_metadata(original, backend, *args, **kwargs)
 
@@ -121,7 +121,7 @@ def decode_metadata_graph(original: Callable[..., Any], backend: Any, *args: Any
     ``seq_lens``): KDA force flush, then the device cursor (each behind its own fix)."""
     if not (config.enabled("kda_force_flush") or config.enabled("device_cursor")):
         return original(backend, *args, **kwargs)
-    from sglang_replayssm.radix.decode_metadata import out_graph_metadata
+    from sglang_replayssm.radix.ring.decode_metadata import out_graph_metadata
 
     return out_graph_metadata(original, backend, *args, **kwargs)
 
@@ -131,7 +131,7 @@ def decode_metadata_graph(original: Callable[..., Any], backend: Any, *args: Any
 def exact_track_decode(original: Callable[..., Any], backend: Any, forward_batch: Any, conv_states: Any,
                        ssm_states: Any, cache_indices: Any, layer_id: int | None = None) -> Any:
     """The decode track snapshot folds the working slot's pending records."""
-    from sglang_replayssm.radix.snapshot import track_decode_exact
+    from sglang_replayssm.radix.ring.snapshot import track_decode_exact
 
     return track_decode_exact(
         original, backend, forward_batch, conv_states, ssm_states, cache_indices, layer_id
@@ -147,7 +147,7 @@ def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: 
     """A slot copy folds the source's pending records into the destination."""
     if not config.enabled("cursor_reset"):  # a record count is trusted only if every slot starts empty
         return original(mamba_pool, src_indices, dst_indices)
-    from sglang_replayssm.radix.snapshot import copy_from_exact
+    from sglang_replayssm.radix.ring.snapshot import copy_from_exact
 
     return copy_from_exact(original, mamba_pool, src_indices, dst_indices)
 
@@ -156,7 +156,7 @@ def exact_copy_from(original: Callable[..., Any], mamba_pool: Any, src_indices: 
        at="sglang/srt/mem_cache/memory_pool.py:1426", fix="cursor_reset", gate=False)
 def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: Any) -> None:
     """Link the new slot allocator to the pool's cursor (whatever the fixes: a link does nothing)."""
-    from sglang_replayssm.radix.alloc_reset import link_allocator
+    from sglang_replayssm.radix.ring.alloc_reset import link_allocator
 
     link_allocator(req_to_token_pool)
 
@@ -164,8 +164,8 @@ def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwarg
 @_hook("sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool._init_mamba_pool", "AROUND",
        at="sglang/srt/mem_cache/memory_pool.py:1426", fix="pd_decode_ring")
 def decode_pool_ring(original: Callable[..., Any], req_to_token_pool: Any, *args: Any, **kwargs: Any) -> Any:
-    """The PD decode server's mamba pool gets the decode ring (radix/pd.py)."""
-    from sglang_replayssm.radix.pd import ring_on_decode_pool
+    """The PD decode server's mamba pool gets the decode ring (radix/pd/decode_pool.py)."""
+    from sglang_replayssm.radix.pd.decode_pool import ring_on_decode_pool
 
     return ring_on_decode_pool(original, req_to_token_pool, *args, **kwargs)
 
@@ -176,7 +176,7 @@ def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) 
     """Every slot the allocator hands out starts with an empty ring."""
     if result is None:
         return
-    from sglang_replayssm.radix.alloc_reset import empty_allocated
+    from sglang_replayssm.radix.ring.alloc_reset import empty_allocated
 
     empty_allocated(allocator, result)
 
@@ -187,7 +187,7 @@ def empty_ring_on_int8_load(
     result: Any, ckpt_pool: Any, active_mamba_pool: Any, ckpt_slots: Any, active_slots: Any
 ) -> None:
     """A slot an int8 checkpoint is loaded into starts with an empty ring."""
-    from sglang_replayssm.radix.alloc_reset import empty_loaded
+    from sglang_replayssm.radix.ring.alloc_reset import empty_loaded
 
     empty_loaded(active_mamba_pool, active_slots)
 
@@ -199,7 +199,7 @@ def empty_ring_on_int8_load(
        at="sglang/srt/model_executor/model_runner.py:1915", fix="extend_fold")
 def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
     """Before an extend forward reads the pool, fold every row's pending records."""
-    from sglang_replayssm.radix.movers import fold_before_extend
+    from sglang_replayssm.radix.ring.movers import fold_before_extend
 
     return fold_before_extend(original, runner, forward_batch)
 
@@ -208,7 +208,7 @@ def fold_rows_before_extend(original: Callable[..., Any], runner: Any, forward_b
        at="sglang/srt/mem_cache/memory_pool.py:1208", fix="retract_backup")
 def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) -> Any:
     """The CPU retraction backup carries the full state."""
-    from sglang_replayssm.radix.movers import cpu_copy_exact
+    from sglang_replayssm.radix.ring.movers import cpu_copy_exact
 
     return cpu_copy_exact(original, mamba_pool, indices)
 
@@ -217,7 +217,7 @@ def exact_cpu_copy(original: Callable[..., Any], mamba_pool: Any, indices: Any) 
        at="sglang/srt/mem_cache/memory_pool.py:1223", fix="retract_backup")
 def empty_ring_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
     """A slot a CPU backup is loaded into starts with an empty ring."""
-    from sglang_replayssm.radix.alloc_reset import empty_loaded
+    from sglang_replayssm.radix.ring.alloc_reset import empty_loaded
 
     empty_loaded(mamba_pool, indices)
 
@@ -232,7 +232,7 @@ def exact_finish_donation(
 ) -> Any:
     """Finish donation: no_buffer folds the slot first (real depth); extra_buffer donates the exact
     end state (``end_state``)."""
-    from sglang_replayssm.radix import donation
+    from sglang_replayssm.radix.ring import donation as donation
 
     donation.materialize_before_finish_donation(component, req, is_finished)
     if config.enabled("end_state"):
@@ -260,7 +260,7 @@ _ALLOC = "sglang.srt.mem_cache.allocator"
        at="sglang/srt/managers/schedule_batch.py:2847", fix="record_hits")
 def assign_extend_records(result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """The prefill batch's new tokens get record slots."""
-    from sglang_replayssm.radix.record_capture import assign_batch
+    from sglang_replayssm.radix.records.capture import assign_batch
 
     assign_batch(batch, decode=False)
 
@@ -269,7 +269,7 @@ def assign_extend_records(result: Any, batch: Any, *args: Any, **kwargs: Any) ->
        at="sglang/srt/managers/schedule_batch.py:3736", fix="record_hits")
 def assign_decode_records(result: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """The decode batch's new tokens get record slots."""
-    from sglang_replayssm.radix.record_capture import assign_batch
+    from sglang_replayssm.radix.records.capture import assign_batch
 
     assign_batch(batch, decode=True)
 
@@ -277,7 +277,7 @@ def assign_decode_records(result: Any, batch: Any, *args: Any, **kwargs: Any) ->
 def _no_record_on_alloc(name: str) -> Callable[..., None]:
     def hook(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
         """Every KV index the allocator hands out starts without a record."""
-        from sglang_replayssm.radix.record_capture import invalidate_allocated
+        from sglang_replayssm.radix.records.capture import invalidate_allocated
 
         invalidate_allocated(allocator, result)
 
@@ -301,12 +301,12 @@ for _name, _target, _at in (
 def _capture_records(name: str, what: str) -> Callable[..., Any]:
     def hook(original: Callable[..., Any], backend: Any, layer: Any, forward_batch: Any,
              mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
-        from sglang_replayssm.radix.record_capture import capture
+        from sglang_replayssm.radix.records.capture import capture
 
         capture(backend, layer, forward_batch, mixed_qkv, a, b)
         if what != "extend":
             return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        from sglang_replayssm.radix.record_capture import extending
+        from sglang_replayssm.radix.records.capture import extending
 
         with extending(backend, layer, forward_batch):
             return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
@@ -334,7 +334,7 @@ for _name, _target, _at, _what in (
        at="sglang/srt/layers/attention/linear/gdn_backend.py:441", fix="record_hits")
 def keep_interval_states(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
     """A forward's own GDN extend: keep its per-chunk states at the state interval."""
-    from sglang_replayssm.radix.record_capture import keep_chunk_states
+    from sglang_replayssm.radix.records.capture import keep_chunk_states
 
     result = original(dispatcher, *args, **kwargs)
     keep_chunk_states(result, kwargs.get("ssm_states"))
@@ -345,7 +345,7 @@ def keep_interval_states(original: Callable[..., Any], dispatcher: Any, *args: A
        at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hits")
 def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """A records-only best match gets a planted state, rebuilt before the copy-on-write reads it."""
-    from sglang_replayssm.radix.record_match import plant_and_match
+    from sglang_replayssm.radix.records.match import plant_and_match
 
     return plant_and_match(original, component, params, result)
 
@@ -355,7 +355,7 @@ def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: An
 def rebuild_planted_states(runner: Any, *args: Any, **kwargs: Any) -> None:
     """Before a forward writes anything: rebuild the states planted since the last one."""
     if config.enabled("record_hits"):
-        from sglang_replayssm.radix.record_rebuild import run_pending
+        from sglang_replayssm.radix.records.rebuild import run_pending
 
         run_pending(runner)
 
@@ -390,14 +390,14 @@ def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_re
     return charge_decode_ring(original, configurator, total_rest_memory)
 
 
-# ---- the spec-verify ring (radix/spec_ring.py) -------------------------------------------------
+# ---- the spec-verify ring (radix/spec/ring.py) -------------------------------------------------
 
 
 @_hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND",
        at="sglang/srt/arg_groups/attention_hook.py:281", fix="spec_ring_check")
 def check_spec_ring(original: Callable[..., Any], server_args: Any) -> Any:
     """D5: refuse a GDN spec ring length SGLang checks only in a kernel assert."""
-    from sglang_replayssm.radix.spec_ring import check_spec_ring_args
+    from sglang_replayssm.radix.spec.ring import check_spec_ring_args
     result = original(server_args)
     check_spec_ring_args(server_args)
     return result
@@ -409,7 +409,7 @@ def spec_finish_donation(
     original: Callable[..., Any], component: Any, req: Any, insert_params: Any, token_ids_len: int, is_finished: bool
 ) -> Any:
     """D1: fold the spec row before SGLang donates a finishing no_buffer slot."""
-    from sglang_replayssm.radix.spec_ring import fold_before_finish
+    from sglang_replayssm.radix.spec.ring import fold_before_finish
     fold_before_finish(component, req, is_finished)
     return original(component, req, insert_params, token_ids_len, is_finished)
 
@@ -418,7 +418,7 @@ def spec_finish_donation(
        at="sglang/srt/managers/schedule_batch.py:2109", fix="spec_retract_backup")
 def spec_offload_backup(original: Callable[..., Any], req: Any, req_to_token_pool: Any, *args: Any) -> Any:
     """D2: fold the spec row before its CPU retraction backup."""
-    from sglang_replayssm.radix.spec_ring import fold_before_offload
+    from sglang_replayssm.radix.spec.ring import fold_before_offload
     fold_before_offload(req, req_to_token_pool)
     return original(req, req_to_token_pool, *args)
 
@@ -427,7 +427,7 @@ def spec_offload_backup(original: Callable[..., Any], req: Any, req_to_token_poo
        at="sglang/srt/model_executor/model_runner.py:1915", fix="spec_extend_fold")
 def spec_fold_before_extend(original: Callable[..., Any], runner: Any, forward_batch: Any) -> Any:
     """D3 / D4: fold every spec row before an extend forward reads the pool."""
-    from sglang_replayssm.radix.spec_ring import fold_before_extend
+    from sglang_replayssm.radix.spec.ring import fold_before_extend
     fold_before_extend(runner, forward_batch)
     return original(runner, forward_batch)
 
@@ -439,10 +439,10 @@ def session_state_depth(original: Callable[..., Any], session: Any, req: Any) ->
     from sglang_replayssm.radix.session_depth import finish_at_state_depth
     return finish_at_state_depth(original, session, req)
 
-# ---- records with HiCache: host backup, load-back, planted states (radix/record_hicache.py) ------
+# ---- records with HiCache: host backup, load-back, planted states (radix/records/hicache/host_records.py) ------
 
 
-def _hicache_hook(name: str, body: str, doc: str, module: str = "record_hicache") -> Callable[..., Any]:
+def _hicache_hook(name: str, body: str, doc: str, module: str = "records.hicache.host_records") -> Callable[..., Any]:
     def hook(*args: Any, **kwargs: Any) -> Any:
         import importlib
         return getattr(importlib.import_module(f"sglang_replayssm.radix.{module}"), body)(*args, **kwargs)
@@ -452,15 +452,16 @@ def _hicache_hook(name: str, body: str, doc: str, module: str = "record_hicache"
 
 for _name, _body, _target, _kind, _at, _doc in HICACHE_HOOKS:  # one row per hook: target, SGLang file:line
     _hook(_target, _kind, at=_at, fix="record_hicache", gate=_kind != "BEFORE")(_hicache_hook(_name, _body, _doc))
-for _rows, _module in ((HOST_HIT_HOOKS, "record_host_hits"), (STORAGE_HOOKS, "record_storage"),
-                       (PD_HIT_HOOKS, "pd_hits")):
+for _rows, _fix, _module in ((HOST_HIT_HOOKS, "record_host_hits", "records.hicache.host_hits"),
+                             (STORAGE_HOOKS, "record_storage", "records.hicache.storage"),
+                             (PD_HIT_HOOKS, "pd_hits", "pd.hits")):
     for _name, _body, _target, _kind, _at, _doc in _rows:  # radix/<_module>.py
-        _hook(_target, _kind, at=_at, fix=_module)(_hicache_hook(_name, _body, _doc, _module))
+        _hook(_target, _kind, at=_at, fix=_fix)(_hicache_hook(_name, _body, _doc, _module))
 
 
 # ---- registration ---------------------------------------------------------------------------------
 
-#: Every hook of the radix adapter, in definition order (the read copy's last: radix/read_copy_hooks.py).
+#: Every hook of the radix adapter, in definition order (the read copy's last: radix/read_copy/hooks.py).
 HOOKS: tuple[Hook, ...] = tuple(_TABLE) + READ_COPY_HOOKS
 
 

@@ -90,7 +90,7 @@ def pop_lost_hit(req: Any) -> int:
 
 def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
     """Move the recorded lost hits of the newly admitted ``reqs`` onto ``stats``; return the sum."""
-    from sglang_replayssm.radix.record_match import rebuild_of
+    from sglang_replayssm.radix.records.match import rebuild_of
 
     n = tokens = hits = folded = 0
     for req in reqs:
@@ -152,7 +152,7 @@ def _prometheus_counter(name: str, labelnames: list[str], kind: str = "Counter")
 
 def _record_pool_values(reporter: Any) -> tuple[int, int] | None:
     """``(pool bytes, evictions since the last report)`` of the scheduler's record pool, if any."""
-    from sglang_replayssm.radix.records import pool_of
+    from sglang_replayssm.radix.records.pool import pool_of
 
     pool = pool_of(getattr(getattr(reporter, "scheduler", None), "req_to_token_pool", None))
     if pool is None:

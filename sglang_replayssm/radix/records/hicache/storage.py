@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool
+from sglang_replayssm.radix.records.pool import RecordPool
 
 __all__ = ["KEY_TAG", "backup_hook", "page_keys", "prefetch_result_hook", "read_pages", "restore",
            "snapshot", "transfer_hook", "write_pages", "write_storage_hook"]

@@ -35,14 +35,13 @@ from typing import Any
 import torch
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.interval_states import (
+from sglang_replayssm.radix.records.interval_states import (
     INTERVAL_ENV,
     IntervalStates,
     interval_from_env,
     kept_positions,
 )
-from sglang_replayssm.radix.record_rebuild import sequential_tokens_from_env
-from sglang_replayssm.radix.records import (
+from sglang_replayssm.radix.records.pool import (
     CAPACITY_ENV,
     RecordPool,
     attach,
@@ -50,9 +49,10 @@ from sglang_replayssm.radix.records import (
     detach,
     pool_of,
 )
-from sglang_replayssm.radix.records import OFF_ATTR as _OFF_ATTR
-from sglang_replayssm.radix.ring_pool import ring_pool
-from sglang_replayssm.radix.spec_ring import spec_ring
+from sglang_replayssm.radix.records.pool import OFF_ATTR as _OFF_ATTR
+from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
+from sglang_replayssm.radix.ring.pool import ring_pool
+from sglang_replayssm.radix.spec.ring import spec_ring
 
 __all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm.kernels.ring_decode import ring_decode
-from sglang_replayssm.radix.read_copy import decode_step, layer_of
+from sglang_replayssm.radix.read_copy.store import decode_step, layer_of
 
 _RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 
 __all__ = [
     "HOST_CAPACITY_ENV",
@@ -78,7 +78,7 @@ _ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the K
 
 def host_capacity_from_env(default: int, host_kv: int) -> int:
     """``SGLANG_REPLAYSSM_HOST_RECORD_TOKENS`` if set, else ``default``; at most ``host_kv``."""
-    from sglang_replayssm.radix.records import tokens_from_env
+    from sglang_replayssm.radix.records.pool import tokens_from_env
 
     value = tokens_from_env(HOST_CAPACITY_ENV, "0: no host records")
     return min(default if value is None else value, host_kv)
@@ -439,7 +439,7 @@ def run_pending(runner: Any) -> int:
     """Before ``ModelRunner.forward``: wait (on the device) for the record copies in flight, run the
     queued loads and rebuilds in their queue order, then release the planted locks; returns the
     rebuilds run."""
-    from sglang_replayssm.radix import record_rebuild
+    from sglang_replayssm.radix.records import rebuild as record_rebuild
 
     if getattr(runner, "is_draft_worker", False):
         return 0

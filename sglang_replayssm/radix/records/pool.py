@@ -114,9 +114,9 @@ class RecordPool:
     capture_decode: bool = True  # decode tokens get records too (False: only prefill tokens)
     layers: dict[int, LayerRecords] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)  # rebuilds to run at the next forward
-    states: Any = None  # IntervalStates: kept prefill states (radix/interval_states.py), or None
-    hicache: Any = None  # HiCacheRecords: the host copy and queued loads (radix/record_hicache.py), or None
-    sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/record_rebuild.py)
+    states: Any = None  # IntervalStates: kept prefill states (radix/records/interval_states.py), or None
+    hicache: Any = None  # HiCacheRecords: the host copy and queued loads (radix/records/hicache/host_records.py), or None
+    sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/records/rebuild.py)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:

@@ -66,10 +66,10 @@ class RingPool:
     @property
     def read_copy(self) -> tuple[Any, bool]:
         """``(the pool's read copy or None, whether folds replay its raw records)``: a pool with a
-        read copy (radix/read_copy.py) keeps copy-based deltas in its own ``d`` ring, so its folds
+        read copy (radix/read_copy/store.py) keeps copy-based deltas in its own ``d`` ring, so its folds
         replay ``k, g, v, beta`` from the checkpoint (the ``read_copy_exact_fold`` fix; off: fold ``d~``)."""
         from sglang_replayssm.radix import config
-        from sglang_replayssm.radix.read_copy import read_copy_of
+        from sglang_replayssm.radix.read_copy.store import read_copy_of
 
         return read_copy_of(self.pool), config.enabled("read_copy_exact_fold")
 
@@ -101,10 +101,10 @@ class RingPool:
             temporal, d, k, g = temporal[layers], d[layers], k[layers], g[layers]
         rc, exact = self.read_copy
         if rc is not None:  # the destinations' checkpoints are rewritten: their copies are stale
-            from sglang_replayssm.radix.read_copy import mark_stale, replay_into
+            from sglang_replayssm.radix.read_copy.store import mark_stale, replay_into
 
             mark_stale(rc, dst)
-            if exact:  # copy-based deltas in the ring: replay the raw records (radix/read_copy.py)
+            if exact:  # copy-based deltas in the ring: replay the raw records (radix/read_copy/store.py)
                 replay_into(rc, temporal, k, g, src, dst, cnt, is_kda=self.is_kda, layers=layers)
                 return
             d = (rc.d if layers is None else rc.d[layers]).to(temporal.dtype)  # exact fold off: fold d~
@@ -145,8 +145,8 @@ class RingPool:
         rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
         d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
         rc, exact = self.read_copy
-        if rc is not None and exact:  # exact replay of the raw records (radix/read_copy.py), into the copy only
-            from sglang_replayssm.radix.read_copy import replay_into
+        if rc is not None and exact:  # exact replay of the raw records (radix/read_copy/store.py), into the copy only
+            from sglang_replayssm.radix.read_copy.store import replay_into
 
             gathered = dataclasses.replace(rc, v=rc.v[:, idx], beta=rc.beta[:, idx], stale=torch.zeros_like(rc.stale))
             replay_into(gathered, temporal, k, g, rows, rows, counts, is_kda=self.is_kda)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.ring_pool import empty_rings, ring_pool
+from sglang_replayssm.radix.ring.pool import empty_rings, ring_pool
 
 __all__ = ["WRITE_POS_ATTR", "empty_allocated", "empty_loaded", "link_allocator", "linked_write_pos"]
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.records import pool_of
-from sglang_replayssm.radix.ring_pool import ring_pool
-from sglang_replayssm.radix.spec_ring import fold_before_copy
+from sglang_replayssm.radix.records.pool import pool_of
+from sglang_replayssm.radix.ring.pool import ring_pool
+from sglang_replayssm.radix.spec.ring import fold_before_copy
 
 __all__ = ["end_state_before_finish_donation", "materialize_before_finish_donation"]
 

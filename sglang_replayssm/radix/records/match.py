@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 
 __all__ = ["Rebuild", "plant_and_match", "rebuild_of", "rebuilt_tokens"]
 
@@ -44,7 +44,7 @@ class Rebuild:
     dst: torch.Tensor  # logical mamba slot, shape [1]
     src: torch.Tensor | None  # logical mamba slot of the deepest state above, shape [1]
     slots: torch.Tensor  # [lead + n] record slots
-    state: int | None = None  # interval state slot (radix/interval_states.py)
+    state: int | None = None  # interval state slot (radix/records/interval_states.py)
     lead: int = 0
 
 

@@ -27,8 +27,8 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
     mode = config.read_copy_mode()
     if mode == "off":
         return
-    from sglang_replayssm.radix.read_copy import ALLOCATOR_ATTR, attach, refusal
-    from sglang_replayssm.radix.ring_pool import ring_pool
+    from sglang_replayssm.radix.read_copy.store import ALLOCATOR_ATTR, attach, refusal
+    from sglang_replayssm.radix.ring.pool import ring_pool
 
     mamba_pool = getattr(req_to_token_pool, "mamba_pool", None)
     if mamba_pool is None:
@@ -46,7 +46,7 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
 
 def stale_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``MambaSlotAllocator.alloc``: the handed-out slots' copies are stale."""
-    from sglang_replayssm.radix.read_copy import ALLOCATOR_ATTR, mark_stale
+    from sglang_replayssm.radix.read_copy.store import ALLOCATOR_ATTR, mark_stale
 
     if result is not None and config.enabled("read_copy_refresh"):
         mark_stale(getattr(allocator, ALLOCATOR_ATTR, None), result)
@@ -54,7 +54,7 @@ def stale_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> No
 
 def stale_on_copy(result: Any, mamba_pool: Any, src_indices: Any, dst_indices: Any) -> None:
     """AFTER ``MambaPool.copy_from``: the destinations' copies are stale."""
-    from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
+    from sglang_replayssm.radix.read_copy.store import mark_stale, read_copy_of
 
     if config.enabled("read_copy_refresh"):
         mark_stale(read_copy_of(mamba_pool), dst_indices)
@@ -62,7 +62,7 @@ def stale_on_copy(result: Any, mamba_pool: Any, src_indices: Any, dst_indices: A
 
 def stale_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
     """AFTER ``MambaPool.load_cpu_copy``: the loaded slots' copies are stale."""
-    from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
+    from sglang_replayssm.radix.read_copy.store import mark_stale, read_copy_of
 
     if config.enabled("read_copy_refresh"):
         mark_stale(read_copy_of(mamba_pool), indices)
@@ -73,8 +73,8 @@ def stale_on_extend(result: Any, runner: Any, forward_batch: Any) -> None:
     reads the pool): on an extend / MIXED forward every row's slot is stale (the extend writes it)."""
     if not config.enabled("read_copy_refresh"):
         return
-    from sglang_replayssm.radix.movers import _reads_extend_state
-    from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
+    from sglang_replayssm.radix.read_copy.store import mark_stale, read_copy_of
+    from sglang_replayssm.radix.ring.movers import _reads_extend_state
 
     pool: Any = getattr(runner, "req_to_token_pool", None)
     rc = read_copy_of(getattr(pool, "mamba_pool", None))

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 
 __all__ = ["host_records_cover", "load_back_hook", "match_hook"]
 
@@ -76,7 +76,7 @@ def _plan(component: Any, params: Any, result: Any) -> tuple[Any, Any, int, int,
         return None
     from sglang.srt.mem_cache.unified_cache.components.base import CacheTransferPhase, ComponentType
 
-    from sglang_replayssm.radix.record_match import _device_target
+    from sglang_replayssm.radix.records.match import _device_target
 
     tree, anchor = component.tree_core, result.best_match_node
     device_end = _device_target(tree, target, anchor)
@@ -137,8 +137,8 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     it the request's copy-on-write source; False if the span lost a record or no slot is free."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-    from sglang_replayssm.radix import record_hicache
-    from sglang_replayssm.radix.record_match import _REQ_ATTR, _alloc_slot, _from_interval_state, rebuild_job
+    from sglang_replayssm.radix.records.hicache import host_records as record_hicache
+    from sglang_replayssm.radix.records.match import _REQ_ATTR, _alloc_slot, _from_interval_state, rebuild_job
 
     component = cache.components[ComponentType.MAMBA]
     pool: RecordPool | None = pool_of(cache.req_to_token_pool)
