@@ -37,7 +37,7 @@ def _handle(**overrides):
 def test_the_pipeline_sees_the_hooked_function():
     from sglang.srt.arg_groups.attention_hook import handle_linear_attn_backend
 
-    assert hooks.admit_linear_attn in hook_table.wrapped_hooks(handle_linear_attn_backend)
+    assert hooks.hook_fn("admit_linear_attn") in hook_table.wrapped_hooks(handle_linear_attn_backend)
 
 
 @pytest.mark.parametrize("strategy", ["extra_buffer", "extra_buffer_lazy"])

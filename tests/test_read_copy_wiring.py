@@ -229,7 +229,8 @@ def test_helion_decode_backend_refused_at_startup():
     never the copy's step: refused in one line; Triton (explicit or the default) is admitted."""
     from types import SimpleNamespace
 
-    from sglang_replayssm.radix.admission import ReplaySSMArgsError, check_read_copy
+    from sglang_replayssm.radix.admission import ReplaySSMArgsError
+    from sglang_replayssm.radix.read_copy.startup import check_read_copy
 
     args = SimpleNamespace(enable_linear_replayssm=True, enable_linear_replayssm_spec=False, mamba_ssm_dtype=None,
                            speculative_algorithm=None, linear_attn_backend="triton", linear_attn_decode_backend=None)

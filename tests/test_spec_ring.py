@@ -139,9 +139,9 @@ def test_d1_finish_donation_is_the_full_state_only_with_the_fix(fix_on: bool) ->
 
     component = SimpleNamespace(cache=SimpleNamespace(enable_mamba_extra_buffer=False, req_to_token_pool=_req_pool(pool)))
     with config.override(spec_finish_donation=fix_on):
-        hooks.spec_finish_donation(prepare, component, _req(4, 3), None, 64, False)  # unfinished: no fold
+        hooks.hook_fn("spec_finish_donation")(prepare, component, _req(4, 3), None, 64, False)  # unfinished: no fold
         assert int(pool.replayssm_spec_write_pos[3]) == 12
-        hooks.spec_finish_donation(prepare, component, _req(4, 3), None, 64, True)
+        hooks.hook_fn("spec_finish_donation")(prepare, component, _req(4, 3), None, 64, True)
     assert (_rel(donated[1], want) <= 1e-5) == fix_on
     assert (int(pool.replayssm_spec_write_pos[3]) == 0) == fix_on
 
@@ -156,7 +156,7 @@ def test_d2_cpu_backup_is_the_full_state_only_with_the_fix(fix_on: bool) -> None
         backups.append(req_to_token_pool.mamba_pool.mamba_cache.temporal[:, 4].clone())
 
     with config.override(spec_retract_backup=fix_on):
-        hooks.spec_offload_backup(offload, _req(4, 3), _req_pool(pool), None)
+        hooks.hook_fn("spec_offload_backup")(offload, _req(4, 3), _req_pool(pool), None)
     err = _rel(backups[0], want)
     assert (err <= 1e-5) == fix_on, err
 
@@ -172,13 +172,13 @@ def test_d3_d4_extend_forward_folds_every_spec_row_only_with_the_fix(fix_on: boo
                             req_pool_indices=torch.tensor([4, 3]))
     seen = []
     with config.override(spec_extend_fold=fix_on):
-        hooks.spec_fold_before_extend(lambda r, b: seen.append(1), runner, batch)
+        hooks.hook_fn("spec_fold_before_extend")(lambda r, b: seen.append(1), runner, batch)
     assert seen == [1]
     for slot, state in want.items():
         assert (_rel(pool.mamba_cache.temporal[:, slot], state) <= 1e-5) == fix_on
     verify = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, logical_forward_mode=None,
                              req_pool_indices=torch.tensor([1]))
-    hooks.spec_fold_before_extend(lambda r, b: None, runner, verify)
+    hooks.hook_fn("spec_fold_before_extend")(lambda r, b: None, runner, verify)
     assert int(pool.replayssm_spec_write_pos[1]) == 5  # a verify forward is never folded
 
 
@@ -223,8 +223,8 @@ def test_records_live_with_the_spec_ring_only_with_the_fix(fix_on: bool) -> None
 def test_records_end_state_copies_the_full_spec_state_only_with_the_fix(fix_on: bool) -> None:
     """extra_buffer finish with records (``end_state``) copies the working slot to the keep slot: with the
     spec ring the copy must carry the row's pending accepted records (``record_spec_ring`` folds them)."""
+    from sglang_replayssm.radix.records.donation import end_state_before_finish_donation
     from sglang_replayssm.radix.records.pool import RecordPool, attach
-    from sglang_replayssm.radix.ring.donation import end_state_before_finish_donation
 
     pool = _pool()
     want = _oracle(pool, 4, 3)

@@ -1,5 +1,5 @@
-"""The hooks of the read copy (:mod:`read_copy`), registered by :mod:`hooks` (``HOOKS``; each ``at``
-checked against SGLang by ``tests/test_hook_table.py``).
+"""The read copy room's hooks (:mod:`store`), registered by :mod:`sglang_replayssm.radix.hooks` (``HOOKS``;
+each ``at`` checked against SGLang by ``tests/test_hook_table.py``).
 
 * ``attach_read_copy`` (always registered; a no-op while ``SGLANG_REPLAYSSM_READ_COPY=off``): after
   ``HybridReqToTokenPool._init_mamba_pool`` allocated the decode ring, allocate the read copy beside it
@@ -19,7 +19,7 @@ from typing import Any
 from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
 
-__all__ = ["READ_COPY_HOOKS"]
+__all__ = ["READ_COPY_HOOKS", "install"]
 
 
 def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: Any) -> None:
@@ -84,6 +84,17 @@ def stale_on_extend(result: Any, runner: Any, forward_batch: Any) -> None:
     ):
         return
     mark_stale(rc, pool.translate_mamba_indices(pool.get_mamba_indices(indices)))
+
+
+def install() -> None:
+    """Install the read copy's startup parts (idempotent): its admission check and its bytes per slot
+    beside the decode ring (:mod:`startup`). Its folds and decode step are installed into the ring when
+    it attaches to a pool (:func:`store.attach`)."""
+    from sglang_replayssm.radix import admission, budget
+    from sglang_replayssm.radix.read_copy import startup
+
+    admission.add_check("read_copy", startup.check_read_copy)
+    budget.add_slot_charge("read_copy", startup.bytes_per_slot_charged)
 
 
 _MP = "sglang.srt.mem_cache.memory_pool"

@@ -58,7 +58,7 @@ __all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep
 
 logger = logging.getLogger(__name__)
 _ALLOCATOR_ATTR = "_replayssm_record_pool"
-#: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/hooks.py``).
+#: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/records/hooks.py``).
 _HOOKED_ALLOCATORS = frozenset({"TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"})
 
 

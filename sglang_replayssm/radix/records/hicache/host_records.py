@@ -255,7 +255,7 @@ def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None]) -> An
     return event
 
 
-# ---- hook bodies (radix/hooks.py) -------------------------------------------------------------------
+# ---- hook bodies (hicache/hooks.py) -----------------------------------------------------------------
 
 
 def write_hook(original: Callable[..., Any], controller: Any, device_indices: Any, *args: Any, **kwargs: Any) -> Any:
