@@ -164,3 +164,15 @@ def test_radix_top_level_has_at_most_eight_modules():
     assert len(top) <= 8, top
     assert {p.name for p in (ROOT / "radix").iterdir() if p.is_dir() and (p / "__init__.py").exists()} >= {
         "ring", *ROOMS}
+
+
+def test_our_state_rides_on_sglang_objects_only_through_the_state_object():
+    """One attribute of ours on an SGLang object (``_replayssm_state``), named and set only in state.py."""
+    offenders = {
+        name: [node.value for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               and node.value.startswith("_replayssm_")]
+        for name, path in MODULES.items()
+        if name != "sglang_replayssm.state" and not name.startswith("sglang_replayssm.testing")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -16,6 +16,7 @@ import torch
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records.hicache import host_records as record_hicache
 from sglang_replayssm.radix.records.pool import pool_of
+from sglang_replayssm.state import peek
 from sglang_replayssm.testing import simulate_records
 from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
 
@@ -179,7 +180,7 @@ def test_host_kv_handed_out_again_carries_no_record():
             node_host_kv = (host.slot_of[:-1] >= 0).nonzero().flatten()
             assert node_host_kv.numel() == len(PROMPT)
             anchor = sim.cache.cache_controller.mem_pool_host.anchor_entry.host_pool
-            assert anchor._replayssm_host_records is host
+            assert peek(anchor).host_records is host
             anchor.free(node_host_kv)  # as a host eviction would, then SGLang hands them out again
             assert bool((host.slot_of[node_host_kv] >= 0).all())  # a free does not drop them: reuse does
             again = anchor.alloc(anchor.available_size())  # every free host index, the freed ones too
@@ -246,7 +247,7 @@ def test_a_load_that_recycles_a_pending_rebuilds_records_runs_after_it(order, mo
 
         def loads_first(*args):
             original(*args)
-            state = args[0].mem_pool_device_allocator._replayssm_record_pool.hicache
+            state = peek(args[0].mem_pool_device_allocator).record_pool.hicache
             for load in state.loads:
                 load.after = None
 

@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sglang_replayssm.state import state_of, take
+
 __all__ = [
     "LOG_KEY",
     "PROMETHEUS_NAME",
@@ -55,7 +57,6 @@ HITS_PROMETHEUS_NAME = "sglang:replayssm_record_rebuilt_hits_total"
 FOLDED_PROMETHEUS_NAME = "sglang:replayssm_record_folded_total"
 POOL_BYTES_PROMETHEUS_NAME = "sglang:replayssm_record_pool_bytes"
 EVICTED_PROMETHEUS_NAME = "sglang:replayssm_record_evicted_tokens_total"
-_REQ_ATTR = "_replayssm_mamba_lost_hit_tokens"
 _STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
 _REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"  # (tokens, hits, folded records)
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
@@ -101,12 +102,12 @@ def record_match(params: Any, result: Any) -> None:
     the value of an earlier match of the same request, e.g. one that was not admitted)."""
     req = getattr(params, "req", None)
     if req is not None:
-        setattr(req, _REQ_ATTR, lost_hit_tokens(result))
+        state_of(req).lost_hit_tokens = lost_hit_tokens(result)
 
 
 def pop_lost_hit(req: Any) -> int:
     """The lost hit recorded on ``req`` by its last match (0 if none), removed from it."""
-    return int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+    return int(take(req, "lost_hit_tokens") or 0)
 
 
 def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:

@@ -30,6 +30,7 @@ from sglang_replayssm.radix.records.hicache import host_records as record_hicach
 from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
 from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 from sglang_replayssm.radix.records.pool import attach as attach_pool
+from sglang_replayssm.state import state_of
 
 __all__ = [
     "assign",
@@ -98,7 +99,7 @@ def attach(sim: Any) -> RecordPool:
         pool.states = IntervalStates(kv_size=pool.kv_size, capacity=sim.cfg.record_tokens // sim.cfg.state_interval + 2,
                                      interval=sim.cfg.state_interval, device=pool.device, chunk=sim.cfg.chunk)
     attach_pool(sim.req_pool, pool)
-    sim.allocator._replayssm_record_pool = pool  # what record_capture.assign_batch links
+    state_of(sim.allocator).record_pool = pool  # what record_capture.assign_batch links
     sim.record_layers = [toy_layer(sim.model, li) for li in range(sim.cfg.mamba_layers)]
     sim.record_backend = KDAAttnBackend() if sim.cfg.is_kda else cpu_engine_backend()
     return pool

@@ -18,6 +18,7 @@ from typing import Any
 
 from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
+from sglang_replayssm.state import peek, state_of
 
 __all__ = ["READ_COPY_HOOKS", "install"]
 
@@ -27,7 +28,7 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
     mode = config.read_copy_mode()
     if mode == "off":
         return
-    from sglang_replayssm.radix.read_copy.store import ALLOCATOR_ATTR, attach, refusal
+    from sglang_replayssm.radix.read_copy.store import attach, refusal
     from sglang_replayssm.radix.ring.pool import ring_pool
 
     mamba_pool = getattr(req_to_token_pool, "mamba_pool", None)
@@ -41,15 +42,16 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
     rc = attach(mamba_pool, mode, conv[0].dtype if conv else mamba_pool.mamba_cache.temporal.dtype)
     allocator = getattr(req_to_token_pool, "mamba_allocator", None)
     if allocator is not None:
-        setattr(allocator, ALLOCATOR_ATTR, rc)
+        state_of(allocator).read_copy = rc
 
 
 def stale_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``MambaSlotAllocator.alloc``: the handed-out slots' copies are stale."""
-    from sglang_replayssm.radix.read_copy.store import ALLOCATOR_ATTR, mark_stale
+    from sglang_replayssm.radix.read_copy.store import mark_stale
 
     if result is not None and config.enabled("read_copy_refresh"):
-        mark_stale(getattr(allocator, ALLOCATOR_ATTR, None), result)
+        linked = peek(allocator)
+        mark_stale(None if linked is None else linked.read_copy, result)
 
 
 def stale_on_copy(result: Any, mamba_pool: Any, src_indices: Any, dst_indices: Any) -> None:

@@ -54,6 +54,7 @@ from sglang_replayssm.kernels.read_copy_format import COPY_DTYPES, alloc_read_co
 from sglang_replayssm.kernels.read_copy_ref import replay_exact
 from sglang_replayssm.kernels.read_copy_refresh import refresh_stale
 from sglang_replayssm.radix import config
+from sglang_replayssm.state import peek, state_of
 
 __all__ = [
     "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "copy_of", "decode_step", "exact_fold",
@@ -61,9 +62,6 @@ __all__ = [
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
-_ATTR = "_replayssm_read_copy"
-#: Set on a ``MambaSlotAllocator`` whose slots index a read-copy pool (stale at alloc).
-ALLOCATOR_ATTR = "_replayssm_read_copy"
 _FP32 = 4
 #: ``ssm_states.data_ptr()`` of each layer view -> (weakref to the pool's temporal, pool, layer).
 _LAYERS: dict[int, tuple[weakref.ref[torch.Tensor], ReadCopyPool, int]] = {}
@@ -158,7 +156,8 @@ class ReadCopyPool(ReadCopyLayer):
 
 def read_copy_of(mamba_pool: Any) -> ReadCopyPool | None:
     """The read copy :func:`attach` gave ``mamba_pool``, or None."""
-    return getattr(mamba_pool, _ATTR, None)
+    state = peek(mamba_pool)
+    return None if state is None else state.read_copy
 
 
 def _carved_records(d_ring: torch.Tensor | None, shape: tuple[int, ...],
@@ -212,7 +211,7 @@ def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
         fmt=fmt,
         records_carved=carved is not None,
     )
-    setattr(mamba_pool, _ATTR, rc)
+    state_of(mamba_pool).read_copy = rc
     from sglang_replayssm.radix.ring.pool import use_checkpoint_copies
 
     use_checkpoint_copies(sys.modules[__name__])  # this module is the ring's copies
