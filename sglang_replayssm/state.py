@@ -47,7 +47,8 @@ class ReplaySSMState:
 
 def peek(obj: Any) -> ReplaySSMState | None:
     """The state of ``obj``, or None when nothing was attached to it (``obj`` None: None)."""
-    return None if obj is None else obj.__dict__.get(_ATTR) if hasattr(obj, "__dict__") else None
+    attrs = getattr(obj, "__dict__", None)  # the object's own attributes: never a delegated lookup
+    return None if attrs is None else attrs.get(_ATTR)
 
 
 def state_of(obj: Any) -> ReplaySSMState:
