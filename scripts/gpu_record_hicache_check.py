@@ -20,8 +20,9 @@ class HostKVCache:
 base.HostKVCache = HostKVCache
 sys.modules["sglang.srt.mem_cache.pool_host.base"] = base
 sys.path.insert(0, ".")
-from sglang_replayssm.radix import record_hicache as RH  # noqa: E402
-from sglang_replayssm.radix.records import RecordPool, attach  # noqa: E402
+from sglang_replayssm.radix.records.hicache import host_records as RH  # noqa: E402
+from sglang_replayssm.radix.records.pool import RecordPool, attach  # noqa: E402
+from sglang_replayssm.state import ReplaySSMState  # noqa: E402
 
 dev = torch.device("cuda")
 pool = RecordPool(kv_size=4096, capacity=1024, device=dev)
@@ -53,7 +54,7 @@ class HostPool(HostKVCache):
     logical_size = 8192
 
 
-controller = types.SimpleNamespace(mem_pool_device_allocator=types.SimpleNamespace(_replayssm_record_pool=pool),
+controller = types.SimpleNamespace(mem_pool_device_allocator=types.SimpleNamespace(_replayssm_state=ReplaySSMState(record_pool=pool)),
                                    mem_pool_host=HostPool(), write_fence_stream=forward)
 torch.cuda.current_stream().wait_stream(forward)  # the record pool's layers exist (scheduler saw the forward)
 host_kv = torch.arange(1000, 1500)

@@ -40,10 +40,10 @@ from sglang_replayssm.kernels.naive import (  # noqa: E402
     recurrence_fp64,
     unpack_mixed_qkv,
 )
-from sglang_replayssm.radix.interval_states import IntervalStates  # noqa: E402
-from sglang_replayssm.radix.record_match import Rebuild  # noqa: E402
-from sglang_replayssm.radix.record_rebuild import DEFAULT_SEQUENTIAL_TOKENS, rebuild  # noqa: E402
-from sglang_replayssm.radix.records import RecordPool  # noqa: E402
+from sglang_replayssm.radix.records.interval_states import IntervalStates  # noqa: E402
+from sglang_replayssm.radix.records.match import Rebuild  # noqa: E402
+from sglang_replayssm.radix.records.pool import RecordPool  # noqa: E402
+from sglang_replayssm.radix.records.rebuild import DEFAULT_SEQUENTIAL_TOKENS, rebuild  # noqa: E402
 
 dev = torch.device("cuda")
 H, HV, K, V, W, LAYERS, SLOTS = 16, 32, 128, 128, 4, 2, 40

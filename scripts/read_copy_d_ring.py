@@ -31,7 +31,7 @@ def per_slot(H: int, HV: int, D: int, layers: int, ring_len: int = 16) -> dict[s
 
     from sglang_replayssm.radix import config
     from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
-    from sglang_replayssm.radix.read_copy import bytes_per_slot
+    from sglang_replayssm.radix.read_copy.store import bytes_per_slot
 
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=HV * D, n_groups=H, num_heads=HV,
                                     head_dim=D, state_size=D, conv_kernel=4)  # fmt: skip

@@ -22,6 +22,7 @@ from sglang_replayssm.cpu import hooks_dtype, hooks_hicache, hooks_kda, hooks_la
 from sglang_replayssm.hook_table import Hook, Patch
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix import hooks as radix_hooks
+from sglang_replayssm.radix.ring import hooks as ring_hooks
 
 CPU_TABLES = ("sglang_replayssm.cpu.hooks", "sglang_replayssm.cpu.hooks_kda", "sglang_replayssm.cpu.hooks_hicache",
               "sglang_replayssm.cpu.hooks_spec")
@@ -136,5 +137,5 @@ def test_radix_hook_with_its_fix_off_is_a_pure_pass_through(hook: Hook) -> None:
         if hook.kind == "AROUND":
             assert hook.fn(original, *args) == "sglang-result"
             assert len(calls) == 1 and list(calls[0][0]) == args and calls[0][1] == {}
-        elif hook.fn is not radix_hooks.link_slot_allocator:  # links the pool's cursor, whatever the fixes
+        elif hook.fn is not ring_hooks.link_slot_allocator:  # links the pool's cursor, whatever the fixes
             assert hook.fn(_Untouchable(), *args) is None

@@ -105,3 +105,74 @@ def test_no_source_file_over_500_lines():
         if (n := len(p.read_text().splitlines())) > 500
     }
     assert long == {}
+
+
+# ---- radix/: features as rooms ------------------------------------------------------------------
+
+RADIX = "sglang_replayssm.radix"
+#: The feature rooms (subpackages of radix/); radix/ring/ and radix/'s top-level modules are the core.
+ROOMS = ("records", "read_copy", "spec", "pd")
+#: The one core module that imports rooms: it assembles their hooks tables and installs their strategies.
+ASSEMBLER = f"{RADIX}.hooks"
+#: Room -> room imports allowed, each with its reason.
+ROOM_EXCEPTIONS = {
+    (f"{RADIX}.records.capture", f"{RADIX}.spec.ring"):
+        "records captured beside the spec-verify ring read its rows (fix record_spec_ring)",
+    (f"{RADIX}.records.donation", f"{RADIX}.spec.ring"):
+        "the end-state donation folds the spec row's pending accepted records first (fix record_spec_ring)",
+}
+
+
+def _room(module: str) -> str | None:
+    """The room of a radix module ("core" for radix/'s top level and radix/ring/), None outside radix/."""
+    parts = module.split(".")
+    if parts[:2] != RADIX.split(".") or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ROOMS else "core"
+
+
+def test_core_never_imports_a_feature_room():
+    """A feature that changes a core behaviour installs a strategy into the core (at registration)."""
+    offenders = {
+        (name, dep)
+        for name, deps in _graph().items()
+        if _room(name) == "core" and name != ASSEMBLER
+        for dep in deps
+        if _room(dep) not in (None, "core")
+    }
+    assert offenders == set()
+
+
+def test_the_assembler_imports_only_the_rooms_hooks_tables():
+    deps = {dep for dep in _graph()[ASSEMBLER] if _room(dep) not in (None, "core")}
+    assert deps and all(dep.endswith(".hooks") or dep.split(".")[-1] in (*ROOMS, "hicache") for dep in deps), deps
+
+
+def test_rooms_import_each_other_only_through_declared_exceptions():
+    edges = {
+        (name, dep)
+        for name, deps in _graph().items()
+        if _room(name) not in (None, "core")
+        for dep in deps
+        if _room(dep) not in (None, "core", _room(name))
+    }
+    assert edges == set(ROOM_EXCEPTIONS)
+
+
+def test_radix_top_level_has_at_most_eight_modules():
+    top = sorted(p.name for p in (ROOT / "radix").glob("*.py"))
+    assert len(top) <= 8, top
+    assert {p.name for p in (ROOT / "radix").iterdir() if p.is_dir() and (p / "__init__.py").exists()} >= {
+        "ring", *ROOMS}
+
+
+def test_our_state_rides_on_sglang_objects_only_through_the_state_object():
+    """One attribute of ours on an SGLang object (``_replayssm_state``), named and set only in state.py."""
+    offenders = {
+        name: [node.value for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               and node.value.startswith("_replayssm_")]
+        for name, path in MODULES.items()
+        if name != "sglang_replayssm.state" and not name.startswith("sglang_replayssm.testing")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}

@@ -1,4 +1,4 @@
-"""PD disaggregation with the decode ring (radix/pd.py), on SGLang 0.5.23's real decode-side pool.
+"""PD disaggregation with the decode ring (radix/pd/decode_pool.py), on SGLang 0.5.23's real decode-side pool.
 
 Before: ``--enable-linear-replayssm`` with ``--disaggregation-mode`` was refused (SGLang at
 attention_hook.py:424, the adapter before it), and SGLang's decode pool
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sglang_replayssm.radix import admission, config, hooks
-from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.testing.simulate import SimConfig, ToyModel
 from sglang_replayssm.testing.simulate_fixture import cache_params
 
@@ -80,7 +80,7 @@ def test_decode_pool_runs_the_ring_the_server_asked_for(kind, fix_on):
         assert view.write_pos.shape == (slots,) and view.d.shape[1] == slots and view.d.shape[3] == RING
         assert view.is_kda == (kind == "kda")
         # the cursor choke point is linked to this pool's allocator (alloc_reset.link_allocator)
-        from sglang_replayssm.radix.alloc_reset import linked_write_pos
+        from sglang_replayssm.radix.ring.alloc_reset import linked_write_pos
 
         assert linked_write_pos(pool.mamba_allocator) is view.write_pos
 
@@ -90,18 +90,18 @@ def test_decode_pool_slots_above_the_budget_are_named(caplog):
     raised slots is outside the budget, and the log says how much."""
     from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
 
-    with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd"):
+    with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd.decode_pool"):
         pool = _decode_pool(size=4, mamba_size=4)  # 4 requests + 2 extra slots need 6
     assert pool.mamba_pool.size == 6
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "sglang_replayssm.radix.pd"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "sglang_replayssm.radix.pd.decode_pool"]
     cfg = SimConfig(kind="gdn", ring_len=RING)
     params = cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers)))
     mib = 2 * decode_ring_bytes_per_slot(params, RING) / (1 << 20)
     assert "6 mamba slots, 2 above --max-mamba-cache-size 4" in line and f"({mib:.1f} MiB)" in line
     caplog.clear()
-    with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd"):
+    with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd.decode_pool"):
         _decode_pool(size=4, mamba_size=16)
-    assert not [r for r in caplog.records if r.name == "sglang_replayssm.radix.pd"]
+    assert not [r for r in caplog.records if r.name == "sglang_replayssm.radix.pd.decode_pool"]
 
 
 def test_decode_pool_stays_sglangs_without_the_ring_flag():

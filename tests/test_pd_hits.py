@@ -1,4 +1,4 @@
-"""The PD decode server's own prefix hits (radix/pd_hits.py, fix ``pd_hits``): the registered hook on
+"""The PD decode server's own prefix hits (radix/pd/hits.py, fix ``pd_hits``): the registered hook on
 ``DecodePreallocQueue._pre_alloc`` logs one line per admission with the decode tree's hit, the host
 hit, the mamba-lost hit and the running hit rate; with the fix off it logs and counts nothing
 (SGLang reports no decode-side hit at all). The server run is in tests/test_pd_server.py."""
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_replayssm.radix import config, hooks, metrics, pd_hits
+from sglang_replayssm.radix import config, hooks, metrics
+from sglang_replayssm.radix.pd import hits as pd_hits
 
 
 def _hook():

@@ -6,7 +6,7 @@ Needs the ``pd`` extra (``pip install 'sglang-replayssm[pd]'``: mooncake-transfe
 sglang-router) and mooncake's ``libibverbs.so.1`` (Debian ``libibverbs1``) loadable by this process: the
 servers inherit the environment. The prefill server runs with SGLang's default overlap scheduling
 (fix ``pd_early_send_event``, cpu/hooks_pd.py). What it prints: each request's cached tokens on the
-prefill side and the decode side's own prefix hits (radix/pd_hits.py), which SGLang does not report.
+prefill side and the decode side's own prefix hits (radix/pd/hits.py), which SGLang does not report.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 
 from sglang_replayssm.bench.server import pick_port
 from sglang_replayssm.models import make_models
-from sglang_replayssm.radix.pd_hits import LOG_PREFIX
+from sglang_replayssm.radix.pd.hits import LOG_PREFIX
 from sglang_replayssm.testing.serve import cpu_server
 
 pytestmark = [

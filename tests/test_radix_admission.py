@@ -37,7 +37,7 @@ def _handle(**overrides):
 def test_the_pipeline_sees_the_hooked_function():
     from sglang.srt.arg_groups.attention_hook import handle_linear_attn_backend
 
-    assert hooks.admit_linear_attn in hook_table.wrapped_hooks(handle_linear_attn_backend)
+    assert hooks.hook_fn("admit_linear_attn") in hook_table.wrapped_hooks(handle_linear_attn_backend)
 
 
 @pytest.mark.parametrize("strategy", ["extra_buffer", "extra_buffer_lazy"])
@@ -148,7 +148,7 @@ def test_guard_is_restored_after_the_call():
 @pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])
 def test_pd_disaggregation_with_the_decode_ring(mode, adapter_on):
     """SGLang refuses the decode ring under PD with a ValueError (a traceback at launch). The adapter
-    admits a decode server (radix/pd.py: its pool gets the ring; SGLang's own check runs answered) and
+    admits a decode server (radix/pd/decode_pool.py: its pool gets the ring; SGLang's own check runs answered) and
     refuses a prefill server, or a decode server with the pd_decode_ring fix off, in one line."""
     with config.override(adapter_on):
         if adapter_on and mode == "decode":

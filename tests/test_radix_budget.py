@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_replayssm.radix import budget, config, hooks
+from sglang_replayssm.radix import config, hooks
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
+from sglang_replayssm.radix.records import budget as record_budget
 from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
 from sglang_replayssm.testing.simulate_fixture import cache_params
 
@@ -126,7 +127,7 @@ def test_spec_ring_sizing_is_left_to_sglang():
 @pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
 def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatch):
     """With records beside the spec ring (``record_spec_ring``) their pool comes out of the KV budget too."""
-    from sglang_replayssm.radix import records
+    from sglang_replayssm.radix.records import pool as records
 
     params, _, _ = _pool_bytes_per_slot("gdn", 4)
     monkeypatch.setattr(records, "_budgeted", None)
@@ -143,45 +144,45 @@ def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatc
 
 
 def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
-    from sglang_replayssm.radix import records
+    from sglang_replayssm.radix.records import pool as records
 
     cfg = SimConfig(kind="gdn")
     model = ToyModel(cfg)
     params = cache_params(cfg, model, list(range(cfg.mamba_layers)))
     configurator = SimpleNamespace(hybrid_gdn_config=object(), model_config=SimpleNamespace(dtype=torch.float32),
                                    mambaish_config=SimpleNamespace(mamba2_cache_params=params))
-    per_token = budget.record_bytes_per_token(params, 4)
+    per_token = record_budget.record_bytes_per_token(params, 4)
     assert per_token == (model.qkv_dim + 2 * model.HV) * 4 * cfg.mamba_layers
     monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
     # with interval states (the default, one per 256 tokens): each costs every layer's fp32 state
-    state = budget.interval_state_bytes(params)
+    state = record_budget.interval_state_bytes(params)
     assert state == model.HV * model.V * model.K * 4 * cfg.mamba_layers
-    gib = budget._record_reservation_gib(configurator, 1.0)
+    gib = record_budget._record_reservation_gib(configurator, 1.0)
     assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385 + (16384 // 256 + 3) * state
     monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")  # records only, from here
     # default: 16,384 tokens when they fit in half the rest ...
-    gib = budget._record_reservation_gib(configurator, 1.0)
+    gib = record_budget._record_reservation_gib(configurator, 1.0)
     assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385
     # ... else half the rest
     rest = 1000 * per_token / GIB
-    gib = budget._record_reservation_gib(configurator, rest)
+    gib = record_budget._record_reservation_gib(configurator, rest)
     assert records.capacity_from_env() == 499 and gib <= rest / 2
     # explicit: kept, or refused in one line when it leaves nothing for the KV cache
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "900")
-    assert budget._record_reservation_gib(configurator, rest) * GIB == per_token * 901
+    assert record_budget._record_reservation_gib(configurator, rest) * GIB == per_token * 901
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "5000")
     with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_RECORD_TOKENS=5000: the record pool needs"):
-        budget._record_reservation_gib(configurator, rest)
+        record_budget._record_reservation_gib(configurator, rest)
     with config.override(record_hits=False):
-        assert budget._record_reservation_gib(configurator, rest) == 0.0
+        assert record_budget._record_reservation_gib(configurator, rest) == 0.0
     monkeypatch.setattr(records, "_budgeted", None)
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])
 def test_mamba_sizing_charges_the_read_copy(mode):
     """``SGLANG_REPLAYSSM_READ_COPY``: the copy and its records are priced per slot beside the ring."""
-    from sglang_replayssm.radix.read_copy import bytes_per_slot
+    from sglang_replayssm.radix.read_copy.store import bytes_per_slot
 
     ring_len, rest_gib = 16, 0.02
     params, _, ring = _pool_bytes_per_slot("gdn", ring_len)
@@ -208,7 +209,7 @@ def test_carved_read_copy_records_admit_more_slots(caplog):
         sizing.model_config = SimpleNamespace(dtype=torch.bfloat16)
         caplog.clear()
         with config.override(True, record_hits=False, read_copy_d_ring=carve), config.override_read_copy("bf16"), \
-                caplog.at_level(logging.INFO, logger="sglang_replayssm.radix.budget"):  # fmt: skip
+                caplog.at_level(logging.INFO, logger="sglang_replayssm.radix.read_copy.startup"):  # fmt: skip
             sizing._handle_max_mamba_cache(rest_gib)
         line = next(r.getMessage() for r in caplog.records if "read copy" in r.getMessage())
         assert ("carved out of SGLang's replayssm_d (not charged)" in line) == carve

@@ -27,8 +27,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_replayssm import hook_table
-from sglang_replayssm.radix import config, decode_metadata, hooks
-from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix.ring import decode_metadata
+from sglang_replayssm.radix.ring import hooks as ring_hooks
+from sglang_replayssm.radix.ring.pool import ring_pool
 
 MAX_BS = 12
 
@@ -449,8 +451,8 @@ def test_passes_through_without_the_decode_ring(pool: Any) -> None:
 
 def test_one_hook_per_metadata_entry_point() -> None:
     backend = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
-    for entry, fn in (("_forward_metadata", hooks.decode_metadata_eager),
-                      ("init_forward_metadata_out_graph", hooks.decode_metadata_graph),
+    for entry, fn in (("_forward_metadata", ring_hooks.decode_metadata_eager),
+                      ("init_forward_metadata_out_graph", ring_hooks.decode_metadata_graph),
                       ("_replay_metadata", None)):
         chain = hook_table.wrapped_hooks(hook_table.live_attr(f"{backend}.{entry}"))
         assert chain == ([] if fn is None else [fn]), entry
@@ -473,7 +475,7 @@ def test_kda_flag_and_cursor_hidden_only_inside_sglang(graph: bool, mode: str, k
         seen.append((pool.replayssm_is_kda, pool.replayssm_write_pos is None))
         raise RuntimeError("boom")
 
-    hook = hooks.decode_metadata_graph if graph else hooks.decode_metadata_eager
+    hook = ring_hooks.decode_metadata_graph if graph else ring_hooks.decode_metadata_eager
     with config.override(kda_force_flush=kda_fix, device_cursor=device_fix), pytest.raises(RuntimeError, match="boom"):
         hook(original, backend, fb)
     # the eager path passes an extend batch through with the cursor visible; the graph path hides

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
-from sglang_replayssm.radix import kernel_binding
+from sglang_replayssm.radix.ring import kernel_binding as kernel_binding
 
 
 def _case(is_kda: bool, B: int = 3, H: int = 2, HV: int = 4, K: int = 32, V: int = 32, L: int = 4):

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_replayssm.radix import config, hooks, metrics
+from sglang_replayssm.state import ReplaySSMState
 from sglang_replayssm.testing.simulate import Sim, SimConfig
 
 
@@ -138,7 +139,7 @@ def test_record_metrics_count_rebuilds_folds_and_the_pool():
     import torch
     from prometheus_client import REGISTRY
 
-    from sglang_replayssm.radix.records import RecordPool, attach
+    from sglang_replayssm.radix.records.pool import RecordPool, attach
 
     labels = {"model_name": "replayssm-records-test", "engine_type": "unified"}
     reporter = _reporter(True, SimpleNamespace(labels=labels))
@@ -154,8 +155,8 @@ def test_record_metrics_count_rebuilds_folds_and_the_pool():
     before = [value(n) for n in names]
     pool.assign(torch.arange(3))
     pool.assign(torch.arange(3, 6))  # 6 tokens into 4 slots: the 2 oldest records are dropped
-    reqs = [SimpleNamespace(_replayssm_rebuilt_tokens=(100, 7)), SimpleNamespace(_replayssm_rebuilt_tokens=(30, 30)),
-            SimpleNamespace()]
+    reqs = [SimpleNamespace(_replayssm_state=ReplaySSMState(rebuilt_tokens=(100, 7))),
+            SimpleNamespace(_replayssm_state=ReplaySSMState(rebuilt_tokens=(30, 30))), SimpleNamespace()]
     stats = SimpleNamespace()
     metrics.collect_for_prefill(stats, reqs)
     seen = []

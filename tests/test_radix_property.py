@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.records import pool_of
+from sglang_replayssm.radix.records.pool import pool_of
 from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
 
 STEPS = 50  # operations per example
@@ -192,7 +192,7 @@ MOVER_CONFIGS = [
     SimConfig(kind="kda", strategy="no_buffer", track_interval=4, chunk=2, mamba_slots=32),
     SimConfig(kind="kda", strategy="extra_buffer", track_interval=3, mamba_slots=32),
     SimConfig(kind="gdn", strategy="extra_buffer_lazy", track_interval=6, mamba_slots=32),
-    # Records with HiCache (radix/record_hicache.py): records go to host with their nodes and come
+    # Records with HiCache (radix/records/hicache/host_records.py): records go to host with their nodes and come
     # back on load-back; hits inside loaded-back nodes are rebuilt from them. A full pool, and a
     # 40-token device pool whose first-in-first-out eviction races the loads.
     SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, mamba_slots=32, records=True),

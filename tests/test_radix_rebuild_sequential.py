@@ -1,4 +1,4 @@
-"""The sequential rebuild (``radix/record_rebuild.py``, spans of at most ``pool.sequential_tokens``):
+"""The sequential rebuild (``radix/records/rebuild.py``, spans of at most ``pool.sequential_tokens``):
 the recurrence runs through SGLang's own Triton decode kernel ``fused_sigmoid_gating_delta_rule_update``
 (here under the Triton interpreter, as on CUDA compiled),
 varlen over the spans, into SGLang's real pools. Checked against the fp64 recurrence of each token
@@ -14,9 +14,9 @@ import pytest
 import torch
 from test_radix_records import _check, _kda_oracle, _oracle, _setup_rebuild, _tree_jobs
 
-from sglang_replayssm.radix import record_rebuild
-from sglang_replayssm.radix.record_match import Rebuild
-from sglang_replayssm.radix.record_rebuild import rebuild
+from sglang_replayssm.radix.records import rebuild as record_rebuild
+from sglang_replayssm.radix.records.match import Rebuild
+from sglang_replayssm.radix.records.rebuild import rebuild
 from sglang_replayssm.testing.sglang_triton import interpreted_stdlib, load_sglang_triton_module
 
 _RECURRENT = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
@@ -52,7 +52,7 @@ def test_sequential_rebuild_matches_the_fp64_recurrence(kind, calls, radix_adapt
     jobs = _tree_jobs(model, req_pool, layers, inputs, pool, kv, spans, oracle=oracle, kda=kda)
     want = [n for _, n in spans]
     if not kda:  # and one from an interval state: the lead records make the window, 7 are folded
-        from sglang_replayssm.radix.interval_states import IntervalStates
+        from sglang_replayssm.radix.records.interval_states import IntervalStates
 
         pool.states = IntervalStates(kv_size=512, capacity=4, interval=64, device=torch.device("cpu"))
         pool.states.owner[0] = kv[19]

@@ -1,4 +1,4 @@
-"""Records (``radix/records.py``) and the rebuild of a state from them (``radix/record_rebuild.py``).
+"""Records (``radix/records/pool.py``) and the rebuild of a state from them (``radix/records/rebuild.py``).
 
 The rebuild runs SGLang's own prefill kernels (``causal_conv1d_fn`` under the Triton interpreter,
 the GDN extend kernel = the CPU runtime's chunk stand-in) into SGLang's real decode-ring pool, and
@@ -19,9 +19,9 @@ from sglang_replayssm.kernels.naive import (
     recurrence_fp64,
     unpack_mixed_qkv,
 )
-from sglang_replayssm.radix.record_match import Rebuild
-from sglang_replayssm.radix.record_rebuild import rebuild
-from sglang_replayssm.radix.records import RecordPool, capacity_from_env
+from sglang_replayssm.radix.records.match import Rebuild
+from sglang_replayssm.radix.records.pool import RecordPool, capacity_from_env
+from sglang_replayssm.radix.records.rebuild import rebuild
 from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
 
 
@@ -45,7 +45,7 @@ def test_assign_invalidate_and_first_in_first_out():
 
 
 def test_capacity_from_env(monkeypatch):
-    from sglang_replayssm.radix import records
+    from sglang_replayssm.radix.records import pool as records
 
     monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
@@ -138,7 +138,7 @@ def _tree_jobs(model, req_pool, layers, inputs, pool, kv, spans, oracle=None, kd
 
 
 def test_kept_positions_follow_the_chunk_grid():
-    from sglang_replayssm.radix.interval_states import kept_positions
+    from sglang_replayssm.radix.records.interval_states import kept_positions
 
     # One 1,088-token prompt from the root: chunk starts 64..1024; the state interval 256 keeps
     # depths 256, 512, 768, 1024 (after tokens 255, 511, 767, 1023; chunks 4, 8, 12, 16).
@@ -153,7 +153,7 @@ def test_kept_positions_follow_the_chunk_grid():
 
 
 def test_interval_states_first_in_first_out_and_invalidate():
-    from sglang_replayssm.radix.interval_states import IntervalStates
+    from sglang_replayssm.radix.records.interval_states import IntervalStates
 
     st = IntervalStates(kv_size=20, capacity=2, interval=64, device=torch.device("cpu"))
     st.assign(torch.tensor([4, 9]))
@@ -171,7 +171,7 @@ def test_interval_states_first_in_first_out_and_invalidate():
 def _setup_rebuild(T: int, seed: int = 7, kind: str = "gdn"):
     """SGLang's real pools for a 2-layer toy model, and a record pool holding ``T`` tokens' random
     inputs at scattered KV indices (KDA: the gate as the extend passes it, ``[1, T, H, K]``)."""
-    from sglang_replayssm.radix.record_capture import _token_rows
+    from sglang_replayssm.radix.records.capture import _token_rows
 
     cfg = SimConfig(kind=kind, strategy="extra_buffer", mamba_layers=2, head_dim=16, mamba_slots=24)
     model = ToyModel(cfg)
@@ -212,7 +212,7 @@ def _check(model, req_pool, layers, inputs, jobs, want, oracle=None, kda=False):
 def test_rebuild_from_interval_states_matches_the_fp64_recurrence(radix_adapter):
     """Interval-state starts (lead records make the conv window; spans of 0, 1, many records), batched
     with a start from a tree state and one from the root."""
-    from sglang_replayssm.radix.interval_states import IntervalStates
+    from sglang_replayssm.radix.records.interval_states import IntervalStates
 
     model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300)
     lead = model.win
@@ -240,9 +240,9 @@ def test_rebuild_from_interval_states_matches_the_fp64_recurrence(radix_adapter)
 def test_kept_chunk_states_are_the_prefill_states(radix_adapter, monkeypatch):
     """A prefill through the CPU extend kernel keeps its chunk states (``keep_chunk_states``) at the
     interval; a match's rebuild from them equals the fp64 recurrence of the path."""
-    from sglang_replayssm.radix import record_capture
-    from sglang_replayssm.radix.interval_states import IntervalStates, kept_positions
-    from sglang_replayssm.radix.record_match import _from_interval_state
+    from sglang_replayssm.radix.records import capture as record_capture
+    from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
+    from sglang_replayssm.radix.records.match import _from_interval_state
 
     model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=3)
     pool.states = IntervalStates(kv_size=512, capacity=8, interval=128, device=torch.device("cpu"))
@@ -324,7 +324,7 @@ def test_kda_rebuild_matches_the_fp64_recurrence(radix_adapter):
 
 
 def test_state_interval_from_env(monkeypatch):
-    from sglang_replayssm.radix.interval_states import DEFAULT_INTERVAL, interval_from_env
+    from sglang_replayssm.radix.records.interval_states import DEFAULT_INTERVAL, interval_from_env
 
     monkeypatch.delenv("SGLANG_REPLAYSSM_STATE_INTERVAL", raising=False)
     assert interval_from_env() == DEFAULT_INTERVAL == 256
@@ -348,8 +348,8 @@ def test_spec_decode_round_keeps_prompt_records(algorithm):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_replayssm.radix import config
-    from sglang_replayssm.radix.record_capture import assign_batch
-    from sglang_replayssm.radix.records import attach
+    from sglang_replayssm.radix.records.capture import assign_batch
+    from sglang_replayssm.radix.records.pool import attach
 
     req_pool = types.SimpleNamespace()
     pool = attach(req_pool, RecordPool(kv_size=64, capacity=32, device=torch.device("cpu")))

@@ -1,4 +1,4 @@
-"""Records with HiCache (``radix/record_hicache.py``) on SGLang 0.5.23's real objects (CPU tensors).
+"""Records with HiCache (``radix/records/hicache/host_records.py``) on SGLang 0.5.23's real objects (CPU tensors).
 
 A node's records go to host with its KV (``HybridCacheController.write``), its device copy is
 evicted (the KV indices freed, their device records dropped), HiCache loads it back to new device
@@ -13,8 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_replayssm.radix import config, record_hicache
-from sglang_replayssm.radix.records import pool_of
+from sglang_replayssm.radix import config
+from sglang_replayssm.radix.records.hicache import host_records as record_hicache
+from sglang_replayssm.radix.records.pool import pool_of
+from sglang_replayssm.state import peek
 from sglang_replayssm.testing import simulate_records
 from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
 
@@ -178,7 +180,7 @@ def test_host_kv_handed_out_again_carries_no_record():
             node_host_kv = (host.slot_of[:-1] >= 0).nonzero().flatten()
             assert node_host_kv.numel() == len(PROMPT)
             anchor = sim.cache.cache_controller.mem_pool_host.anchor_entry.host_pool
-            assert anchor._replayssm_host_records is host
+            assert peek(anchor).host_records is host
             anchor.free(node_host_kv)  # as a host eviction would, then SGLang hands them out again
             assert bool((host.slot_of[node_host_kv] >= 0).all())  # a free does not drop them: reuse does
             again = anchor.alloc(anchor.available_size())  # every free host index, the freed ones too
@@ -245,7 +247,7 @@ def test_a_load_that_recycles_a_pending_rebuilds_records_runs_after_it(order, mo
 
         def loads_first(*args):
             original(*args)
-            state = args[0].mem_pool_device_allocator._replayssm_record_pool.hicache
+            state = peek(args[0].mem_pool_device_allocator).record_pool.hicache
             for load in state.loads:
                 load.after = None
 
@@ -374,7 +376,7 @@ def test_a_host_hit_whose_plant_fails_after_the_load_recomputes_from_the_deepest
     ``init_load_back`` reports nothing loaded and the request recomputes from the deepest state,
     exact. Keeping SGLang's load result instead would resume the KV depth from that shallower state:
     the oracle check fails."""
-    from sglang_replayssm.radix import record_host_hits
+    from sglang_replayssm.radix.records.hicache import host_hits as record_host_hits
 
     monkeypatch.setattr(record_host_hits, "_plant", lambda *a: False)
     if fallback == "keep-the-load":

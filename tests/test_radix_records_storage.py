@@ -1,4 +1,4 @@
-"""Records through HiCache's L3 storage (``radix/record_storage.py``) with SGLang 0.5.23's real file
+"""Records through HiCache's L3 storage (``radix/records/hicache/storage.py``) with SGLang 0.5.23's real file
 backend (``HiCacheFile``), tree, host pools and controller (CPU).
 
 A node's records are staged at its storage backup (``write_storage``), written beside its pages by
@@ -17,9 +17,10 @@ import types
 import pytest
 import torch
 
-from sglang_replayssm.radix import config, record_storage
+from sglang_replayssm.radix import config
 from sglang_replayssm.radix import hooks as radix_hooks
-from sglang_replayssm.radix.records import pool_of
+from sglang_replayssm.radix.records.hicache import storage as record_storage
+from sglang_replayssm.radix.records.pool import pool_of
 from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]

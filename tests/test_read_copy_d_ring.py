@@ -1,5 +1,5 @@
 """The read copy's ``d~`` / ``v`` records carved out of SGLang's dead ``replayssm_d`` (fix
-``read_copy_d_ring``, radix/read_copy.py) on SGLang 0.5.23's real pools (CPU, the Sim's kit pools with a
+``read_copy_d_ring``, radix/read_copy/store.py) on SGLang 0.5.23's real pools (CPU, the Sim's kit pools with a
 bf16 io dtype and fp32 states):
 
 * on: ``rc.d`` / ``rc.v`` are disjoint views inside ``replayssm_d`` (per slot ``[2, HV, L, V]`` of bf16,
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.read_copy import bytes_per_slot, read_copy_of
+from sglang_replayssm.radix.read_copy.store import bytes_per_slot, read_copy_of
 from sglang_replayssm.testing.simulate import Sim, SimConfig
 from sglang_replayssm.testing.simulate_fixture import cache_params
 from sglang_replayssm.testing.simulate_model import ToyModel

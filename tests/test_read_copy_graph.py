@@ -12,7 +12,7 @@ import torch
 
 from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
-from sglang_replayssm.radix.read_copy import ReadCopyLayer, decode_step
+from sglang_replayssm.radix.read_copy.store import ReadCopyLayer, decode_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -21,8 +21,8 @@ import torch
 
 from sglang_replayssm.kernels.read_copy_format import quantize
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.read_copy import read_copy_of, refusal
-from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix.read_copy.store import read_copy_of, refusal
+from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.testing.simulate import Sim, SimConfig
 
 EXACT = 1e-6
@@ -229,7 +229,8 @@ def test_helion_decode_backend_refused_at_startup():
     never the copy's step: refused in one line; Triton (explicit or the default) is admitted."""
     from types import SimpleNamespace
 
-    from sglang_replayssm.radix.admission import ReplaySSMArgsError, check_read_copy
+    from sglang_replayssm.radix.admission import ReplaySSMArgsError
+    from sglang_replayssm.radix.read_copy.startup import check_read_copy
 
     args = SimpleNamespace(enable_linear_replayssm=True, enable_linear_replayssm_spec=False, mamba_ssm_dtype=None,
                            speculative_algorithm=None, linear_attn_backend="triton", linear_attn_decode_backend=None)
@@ -244,7 +245,7 @@ def test_helion_decode_backend_refused_at_startup():
 
 
 def test_non_fp32_pool_refused_at_attach():
-    from sglang_replayssm.radix.read_copy import attach
+    from sglang_replayssm.radix.read_copy.store import attach
 
     with config.override(True), config.override_read_copy("off"):
         sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_len=4, head_dim=16))
@@ -259,7 +260,7 @@ def test_non_fp32_pool_refused_at_attach():
 def test_budget_prices_what_attach_allocates(mode, io):
     """``budget`` charges per slot exactly the bytes ``attach`` allocates beside the ring (carved
     records are SGLang's ring, charged with it)."""
-    from sglang_replayssm.radix.read_copy import bytes_per_slot
+    from sglang_replayssm.radix.read_copy.store import bytes_per_slot
     from sglang_replayssm.testing.simulate_fixture import cache_params
 
     io_dtype, d_ring = IO[io]
@@ -274,7 +275,7 @@ def test_budget_prices_what_attach_allocates(mode, io):
 
 def test_kda_safe_gate_with_a_read_copy_is_refused(monkeypatch):
     """SGLang's kernel would run the safe gate without the copy's records: one clear error, not a stale copy."""
-    from sglang_replayssm.radix import kernel_binding
+    from sglang_replayssm.radix.ring import kernel_binding as kernel_binding
 
     calls = []
     monkeypatch.setattr(kernel_binding, "layer_of", lambda states: object())

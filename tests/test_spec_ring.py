@@ -1,4 +1,4 @@
-"""The spec-verify ring's fold (radix/spec_ring.py) and the D1-D5 movers at unit level.
+"""The spec-verify ring's fold (radix/spec/ring.py) and the D1-D5 movers at unit level.
 
 * :meth:`SpecRing.fold` equals an fp64 recurrence over the row's circular records (with and without
   lo parts) and SGLang's own compact commit (``commit_gdn_replayssm_circular``, run with the flush
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from sglang_replayssm.radix import config, hooks
-from sglang_replayssm.radix.spec_ring import SpecRing, spec_ring, spec_ring_error
+from sglang_replayssm.radix.spec.ring import SpecRing, spec_ring, spec_ring_error
 
 LAYERS, SLOTS, ROWS, HV, H, V, K, L = 2, 6, 5, 4, 2, 32, 32, 16
 
@@ -139,9 +139,9 @@ def test_d1_finish_donation_is_the_full_state_only_with_the_fix(fix_on: bool) ->
 
     component = SimpleNamespace(cache=SimpleNamespace(enable_mamba_extra_buffer=False, req_to_token_pool=_req_pool(pool)))
     with config.override(spec_finish_donation=fix_on):
-        hooks.spec_finish_donation(prepare, component, _req(4, 3), None, 64, False)  # unfinished: no fold
+        hooks.hook_fn("spec_finish_donation")(prepare, component, _req(4, 3), None, 64, False)  # unfinished: no fold
         assert int(pool.replayssm_spec_write_pos[3]) == 12
-        hooks.spec_finish_donation(prepare, component, _req(4, 3), None, 64, True)
+        hooks.hook_fn("spec_finish_donation")(prepare, component, _req(4, 3), None, 64, True)
     assert (_rel(donated[1], want) <= 1e-5) == fix_on
     assert (int(pool.replayssm_spec_write_pos[3]) == 0) == fix_on
 
@@ -156,7 +156,7 @@ def test_d2_cpu_backup_is_the_full_state_only_with_the_fix(fix_on: bool) -> None
         backups.append(req_to_token_pool.mamba_pool.mamba_cache.temporal[:, 4].clone())
 
     with config.override(spec_retract_backup=fix_on):
-        hooks.spec_offload_backup(offload, _req(4, 3), _req_pool(pool), None)
+        hooks.hook_fn("spec_offload_backup")(offload, _req(4, 3), _req_pool(pool), None)
     err = _rel(backups[0], want)
     assert (err <= 1e-5) == fix_on, err
 
@@ -172,13 +172,13 @@ def test_d3_d4_extend_forward_folds_every_spec_row_only_with_the_fix(fix_on: boo
                             req_pool_indices=torch.tensor([4, 3]))
     seen = []
     with config.override(spec_extend_fold=fix_on):
-        hooks.spec_fold_before_extend(lambda r, b: seen.append(1), runner, batch)
+        hooks.hook_fn("spec_fold_before_extend")(lambda r, b: seen.append(1), runner, batch)
     assert seen == [1]
     for slot, state in want.items():
         assert (_rel(pool.mamba_cache.temporal[:, slot], state) <= 1e-5) == fix_on
     verify = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, logical_forward_mode=None,
                              req_pool_indices=torch.tensor([1]))
-    hooks.spec_fold_before_extend(lambda r, b: None, runner, verify)
+    hooks.hook_fn("spec_fold_before_extend")(lambda r, b: None, runner, verify)
     assert int(pool.replayssm_spec_write_pos[1]) == 5  # a verify forward is never folded
 
 
@@ -209,7 +209,7 @@ def test_d5_spec_ring_length_checked_at_startup(length: int, tokens: int, bad: b
 @pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
 def test_records_live_with_the_spec_ring_only_with_the_fix(fix_on: bool) -> None:
     """``record_spec_ring``: the GDN capture is wanted on a spec-ring pool (a plain extend forward)."""
-    from sglang_replayssm.radix import record_capture
+    from sglang_replayssm.radix.records import capture as record_capture
 
     mode = SimpleNamespace(is_target_verify=lambda: False, is_draft_extend_v2=lambda: False)
     backend = SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_pool=_pool(), mamba_ckpt_pool=None))
@@ -223,8 +223,8 @@ def test_records_live_with_the_spec_ring_only_with_the_fix(fix_on: bool) -> None
 def test_records_end_state_copies_the_full_spec_state_only_with_the_fix(fix_on: bool) -> None:
     """extra_buffer finish with records (``end_state``) copies the working slot to the keep slot: with the
     spec ring the copy must carry the row's pending accepted records (``record_spec_ring`` folds them)."""
-    from sglang_replayssm.radix.donation import end_state_before_finish_donation
-    from sglang_replayssm.radix.records import RecordPool, attach
+    from sglang_replayssm.radix.records.donation import end_state_before_finish_donation
+    from sglang_replayssm.radix.records.pool import RecordPool, attach
 
     pool = _pool()
     want = _oracle(pool, 4, 3)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_replayssm.radix.spec_ring import spec_ring
+from sglang_replayssm.radix.spec.ring import spec_ring
 
 H, HV, K, V, L, T = 1, 2, 32, 32, 16, 4
 REQS = 2  # requests, each on its own row and slot

@@ -1,6 +1,6 @@
 """Packed GDN decode on CPU tensors: the ReplaySSM ring decode (torch reference with SGLang's exact
 ring layout, cursor and flush semantics) when the pool has rings, the conventional recurrent update
-otherwise. With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, radix/read_copy.py) the ring
+otherwise. With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, radix/read_copy/store.py) the ring
 decode is :func:`sglang_replayssm.kernels.read_copy_ref.read_copy_decode_torch`. Bound as an AROUND
 hook on TritonGDNKernel.packed_decode (see cpu/hooks.py)."""
 
@@ -12,7 +12,7 @@ from sglang_replayssm.cpu.decode_probe import PROBE
 from sglang_replayssm.cpu.standin import gdn
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
-from sglang_replayssm.radix.read_copy import decode_step, layer_of
+from sglang_replayssm.radix.read_copy.store import decode_step, layer_of
 
 
 def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out) -> None:

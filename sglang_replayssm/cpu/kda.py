@@ -27,7 +27,7 @@ from sglang_replayssm.cpu.decode_probe import PROBE
 from sglang_replayssm.cpu.standin import gdn, ops
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
-from sglang_replayssm.radix.read_copy import decode_step, layer_of
+from sglang_replayssm.radix.read_copy.store import decode_step, layer_of
 
 logger = logging.getLogger("sglang_replayssm")
 #: The original SGLang method an AROUND hook wraps.
@@ -146,7 +146,7 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
         a_, b_ = a.reshape(n, num_v_heads, k_dim).contiguous(), b.reshape(n, num_v_heads).contiguous()
         A_log_, dt_bias_ = A_log.reshape(-1), dt_bias.reshape(num_v_heads, k_dim).contiguous()
         copy = layer_of(ssm_states)
-        if copy is not None:  # the read copy (radix/read_copy.py)
+        if copy is not None:  # the read copy (radix/read_copy/store.py)
             decode_step(read_copy_decode_torch, copy, mixed_qkv, a_, b_, A_log_, dt_bias_, scale, ssm_states, kc, gc,
                         out, cache_indices, wp, kwargs.get("replayssm_force_flush"), is_kda=True)  # fmt: skip
         else:

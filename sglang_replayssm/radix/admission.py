@@ -19,10 +19,11 @@ Refused here, each with one line naming the flags:
 * ``--enable-streaming-session`` with the decode ring while ``extend_fold`` is off: the next turn
   of a session extends the kept slot with those same kernels;
 * ``--disaggregation-mode prefill`` with the decode ring (a prefill server never decodes), and
-  ``decode`` while the ``pd_decode_ring`` fix is off (:mod:`pd` admits it, wiring SGLang's
+  ``decode`` while the ``pd_decode_ring`` fix is off (the pd room admits it, wiring SGLang's
   decode-side pool for the ring and answering SGLang's own PD refusal);
-* ``SGLANG_REPLAYSSM_READ_COPY`` (:func:`check_read_copy`) with a bad value, without the decode ring,
-  with speculative decoding or a non-fp32 ``--mamba-ssm-dtype`` (checked first, whatever the fixes);
+* what a feature room adds (:func:`add_check`, run first, whatever the fixes): the read copy refuses
+  ``SGLANG_REPLAYSSM_READ_COPY`` with a bad value, without the decode ring, with speculative decoding
+  or a non-fp32 ``--mamba-ssm-dtype`` (radix/read_copy/startup.py);
 * ``extra_buffer_lazy`` with ``--disable-overlap-schedule``: SGLang then sizes a one-entry
   ping-pong buffer, and its lazy prealloc indexes the second entry at the first decode track
   boundary (an IndexError in ``ScheduleBatch.mamba_lazy_prealloc_at_boundary``; not ring-specific).
@@ -32,16 +33,35 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sglang_replayssm.radix import config
 
-__all__ = ["ReplaySSMArgsError", "admit_linear_attn_args", "check_read_copy"]
+__all__ = ["ReplaySSMArgsError", "add_check", "admit_linear_attn_args", "use_disaggregation"]
 
 _EXTRA_BUFFER = ("extra_buffer", "extra_buffer_lazy")
 #: The module whose global ``mamba_extra_buffer_of`` SGLang's guard calls
 #: (sglang/srt/arg_groups/attention_hook.py:417).
 _GUARD_MODULE = "sglang.srt.arg_groups.attention_hook"
+
+#: Checks a feature room adds (name -> check raising :class:`ReplaySSMArgsError`), run first.
+_checks: dict[str, Callable[[Any], None]] = {}
+#: The pd room's admission of a disaggregation mode: ``(mode, error, guard module name)`` -> a context
+#: in which SGLang's own function runs (None until the pd room is installed).
+_Disaggregation = Callable[[str, Callable[[str], BaseException], str], AbstractContextManager[None]]
+_disaggregation: _Disaggregation | None = None
+
+
+def add_check(name: str, check: Callable[[Any], None]) -> None:
+    """Run ``check(server_args)`` before every admission (idempotent per name)."""
+    _checks[name] = check
+
+
+def use_disaggregation(admit: _Disaggregation) -> None:
+    """The pd room's admission of ``--disaggregation-mode`` (idempotent)."""
+    global _disaggregation
+    _disaggregation = admit
 
 
 class ReplaySSMArgsError(SystemExit):
@@ -95,28 +115,6 @@ def _check_extra_buffer(server_args: Any, strategy: str) -> None:
         )
 
 
-def check_read_copy(server_args: Any) -> None:
-    """Refuse ``SGLANG_REPLAYSSM_READ_COPY`` in one line where it cannot be exact or run: a bad value,
-    no decode ring, the spec ring or speculative decoding, an explicit non-fp32 ``--mamba-ssm-dtype``
-    (an unset ssm dtype is checked on the allocated checkpoint, :func:`read_copy.attach`), the Helion
-    decode backend."""
-    from sglang_replayssm.radix.read_copy import refusal
-
-    try:
-        mode = config.read_copy_mode()
-    except ValueError as exc:
-        raise ReplaySSMArgsError(f"sglang-replayssm: {exc}") from None
-    decode_backend = _value(server_args, "linear_attn_decode_backend", None) or _value(
-        server_args, "linear_attn_backend", None)
-    why = refusal(mode, ssm_dtype=_value(server_args, "mamba_ssm_dtype", None),
-                  decode_ring=bool(_value(server_args, "enable_linear_replayssm", False)),
-                  spec_ring=bool(_value(server_args, "enable_linear_replayssm_spec", False)),
-                  speculative=_value(server_args, "speculative_algorithm", None) is not None,
-                  decode_backend=decode_backend)  # fmt: skip
-    if why is not None:
-        raise ReplaySSMArgsError(why)
-
-
 def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> Any:
     """Run SGLang's ``handle_linear_attn_backend`` with the extra_buffer guard answered by us.
 
@@ -124,7 +122,8 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
     untouched. With it on, the only SGLang check skipped is the extra_buffer refusal, and only
     when :func:`_check_extra_buffer` accepted the combination.
     """
-    check_read_copy(server_args)
+    for check in _checks.values():
+        check(server_args)
     if not config.enabled("admission") or not _value(server_args, "enable_linear_replayssm", False):
         return original(server_args)
     if _value(server_args, "enable_mixed_chunk", False) and not config.enabled("extend_fold"):
@@ -140,11 +139,10 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
             "ignore pending ring records."
         )
     disaggregation = _value(server_args, "disaggregation_mode", "null")
-    if disaggregation not in (None, "null"):  # PD: the decode server only (radix/pd.py)
-        from sglang_replayssm.radix.pd import admit_disaggregation, decode_check_answered
-
-        admit_disaggregation(disaggregation, ReplaySSMArgsError)
-        with decode_check_answered(importlib.import_module(_GUARD_MODULE)):
+    if disaggregation not in (None, "null"):  # PD: the decode server only (radix/pd/)
+        if _disaggregation is None:
+            raise RuntimeError("sglang-replayssm: the pd room is not installed (radix.hooks.register)")
+        with _disaggregation(disaggregation, ReplaySSMArgsError, _GUARD_MODULE):
             return _admit_aggregated(original, server_args)
     return _admit_aggregated(original, server_args)
 

@@ -12,7 +12,7 @@ recorded value is moved into that batch's ``PrefillStats``; ``report_prefill_sta
 * with ``--enable-metrics`` increments the Prometheus counter
   ``sglang:replayssm_mamba_lost_hit_tokens_total`` with the collector's labels.
 
-Beside it, the admitted hits that were rebuilt from records (:mod:`record_match`): their tokens
+Beside it, the admitted hits that were rebuilt from records (the records room, :func:`use_records`): their tokens
 ``#mamba-rebuilt-token: R`` and the records their rebuilds folded ``#mamba-folded-record: F`` in the
 same line; Prometheus ``sglang:replayssm_record_rebuilt_tokens_total``,
 ``sglang:replayssm_record_rebuilt_hits_total``, ``sglang:replayssm_record_folded_total``, and for the
@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sglang_replayssm.state import state_of, take
+
 __all__ = [
     "LOG_KEY",
     "PROMETHEUS_NAME",
@@ -43,6 +45,7 @@ __all__ = [
     "process_total",
     "record_match",
     "report_prefill",
+    "use_records",
 ]
 
 PROMETHEUS_NAME = "sglang:replayssm_mamba_lost_hit_tokens_total"
@@ -54,7 +57,6 @@ HITS_PROMETHEUS_NAME = "sglang:replayssm_record_rebuilt_hits_total"
 FOLDED_PROMETHEUS_NAME = "sglang:replayssm_record_folded_total"
 POOL_BYTES_PROMETHEUS_NAME = "sglang:replayssm_record_pool_bytes"
 EVICTED_PROMETHEUS_NAME = "sglang:replayssm_record_evicted_tokens_total"
-_REQ_ATTR = "_replayssm_mamba_lost_hit_tokens"
 _STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
 _REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"  # (tokens, hits, folded records)
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
@@ -66,6 +68,26 @@ _counters: dict[str, Any] = {}
 _evicted_reported: dict[int, int] = {}  # id(record pool) -> evictions already counted
 _filter_installed = False
 _CACHED_RE = re.compile(r"(#cached-token: \d+, )")
+
+
+def _no_rebuild(req: Any) -> tuple[int, int]:
+    return 0, 0
+
+
+def _no_record_pool(req_to_token_pool: Any) -> Any:
+    return None
+
+
+#: ``req -> (rebuilt tokens, folded records)`` of its admitted hit, and the record pool of a
+#: ``req_to_token_pool``: the records room's (:func:`use_records`), none until it is installed.
+_rebuild_of: Callable[[Any], tuple[int, int]] = _no_rebuild
+_record_pool_of: Callable[[Any], Any] = _no_record_pool
+
+
+def use_records(rebuild_of: Callable[[Any], tuple[int, int]], pool_of: Callable[[Any], Any]) -> None:
+    """Install the records room's rebuilt-hit counts and record-pool lookup (idempotent)."""
+    global _rebuild_of, _record_pool_of
+    _rebuild_of, _record_pool_of = rebuild_of, pool_of
 
 
 def lost_hit_tokens(result: Any) -> int:
@@ -80,22 +102,20 @@ def record_match(params: Any, result: Any) -> None:
     the value of an earlier match of the same request, e.g. one that was not admitted)."""
     req = getattr(params, "req", None)
     if req is not None:
-        setattr(req, _REQ_ATTR, lost_hit_tokens(result))
+        state_of(req).lost_hit_tokens = lost_hit_tokens(result)
 
 
 def pop_lost_hit(req: Any) -> int:
     """The lost hit recorded on ``req`` by its last match (0 if none), removed from it."""
-    return int(req.__dict__.pop(_REQ_ATTR, 0) or 0)
+    return int(take(req, "lost_hit_tokens") or 0)
 
 
 def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
     """Move the recorded lost hits of the newly admitted ``reqs`` onto ``stats``; return the sum."""
-    from sglang_replayssm.radix.record_match import rebuild_of
-
     n = tokens = hits = folded = 0
     for req in reqs:
         n += pop_lost_hit(req)
-        t, f = rebuild_of(req)
+        t, f = _rebuild_of(req)
         tokens, hits, folded = tokens + t, hits + (t > 0), folded + f
     setattr(stats, _STATS_ATTR, n)
     setattr(stats, _REBUILT_STATS_ATTR, (tokens, hits, folded))
@@ -152,9 +172,7 @@ def _prometheus_counter(name: str, labelnames: list[str], kind: str = "Counter")
 
 def _record_pool_values(reporter: Any) -> tuple[int, int] | None:
     """``(pool bytes, evictions since the last report)`` of the scheduler's record pool, if any."""
-    from sglang_replayssm.radix.records import pool_of
-
-    pool = pool_of(getattr(getattr(reporter, "scheduler", None), "req_to_token_pool", None))
+    pool = _record_pool_of(getattr(getattr(reporter, "scheduler", None), "req_to_token_pool", None))
     if pool is None:
         return None
     with _lock:

@@ -1,6 +1,6 @@
 """GPU timing of the record rebuild (issue 12): SGLang's prefill kernels over B spans of n records.
 
-One rebuild batch is what :func:`sglang_replayssm.radix.record_rebuild._fold_gdn_layer` runs for one
+One rebuild batch is what :func:`sglang_replayssm.radix.records.rebuild._fold_gdn_layer` runs for one
 layer: gather the records (``x`` pre-conv ``mixed_qkv`` row, ``a``, ``b``) of every span from the
 record pool, SGLang's ``causal_conv1d_fn`` with each destination slot's conv window as the initial
 window, the gates, and the extend kernel with ``initial_state_indices`` (the state after the span

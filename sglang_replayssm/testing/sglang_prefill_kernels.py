@@ -1,6 +1,6 @@
 """SGLang 0.5.23's prefill kernels that a record rebuild runs, loaded by path (no SGLang install).
 
-A rebuild (:mod:`sglang_replayssm.radix.record_rebuild`) calls, per GDN layer, SGLang's
+A rebuild (:mod:`sglang_replayssm.radix.records.rebuild`) calls, per GDN layer, SGLang's
 ``causal_conv1d_fn``, ``fused_gdn_gating`` (the GDN backend's ``_prefill_gates``) and the extend
 kernel, FLA's ``chunk_gated_delta_rule`` (``TritonGDNKernel.extend``); KDA's extend is
 ``chunk_kda`` (``kda_triton.extend``, gates fused in); short spans fold token by token through the

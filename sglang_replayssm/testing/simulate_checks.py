@@ -42,8 +42,8 @@ class SimInvariants:
     def slot_state(self, slot: int) -> list[torch.Tensor]:
         """Checkpoint of ``slot`` folded with its live ring records (fp64), per layer."""
         from sglang_replayssm.kernels.naive import fold_records_fp64
-        from sglang_replayssm.radix.read_copy import read_copy_of
-        from sglang_replayssm.radix.ring_pool import ring_pool
+        from sglang_replayssm.radix.read_copy.store import read_copy_of
+        from sglang_replayssm.radix.ring.pool import ring_pool
 
         cache = self.mamba_pool.mamba_cache
         view = ring_pool(self.mamba_pool)

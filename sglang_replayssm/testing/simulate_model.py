@@ -52,11 +52,11 @@ class SimConfig:
     #: Run SGLang's Triton track-copy kernel (interpreted on CPU, ~0.1 s a launch) instead of
     #: an equivalent torch copy.
     triton_track_copy: bool = False
-    #: Keep records (``radix/records.py``, GDN): prefix hits at any depth, rebuilt from them.
+    #: Keep records (``radix/records/pool.py``, GDN): prefix hits at any depth, rebuilt from them.
     records: bool = False
     #: Record-pool capacity in tokens (first in, first out).
     record_tokens: int = 4096
-    #: Keep a prefill state every this many tokens (``radix/interval_states.py``; 0 = none), on the
+    #: Keep a prefill state every this many tokens (``radix/records/interval_states.py``; 0 = none), on the
     #: grid of ``chunk`` (the simulated extend kernel's chunk length).
     state_interval: int = 0
     #: The io (activation) dtype: the conv pool's dtype, and the packed q|k|v inputs are rounded to it

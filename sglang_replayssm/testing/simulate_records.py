@@ -24,10 +24,13 @@ from unittest import mock
 
 import torch
 
-from sglang_replayssm.radix import config, record_hicache, record_rebuild
-from sglang_replayssm.radix.interval_states import IntervalStates, kept_positions
-from sglang_replayssm.radix.records import RecordPool, pool_of
-from sglang_replayssm.radix.records import attach as attach_pool
+from sglang_replayssm.radix import config
+from sglang_replayssm.radix.records import rebuild as record_rebuild
+from sglang_replayssm.radix.records.hicache import host_records as record_hicache
+from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import attach as attach_pool
+from sglang_replayssm.state import state_of
 
 __all__ = [
     "assign",
@@ -96,7 +99,7 @@ def attach(sim: Any) -> RecordPool:
         pool.states = IntervalStates(kv_size=pool.kv_size, capacity=sim.cfg.record_tokens // sim.cfg.state_interval + 2,
                                      interval=sim.cfg.state_interval, device=pool.device, chunk=sim.cfg.chunk)
     attach_pool(sim.req_pool, pool)
-    sim.allocator._replayssm_record_pool = pool  # what record_capture.assign_batch links
+    state_of(sim.allocator).record_pool = pool  # what record_capture.assign_batch links
     sim.record_layers = [toy_layer(sim.model, li) for li in range(sim.cfg.mamba_layers)]
     sim.record_backend = KDAAttnBackend() if sim.cfg.is_kda else cpu_engine_backend()
     return pool
@@ -162,7 +165,7 @@ def run_pending(sim: Any) -> int:
     runner = types.SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False)
     with mock.patch.object(gdn_backend, "causal_conv1d_fn", causal_conv1d_fn_cpu):
         # The two BEFORE hooks of ModelRunner.forward in their order: HiCache's queued loads and the
-        # rebuilds in queue order (radix/record_hicache.py), then any rebuild left.
+        # rebuilds in queue order (radix/records/hicache/host_records.py), then any rebuild left.
         n = record_hicache.run_pending(runner) if config.enabled("record_hicache") else 0
         n += record_rebuild.run_pending(runner)
     sim.rebuilds = getattr(sim, "rebuilds", 0) + n

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.ring_pool import ring_pool, ring_pool_of
+from sglang_replayssm.radix.ring.pool import ring_pool, ring_pool_of
 
 __all__ = ["copy_from_exact", "track_decode_exact"]
 

@@ -1,12 +1,13 @@
-"""The hooks of :mod:`record_hicache` (records with HiCache), one row each, registered by
-:mod:`hooks` (``HOOKS``, each ``at`` checked against SGLang by ``tests/test_hook_table.py``), all behind
-the ``record_hicache`` fix: ``(name, body in record_hicache, target, kind, SGLang file:line, doc)``;
-:data:`HOST_HIT_HOOKS` the same rows for :mod:`record_host_hits`, behind ``record_host_hits``;
-:data:`STORAGE_HOOKS` for :mod:`record_storage`, behind ``record_storage``."""
+"""The hooks of records with HiCache: :data:`HICACHE_HOOKS` (:mod:`host_records`, behind
+``record_hicache``), :data:`HOST_HIT_HOOKS` (:mod:`host_hits`, behind ``record_host_hits``),
+:data:`STORAGE_HOOKS` (:mod:`storage`, behind ``record_storage``). Each body lives in its module,
+imported on first use (:func:`sglang_replayssm.radix.gated.lazy`); each ``at`` is checked against SGLang
+by ``tests/test_hook_table.py``. Their order on a shared target is in :mod:`sglang_replayssm.hook_order`."""
 
 from __future__ import annotations
 
-from sglang_replayssm.hook_table import HookKind
+from sglang_replayssm.hook_table import Hook, HookKind
+from sglang_replayssm.radix.gated import gated_hook, lazy
 
 __all__ = ["HICACHE_HOOKS", "HOST_HIT_HOOKS", "STORAGE_HOOKS"]
 
@@ -14,7 +15,7 @@ _MEM = "sglang.srt.mem_cache"
 _HC = f"{_MEM}.hybrid_cache.hybrid_cache_controller.HybridCacheController"
 _AT = "sglang/srt/mem_cache"
 
-HICACHE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+_HICACHE_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
     ("back_records_up", "write_hook", f"{_HC}.write", "AROUND",
      f"{_AT}/hybrid_cache/hybrid_cache_controller.py:555",
      "A device->host KV write takes the tokens' records to host under the host KV indices."),
@@ -36,14 +37,14 @@ HICACHE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
      f"{_MEM}.unified_cache.components.mamba.MambaComponent.finalize_match_result_in_cache", "AROUND",
      f"{_AT}/unified_cache/components/mamba.py:196",
      "A planted state and the state its rebuild starts from stay locked until the rebuild is issued."),
-    # BEFORE the rebuild hook (registered later, so it runs first): loads and rebuilds in queue order.
+    # BEFORE the rebuild hook (sglang_replayssm/hook_order.py): loads and rebuilds in queue order.
     ("run_record_transfers", "forward_hook", "sglang.srt.model_executor.model_runner.ModelRunner.forward",
      "BEFORE", "sglang/srt/model_executor/model_runner.py:1813",
      "Before a forward: the queued record loads and rebuilds in queue order, then the planted locks go."),
 )
 
-# Registered after HICACHE_HOOKS: the match hook wraps lock_planted and the plant (it runs first).
-HOST_HIT_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+# The match hook wraps lock_planted and the plant (sglang_replayssm/hook_order.py).
+_HOST_HIT_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
     ("host_hit_through_records", "match_hook",
      f"{_MEM}.unified_cache.components.mamba.MambaComponent.finalize_match_result_in_cache", "AROUND",
      f"{_AT}/unified_cache/components/mamba.py:196",
@@ -53,7 +54,7 @@ HOST_HIT_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
      "After the host hit's KV load-back: plant the state at the KV depth, rebuilt from the records."),
 )
 
-STORAGE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+_STORAGE_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
     ("stage_records_for_storage", "write_storage_hook", f"{_HC}.write_storage", "AROUND",
      f"{_AT}/hybrid_cache/hybrid_cache_controller.py:1401",
      "A host->storage backup copies the pages' host records out (scheduler thread)."),
@@ -68,3 +69,21 @@ STORAGE_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
      f"{_AT}/unified_radix_cache.py:2422",
      "A completed prefetch: the fetched pages' records become host records of its host KV."),
 )
+
+
+def _hooks(rows: tuple[tuple[str, str, str, HookKind, str, str], ...], module: str, fix: str) -> tuple[Hook, ...]:
+    """One gated :class:`Hook` per row ``(name, body in module, target, kind, SGLang file:line, doc)``
+    (a BEFORE hook is registered as it is: its body checks the switch)."""
+    return tuple(
+        gated_hook(target, kind, lazy(f"sglang_replayssm.radix.records.hicache.{module}", body, name, doc),
+                   at=at, fix=fix, gate=kind != "BEFORE")
+        for name, body, target, kind, at, doc in rows
+    )
+
+
+#: Records with HiCache: host backup and load-back, planted-state locks and transfers.
+HICACHE_HOOKS: tuple[Hook, ...] = _hooks(_HICACHE_ROWS, "host_records", "record_hicache")
+#: Hits on host-only nodes covered by records.
+HOST_HIT_HOOKS: tuple[Hook, ...] = _hooks(_HOST_HIT_ROWS, "host_hits", "record_host_hits")
+#: Records beside L3 pages.
+STORAGE_HOOKS: tuple[Hook, ...] = _hooks(_STORAGE_ROWS, "storage", "record_storage")

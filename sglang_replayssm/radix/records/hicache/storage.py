@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool
+from sglang_replayssm.radix.records.pool import RecordPool
+from sglang_replayssm.state import peek, state_of, take
 
 __all__ = ["KEY_TAG", "backup_hook", "page_keys", "prefetch_result_hook", "read_pages", "restore",
            "snapshot", "transfer_hook", "write_pages", "write_storage_hook"]
@@ -48,8 +49,6 @@ __all__ = ["KEY_TAG", "backup_hook", "page_keys", "prefetch_result_hook", "read_
 logger = logging.getLogger(__name__)
 
 KEY_TAG = "replayssm-rec"
-_ALLOCATOR_ATTR = "_replayssm_record_pool"
-_OP_ATTR = "_replayssm_storage_records"  # on a PrefetchOperation: {page index: page bytes}
 _staged: dict[int, list[tuple[int, torch.Tensor]]] = {}  # id(host_indices) -> [(page, bytes)]
 _lock = threading.Lock()
 _failed: set[str] = set()  # backends whose set/get raised: records off for them (logged once)
@@ -71,7 +70,8 @@ def _page_bytes(host: Any) -> int:
 
 
 def _host_of(controller: Any) -> tuple[RecordPool | None, Any]:
-    pool: RecordPool | None = getattr(controller.mem_pool_device_allocator, _ALLOCATOR_ATTR, None)
+    linked = peek(controller.mem_pool_device_allocator)
+    pool: RecordPool | None = None if linked is None else linked.record_pool
     host = None if pool is None or pool.hicache is None else pool.hicache.host
     return pool, host
 
@@ -177,7 +177,8 @@ def transfer_hook(original: Callable[..., Any], controller: Any, operation: Any)
         rank, size = _tp(controller)
         keys = page_keys(operation.hash_value, host, ps, rank, size)
         try:
-            setattr(operation, _OP_ATTR, (_layout(host, ps), read_pages(storage, keys, ps * _page_bytes(host))))
+            state_of(operation).storage_records = (_layout(host, ps),
+                                                   read_pages(storage, keys, ps * _page_bytes(host)))
         except Exception as exc:
             _failed.add(type(storage).__name__)
             logger.warning("sglang-replayssm records: %s cannot read records (%s)", type(storage).__name__, exc)
@@ -212,7 +213,7 @@ def restore(host: Any, host_kv: torch.Tensor, pages: dict[int, torch.Tensor], pa
 def prefetch_result_hook(original: Callable[..., Any], cache: Any, operation: Any) -> Any:
     """AROUND ``UnifiedRadixCache._handle_prefetch_result``: the fetched pages' records become host
     records of the operation's host KV (the fetched part), then SGLang inserts the nodes."""
-    found = operation.__dict__.pop(_OP_ATTR, None)
+    found = take(operation, "storage_records")
     controller = getattr(cache, "cache_controller", None)
     if found is not None and controller is not None and operation.host_indices is not None:
         layout, pages = found

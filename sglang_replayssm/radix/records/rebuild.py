@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.record_match import Rebuild
-from sglang_replayssm.radix.records import LayerRecords, RecordPool, pool_of, tokens_from_env
+from sglang_replayssm.radix.records.match import Rebuild
+from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of, tokens_from_env
 
 __all__ = ["DEFAULT_SEQUENTIAL_TOKENS", "SEQUENTIAL_ENV", "rebuild", "run_pending", "sequential_tokens_from_env"]
 

@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
+from sglang_replayssm.state import peek, state_of
 
 __all__ = [
     "HOST_CAPACITY_ENV",
@@ -71,14 +72,11 @@ logger = logging.getLogger(__name__)
 
 #: Host record-pool capacity in tokens (``0``: records are not backed up); default the device pool's.
 HOST_CAPACITY_ENV = "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS"
-_HOST_ATTR = "_replayssm_host_records"  # on the anchor host KV pool: the HostRecords to invalidate
-_PLANTED_ATTR = "_replayssm_planted_nodes"  # on a tree core: node ids whose planted state is unbuilt
-_ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the KV allocator
 
 
 def host_capacity_from_env(default: int, host_kv: int) -> int:
     """``SGLANG_REPLAYSSM_HOST_RECORD_TOKENS`` if set, else ``default``; at most ``host_kv``."""
-    from sglang_replayssm.radix.records import tokens_from_env
+    from sglang_replayssm.radix.records.pool import tokens_from_env
 
     value = tokens_from_env(HOST_CAPACITY_ENV, "0: no host records")
     return min(default if value is None else value, host_kv)
@@ -227,7 +225,7 @@ def _host(pool: RecordPool, controller: Any) -> HostRecords | None:
     state.host = HostRecords(kv_size=size + 1, capacity=capacity, pin=pin)
     for layer_id, rec in pool.layers.items():  # every layer now: a row is complete or absent
         state.host.layer(layer_id, (rec.x, rec.a, rec.b))
-    setattr(host_kv, _HOST_ATTR, state.host)
+    state_of(host_kv).host_records = state.host  # the HostRecords its allocations invalidate
     per_token = sum(t.shape[1] * t.element_size() for rec in pool.layers.values() for t in (rec.x, rec.a, rec.b))
     logger.info("sglang-replayssm records: HiCache backs records up to host, %d tokens (%.1f MB%s; %s=N to "
                 "change, 0 = off)", capacity, capacity * per_token / 2**20, ", pinned" if pin else "",
@@ -255,7 +253,7 @@ def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None]) -> An
     return event
 
 
-# ---- hook bodies (radix/hooks.py) -------------------------------------------------------------------
+# ---- hook bodies (hicache/hooks.py) -----------------------------------------------------------------
 
 
 def write_hook(original: Callable[..., Any], controller: Any, device_indices: Any, *args: Any, **kwargs: Any) -> Any:
@@ -291,10 +289,16 @@ def forward_hook(runner: Any, *args: Any, **kwargs: Any) -> None:
 # ---- backup: device -> host ----------------------------------------------------------------------
 
 
+def _linked_pool(controller: Any) -> RecordPool | None:
+    """The record pool linked on the controller's device KV allocator (by records/capture.py)."""
+    linked = peek(controller.mem_pool_device_allocator)
+    return None if linked is None else linked.record_pool
+
+
 def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
     """After ``HybridCacheController.write``: copy the records of ``device_indices`` to host under
     ``host_indices`` (the KV SGLang is copying there)."""
-    pool: RecordPool | None = getattr(controller.mem_pool_device_allocator, _ALLOCATOR_ATTR, None)
+    pool = _linked_pool(controller)
     if pool is None or not isinstance(host_indices, torch.Tensor) or host_indices.numel() == 0:
         return
     host = _host(pool, controller)
@@ -339,7 +343,7 @@ def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
 def loaded_back(controller: Any, host_indices: Any, device_indices: Any) -> None:
     """After ``HybridCacheController.load``: the new device KV indices get the host records of
     ``host_indices`` (slots now; the rows at the next forward, :func:`run_pending`)."""
-    pool: RecordPool | None = getattr(controller.mem_pool_device_allocator, _ALLOCATOR_ATTR, None)
+    pool = _linked_pool(controller)
     if pool is None or pool.hicache is None or pool.hicache.host is None:
         return
     if not isinstance(device_indices, torch.Tensor) or host_indices.numel() == 0:
@@ -384,7 +388,8 @@ def _apply(pool: RecordPool, load: _Load) -> None:
 
 def host_allocated(host_pool: Any, indices: Any) -> None:
     """After a host KV allocation: the handed-out host indices carry no host record."""
-    host: HostRecords | None = getattr(host_pool, _HOST_ATTR, None)
+    linked = peek(host_pool)
+    host: HostRecords | None = None if linked is None else linked.host_records
     if host is not None and isinstance(indices, torch.Tensor):
         host.invalidate(indices)
 
@@ -414,10 +419,10 @@ def lock_rebuild(pool: RecordPool, cache: Any, core: Any, job: Any, target: Any,
     """Until ``job`` (a queued rebuild into ``target``'s planted state) is issued: lock ``target``
     and, when the rebuild copies a tree state, its node ``source``; back ``target`` up without its
     mamba state (:func:`build_backup_spec`)."""
-    planted = getattr(core, _PLANTED_ATTR, None)
+    core_state = state_of(core)  # node ids whose planted state is unbuilt
+    planted = core_state.planted_nodes
     if planted is None:
-        planted = {}
-        setattr(core, _PLANTED_ATTR, planted)
+        planted = core_state.planted_nodes = {}
     nodes = [target] if job.src is None else [target, source]
     locks = [(node, cache.inc_lock_ref(node).to_dec_params()) for node in nodes]
     planted[target] = planted.get(target, 0) + 1
@@ -427,7 +432,8 @@ def lock_rebuild(pool: RecordPool, cache: Any, core: Any, job: Any, target: Any,
 def build_backup_spec(original: Callable[..., Any], core: Any, node_id: Any) -> Any:
     """A node whose planted state is not rebuilt yet is backed up without its mamba state."""
     device_value, comp_xfers = original(core, node_id)
-    planted = getattr(core, _PLANTED_ATTR, None)
+    core_state = peek(core)
+    planted = None if core_state is None else core_state.planted_nodes
     if planted and node_id in planted and comp_xfers:
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
@@ -439,7 +445,7 @@ def run_pending(runner: Any) -> int:
     """Before ``ModelRunner.forward``: wait (on the device) for the record copies in flight, run the
     queued loads and rebuilds in their queue order, then release the planted locks; returns the
     rebuilds run."""
-    from sglang_replayssm.radix import record_rebuild
+    from sglang_replayssm.radix.records import rebuild as record_rebuild
 
     if getattr(runner, "is_draft_worker", False):
         return 0
@@ -476,7 +482,8 @@ def _release(pool: RecordPool, state: HiCacheRecords) -> None:
             continue
         for node, params in locks:
             cache.dec_lock_ref(node, params)
-        planted = getattr(core, _PLANTED_ATTR, {})
+        core_state = peek(core)
+        planted = {} if core_state is None or core_state.planted_nodes is None else core_state.planted_nodes
         target = locks[0][0]
         if planted.get(target, 0) <= 1:
             planted.pop(target, None)

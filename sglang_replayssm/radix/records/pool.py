@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.state import peek, state_of
+
 __all__ = [
     "CAPACITY_ENV",
     "DEFAULT_CAPACITY",
@@ -45,8 +47,6 @@ __all__ = [
 CAPACITY_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
 #: Default capacity: the last 16,384 computed tokens (at most one per KV slot).
 DEFAULT_CAPACITY = 16384
-_ATTR = "_replayssm_record_pool"
-OFF_ATTR = "_replayssm_records_off"
 
 
 _budgeted: int | None = None
@@ -114,9 +114,9 @@ class RecordPool:
     capture_decode: bool = True  # decode tokens get records too (False: only prefill tokens)
     layers: dict[int, LayerRecords] = field(default_factory=dict)
     pending: list[Any] = field(default_factory=list)  # rebuilds to run at the next forward
-    states: Any = None  # IntervalStates: kept prefill states (radix/interval_states.py), or None
-    hicache: Any = None  # HiCacheRecords: the host copy and queued loads (radix/record_hicache.py), or None
-    sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/record_rebuild.py)
+    states: Any = None  # IntervalStates: kept prefill states (radix/records/interval_states.py), or None
+    hicache: Any = None  # HiCacheRecords: the host copy and queued loads (radix/records/hicache/host_records.py), or None
+    sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/records/rebuild.py)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -209,16 +209,17 @@ class RecordPool:
 
 def pool_of(req_to_token_pool: Any) -> RecordPool | None:
     """The record pool attached to a ``HybridReqToTokenPool``, if any."""
-    return getattr(req_to_token_pool, _ATTR, None)
+    state = peek(req_to_token_pool)
+    return None if state is None else state.record_pool
 
 
 def detach(req_to_token_pool: Any) -> None:
     """Turn records off for ``req_to_token_pool`` for good (what exists is dropped, nothing is created)."""
-    setattr(req_to_token_pool, _ATTR, None)
-    setattr(req_to_token_pool, OFF_ATTR, True)
+    state = state_of(req_to_token_pool)
+    state.record_pool, state.records_off = None, True
 
 
 def attach(req_to_token_pool: Any, pool: RecordPool) -> RecordPool:
     """Attach ``pool`` to ``req_to_token_pool`` (one per pool); returns it."""
-    setattr(req_to_token_pool, _ATTR, pool)
+    state_of(req_to_token_pool).record_pool = pool
     return pool

@@ -46,7 +46,7 @@ import torch
 
 from sglang_replayssm.kernels.cursor import cursor_step
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.ring_pool import RingPool, ring_pool_of
+from sglang_replayssm.radix.ring.pool import RingPool, ring_pool_of
 
 __all__ = [
     "cursor_hidden",

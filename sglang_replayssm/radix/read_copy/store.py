@@ -40,7 +40,9 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,16 +54,14 @@ from sglang_replayssm.kernels.read_copy_format import COPY_DTYPES, alloc_read_co
 from sglang_replayssm.kernels.read_copy_ref import replay_exact
 from sglang_replayssm.kernels.read_copy_refresh import refresh_stale
 from sglang_replayssm.radix import config
+from sglang_replayssm.state import peek, state_of
 
 __all__ = [
-    "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "decode_step", "layer_of", "mark_stale",
-    "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
+    "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "copy_of", "decode_step", "exact_fold",
+    "gathered", "layer_of", "mark_stale", "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
-_ATTR = "_replayssm_read_copy"
-#: Set on a ``MambaSlotAllocator`` whose slots index a read-copy pool (stale at alloc).
-ALLOCATOR_ATTR = "_replayssm_read_copy"
 _FP32 = 4
 #: ``ssm_states.data_ptr()`` of each layer view -> (weakref to the pool's temporal, pool, layer).
 _LAYERS: dict[int, tuple[weakref.ref[torch.Tensor], ReadCopyPool, int]] = {}
@@ -156,7 +156,8 @@ class ReadCopyPool(ReadCopyLayer):
 
 def read_copy_of(mamba_pool: Any) -> ReadCopyPool | None:
     """The read copy :func:`attach` gave ``mamba_pool``, or None."""
-    return getattr(mamba_pool, _ATTR, None)
+    state = peek(mamba_pool)
+    return None if state is None else state.read_copy
 
 
 def _carved_records(d_ring: torch.Tensor | None, shape: tuple[int, ...],
@@ -210,7 +211,10 @@ def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
         fmt=fmt,
         records_carved=carved is not None,
     )
-    setattr(mamba_pool, _ATTR, rc)
+    state_of(mamba_pool).read_copy = rc
+    from sglang_replayssm.radix.ring.pool import use_checkpoint_copies
+
+    use_checkpoint_copies(sys.modules[__name__])  # this module is the ring's copies
     ref = weakref.ref(temporal)
     for i in range(layers):
         _LAYERS[temporal[i].data_ptr()] = (ref, rc, i)
@@ -289,3 +293,22 @@ def replay_into(rc: ReadCopyPool, temporal: torch.Tensor, k: torch.Tensor, g: to
         G = temporal.shape[2] // k.shape[2]
         for li in range(temporal.shape[0]):
             temporal[li, d_] = replay_exact(temporal[li], k[li], g[li], v[li], beta[li], s, m, G, is_kda)
+
+
+# ---- the ring's CheckpointCopies (radix/ring/pool.py), installed by :func:`attach` -----------------
+
+
+def copy_of(mamba_pool: Any) -> ReadCopyPool | None:
+    """The pool's read copy (:func:`read_copy_of`)."""
+    return read_copy_of(mamba_pool)
+
+
+def exact_fold() -> bool:
+    """Folds replay the raw records (the ``read_copy_exact_fold`` fix), else they fold ``d~``."""
+    return config.enabled("read_copy_exact_fold")
+
+
+def gathered(rc: ReadCopyPool, idx: torch.Tensor) -> ReadCopyPool:
+    """``rc`` with the records (``v``, ``beta``) of slots ``idx`` only and nothing stale: a private copy
+    a fold replays into (the live slots untouched)."""
+    return dataclasses.replace(rc, v=rc.v[:, idx], beta=rc.beta[:, idx], stale=torch.zeros_like(rc.stale))

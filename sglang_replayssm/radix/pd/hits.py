@@ -29,20 +29,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_replayssm.hook_table import HookKind
-
 logger = logging.getLogger(__name__)
-__all__ = ["LOG_PREFIX", "PD_HIT_HOOKS", "DecodeHits", "count_admission", "totals"]
+__all__ = ["LOG_PREFIX", "DecodeHits", "count_admission", "totals"]
 
 LOG_PREFIX = "PD decode admission"
-
-#: ``(name, body here, target, kind, SGLang file:line, doc)``, registered by :mod:`hooks` behind ``pd_hits``.
-PD_HIT_HOOKS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
-    ("count_decode_hits", "count_admission", "sglang.srt.disaggregation.decode.DecodePreallocQueue._pre_alloc",
-     "AFTER", "sglang/srt/disaggregation/decode.py:2237",
-     "A PD decode admission logs its own prefix hit (the decode tree's) and the running hit rate."),
-)
-
 
 @dataclass
 class DecodeHits:

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
+from sglang_replayssm.state import state_of, take
 
 __all__ = ["Rebuild", "plant_and_match", "rebuild_of", "rebuilt_tokens"]
 
-_REQ_ATTR = "_replayssm_rebuilt_tokens"
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Rebuild:
     dst: torch.Tensor  # logical mamba slot, shape [1]
     src: torch.Tensor | None  # logical mamba slot of the deepest state above, shape [1]
     slots: torch.Tensor  # [lead + n] record slots
-    state: int | None = None  # interval state slot (radix/interval_states.py)
+    state: int | None = None  # interval state slot (radix/records/interval_states.py)
     lead: int = 0
 
 
@@ -153,7 +153,7 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
     tree.set_component_device_value(target, ct, slot.reshape(1).clone())
     job = rebuild_job(pool, slot, span, start, src)
     pool.pending.append(job)
-    setattr(params.req, _REQ_ATTR, (int(span.numel()), int(job.slots.numel()) - job.lead))
+    state_of(params.req).rebuilt_tokens = (int(span.numel()), int(job.slots.numel()) - job.lead)
     extended = result._replace(device_prefix_len=full, last_device_node=target, last_host_node=target,
                                best_match_node=target, mamba_branching_seqlen=None)
     return original(component, params, extended)
@@ -162,7 +162,7 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
 def rebuild_of(req: Any) -> tuple[int, int]:
     """``(hit tokens, records folded)`` of ``req``'s last admission match's rebuild, (0, 0) without
     one (popped: counted once)."""
-    found = req.__dict__.pop(_REQ_ATTR, None)
+    found = take(req, "rebuilt_tokens")
     return (0, 0) if found is None else (int(found[0]), int(found[1]))
 
 

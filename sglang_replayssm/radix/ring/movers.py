@@ -18,7 +18,7 @@ read ``temporal`` alone or copy it alone:
 * **CPU retraction backup.** ``Req.offload_kv_cache`` (directly, or through
   ``HybridLinearKVPool.get_cpu_copy``) stores ``MambaPool.get_cpu_copy``: conv + temporal, no ring,
   no cursor. :func:`cpu_copy_exact` folds the pending records into the *copy* (the live slot is not
-  modified), and :func:`sglang_replayssm.radix.alloc_reset.empty_loaded` empties the ring of every slot a CPU
+  modified), and :func:`sglang_replayssm.radix.ring.alloc_reset.empty_loaded` empties the ring of every slot a CPU
   copy is loaded into (the copy is a full state, so the destination has no pending records).
 
 Invariants: after :func:`fold_before_extend` every slot of the batch's rows has ``write_pos == 0``
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.ring_pool import ring_pool
+from sglang_replayssm.radix.ring.pool import ring_pool
 
 __all__ = ["cpu_copy_exact", "fold_before_extend"]
 

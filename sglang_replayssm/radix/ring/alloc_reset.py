@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.ring_pool import empty_rings, ring_pool
+from sglang_replayssm.radix.ring.pool import empty_rings, ring_pool
+from sglang_replayssm.state import peek, state_of
 
-__all__ = ["WRITE_POS_ATTR", "empty_allocated", "empty_loaded", "link_allocator", "linked_write_pos"]
+__all__ = ["empty_allocated", "empty_loaded", "link_allocator", "linked_write_pos"]
 
 #: Attribute set on a ``MambaSlotAllocator`` that hands out slots of a ReplaySSM-decode pool.
-WRITE_POS_ATTR = "_replayssm_write_pos"
 
 
 def link_allocator(req_to_token_pool: Any) -> None:
@@ -40,12 +40,13 @@ def link_allocator(req_to_token_pool: Any) -> None:
     if allocator is None or mamba_pool is None:
         return
     view = ring_pool(mamba_pool)
-    setattr(allocator, WRITE_POS_ATTR, None if view is None else view.write_pos)
+    state_of(allocator).write_pos = None if view is None else view.write_pos
 
 
 def linked_write_pos(allocator: Any) -> torch.Tensor | None:
     """The cursor tensor linked by :func:`link_allocator`, or None."""
-    return getattr(allocator, WRITE_POS_ATTR, None)
+    state = peek(allocator)
+    return None if state is None else state.write_pos
 
 
 def empty_allocated(allocator: Any, slots: torch.Tensor | None) -> None:

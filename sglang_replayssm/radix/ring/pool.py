@@ -13,13 +13,17 @@ marks padding / empty rows in index tensors. :func:`ring_pool` is the one test o
 decode-ring pool": the spec-verify ring (``enable_linear_replayssm`` off, its own cursors), pools
 without ReplaySSM and the unified pool are never viewed, so no radix module touches them. Every
 operation runs on the pool's device without host syncs unless it says otherwise.
+
+A feature that keeps its own copy of each checkpoint (the read copy, radix/read_copy/) installs its
+:class:`CheckpointCopies` here (:func:`use_checkpoint_copies`, when it attaches to a pool); the folds
+and the ring decode binding consult it, and import no feature.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -41,6 +45,46 @@ def empty_rings(write_pos: torch.Tensor | None, slots: torch.Tensor | None) -> N
     # -1 sentinels would index the last slot; send them to the reserved padding slot 0,
     # whose ring is never live (padded decode rows read and write nothing there).
     write_pos.index_fill_(0, flat.to(device=write_pos.device, dtype=torch.long).clamp(min=0), 0)
+
+
+class CheckpointCopies(Protocol):
+    """A feature's copy of each checkpoint (the read copy): what the ring's folds and decode need of it.
+
+    ``copy_of`` the pool's copy (or None); ``exact_fold`` whether folds replay the raw records (else
+    they fold the copy's deltas ``copy.d``); ``mark_stale`` the copies of rewritten slots;
+    ``replay_into`` the exact fold; ``gathered`` the copy's records of ``idx`` only (a private copy to
+    replay into); ``layer_of`` the copy of one pool layer's ``ssm_states`` (or None); ``decode_step``
+    one decode step through the copy.
+    """
+
+    def copy_of(self, mamba_pool: Any) -> Any: ...
+
+    def exact_fold(self) -> bool: ...
+
+    def mark_stale(self, rc: Any, slots: Any) -> None: ...
+
+    def replay_into(self, rc: Any, temporal: torch.Tensor, k: torch.Tensor, g: torch.Tensor, src: torch.Tensor,
+                    dst: torch.Tensor, counts: torch.Tensor, *, is_kda: bool, layers: slice | None = None) -> None: ...
+
+    def gathered(self, rc: Any, idx: torch.Tensor) -> Any: ...
+
+    def layer_of(self, ssm_states: torch.Tensor) -> Any: ...
+
+    def decode_step(self, decode: Callable[..., Any], layer: Any, *args: Any) -> None: ...
+
+
+_copies: CheckpointCopies | None = None
+
+
+def use_checkpoint_copies(copies: CheckpointCopies) -> None:
+    """Install the checkpoint copies the folds and the ring decode consult (idempotent)."""
+    global _copies
+    _copies = copies
+
+
+def checkpoint_copies() -> CheckpointCopies | None:
+    """The installed checkpoint copies, or None."""
+    return _copies
 
 
 @dataclass(frozen=True)
@@ -66,12 +110,13 @@ class RingPool:
     @property
     def read_copy(self) -> tuple[Any, bool]:
         """``(the pool's read copy or None, whether folds replay its raw records)``: a pool with a
-        read copy (radix/read_copy.py) keeps copy-based deltas in its own ``d`` ring, so its folds
-        replay ``k, g, v, beta`` from the checkpoint (the ``read_copy_exact_fold`` fix; off: fold ``d~``)."""
-        from sglang_replayssm.radix import config
-        from sglang_replayssm.radix.read_copy import read_copy_of
-
-        return read_copy_of(self.pool), config.enabled("read_copy_exact_fold")
+        read copy (radix/read_copy/store.py) keeps copy-based deltas in its own ``d`` ring, so its folds
+        replay ``k, g, v, beta`` from the checkpoint (the ``read_copy_exact_fold`` fix; off: fold ``d~``).
+        ``(None, False)`` while no :class:`CheckpointCopies` is installed."""
+        copies = _copies
+        if copies is None:
+            return None, False
+        return copies.copy_of(self.pool), copies.exact_fold()
 
     def index(self, slots: Any) -> torch.Tensor:
         """``slots`` (any shape, tensor or int) as a flat long tensor on the pool's device."""
@@ -100,12 +145,11 @@ class RingPool:
         if layers is not None:
             temporal, d, k, g = temporal[layers], d[layers], k[layers], g[layers]
         rc, exact = self.read_copy
-        if rc is not None:  # the destinations' checkpoints are rewritten: their copies are stale
-            from sglang_replayssm.radix.read_copy import mark_stale, replay_into
-
-            mark_stale(rc, dst)
-            if exact:  # copy-based deltas in the ring: replay the raw records (radix/read_copy.py)
-                replay_into(rc, temporal, k, g, src, dst, cnt, is_kda=self.is_kda, layers=layers)
+        copies = _copies
+        if rc is not None and copies is not None:  # the destinations' checkpoints are rewritten: copies stale
+            copies.mark_stale(rc, dst)
+            if exact:  # copy-based deltas in the ring: replay the raw records (radix/read_copy/store.py)
+                copies.replay_into(rc, temporal, k, g, src, dst, cnt, is_kda=self.is_kda, layers=layers)
                 return
             d = (rc.d if layers is None else rc.d[layers]).to(temporal.dtype)  # exact fold off: fold d~
         # Host-side index validation would sync the device on every copy; rows built here satisfy
@@ -145,11 +189,9 @@ class RingPool:
         rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
         d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
         rc, exact = self.read_copy
-        if rc is not None and exact:  # exact replay of the raw records (radix/read_copy.py), into the copy only
-            from sglang_replayssm.radix.read_copy import replay_into
-
-            gathered = dataclasses.replace(rc, v=rc.v[:, idx], beta=rc.beta[:, idx], stale=torch.zeros_like(rc.stale))
-            replay_into(gathered, temporal, k, g, rows, rows, counts, is_kda=self.is_kda)
+        copies = _copies
+        if rc is not None and exact and copies is not None:  # exact replay of the raw records, into the copy only
+            copies.replay_into(copies.gathered(rc, idx), temporal, k, g, rows, rows, counts, is_kda=self.is_kda)
         else:
             if rc is not None:  # read_copy_exact_fold off: the copy-based deltas
                 d = rc.d[:, idx].to(temporal.dtype).contiguous()

@@ -55,7 +55,7 @@ CHUNK = 64
 
 def interval_from_env() -> int:
     """``SGLANG_REPLAYSSM_STATE_INTERVAL`` (tokens, a multiple of 64; 0 = off), else the default."""
-    from sglang_replayssm.radix.records import tokens_from_env
+    from sglang_replayssm.radix.records.pool import tokens_from_env
 
     value = tokens_from_env(INTERVAL_ENV, "0 keeps no state")
     if value is None:

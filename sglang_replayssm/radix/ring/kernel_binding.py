@@ -6,7 +6,8 @@ Same ring layout, cursor and flush semantics (the kernel takes SGLang's exact ar
 swap changes speed, not results; rows without rings, the KDA safe gate (lower_bound) and non-CUDA
 tensors go to SGLang's original method unchanged.
 
-With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, :mod:`read_copy`) the step is
+With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, the read copy room's
+:class:`~sglang_replayssm.radix.ring.pool.CheckpointCopies`, installed when it attaches) the step is
 :func:`sglang_replayssm.kernels.read_copy_cuda.read_copy_decode_cuda`; inputs it does not handle raise
 its ``CudaReadUnsupported`` (never a silent fallback to the torch reference), and so does the KDA safe
 gate, which SGLang's kernel would run without the copy's records. Its stale-row refresh is one Triton
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm.kernels.ring_decode import ring_decode
-from sglang_replayssm.radix.read_copy import decode_step, layer_of
+from sglang_replayssm.radix.ring.pool import checkpoint_copies
 
 _RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
 
@@ -30,6 +31,12 @@ def _has_ring(kwargs: dict[str, Any]) -> bool:
 
 def _ours_applies(mixed_qkv: Any, kwargs: dict[str, Any]) -> bool:
     return bool(mixed_qkv.is_cuda and _has_ring(kwargs) and kwargs.get("lower_bound") is None)
+
+
+def layer_of(ssm_states: Any) -> Any:
+    """The installed checkpoint copy of the pool layer ``ssm_states`` is, or None."""
+    copies = checkpoint_copies()
+    return None if copies is None else copies.layer_of(ssm_states)
 
 
 def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any, a: Any, b: Any, *,
@@ -55,7 +62,9 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
     if copy is not None:
         from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
 
-        decode_step(read_copy_decode_cuda, copy, mixed_qkv, a, b.reshape(rows, hv).contiguous(),
+        copies = checkpoint_copies()
+        assert copies is not None  # it found the copy
+        copies.decode_step(read_copy_decode_cuda, copy, mixed_qkv, a, b.reshape(rows, hv).contiguous(),
                     kwargs["A_log"].reshape(-1), dt_bias, kwargs["scale"], ssm_states, kwargs["replayssm_k"],
                     kwargs["replayssm_g"], out, kwargs["cache_indices"], kwargs["replayssm_write_pos"],
                     kwargs.get("replayssm_force_flush"), is_kda)  # fmt: skip

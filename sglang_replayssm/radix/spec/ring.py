@@ -173,7 +173,7 @@ def fold_before_finish(component: Any, req: Any, is_finished: bool) -> None:
 
 def fold_before_copy(req_pool: Any, req: Any) -> None:
     """Before the request's working slot is copied whole (records' extra_buffer end state,
-    ``radix/donation.py``): fold its row's pending spec records, so ``temporal`` is the full state."""
+    ``radix/ring/donation.py``): fold its row's pending spec records, so ``temporal`` is the full state."""
     view = spec_ring(getattr(req_pool, "mamba_pool", None))
     pair = _req_slot_row(req_pool, req) if view is not None else None
     if view is not None and pair is not None:
@@ -195,7 +195,7 @@ def fold_before_extend(runner: Any, forward_batch: Any) -> None:
     """D3 / D4: before an extend or MIXED forward (not a verify / draft extend / draft worker) reads
     ``temporal``, fold every row's pending spec records (a mixed-chunk decode row, a streaming
     session's next turn on the row it kept)."""
-    from sglang_replayssm.radix.movers import _reads_extend_state
+    from sglang_replayssm.radix.ring.movers import _reads_extend_state
 
     pool: Any = getattr(runner, "req_to_token_pool", None)
     view = spec_ring(getattr(pool, "mamba_pool", None))

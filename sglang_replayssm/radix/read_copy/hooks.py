@@ -1,5 +1,5 @@
-"""The hooks of the read copy (:mod:`read_copy`), registered by :mod:`hooks` (``HOOKS``; each ``at``
-checked against SGLang by ``tests/test_hook_table.py``).
+"""The read copy room's hooks (:mod:`store`), registered by :mod:`sglang_replayssm.radix.hooks` (``HOOKS``;
+each ``at`` checked against SGLang by ``tests/test_hook_table.py``).
 
 * ``attach_read_copy`` (always registered; a no-op while ``SGLANG_REPLAYSSM_READ_COPY=off``): after
   ``HybridReqToTokenPool._init_mamba_pool`` allocated the decode ring, allocate the read copy beside it
@@ -18,8 +18,9 @@ from typing import Any
 
 from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
+from sglang_replayssm.state import peek, state_of
 
-__all__ = ["READ_COPY_HOOKS"]
+__all__ = ["READ_COPY_HOOKS", "install"]
 
 
 def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: Any) -> None:
@@ -27,8 +28,8 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
     mode = config.read_copy_mode()
     if mode == "off":
         return
-    from sglang_replayssm.radix.read_copy import ALLOCATOR_ATTR, attach, refusal
-    from sglang_replayssm.radix.ring_pool import ring_pool
+    from sglang_replayssm.radix.read_copy.store import attach, refusal
+    from sglang_replayssm.radix.ring.pool import ring_pool
 
     mamba_pool = getattr(req_to_token_pool, "mamba_pool", None)
     if mamba_pool is None:
@@ -41,20 +42,21 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
     rc = attach(mamba_pool, mode, conv[0].dtype if conv else mamba_pool.mamba_cache.temporal.dtype)
     allocator = getattr(req_to_token_pool, "mamba_allocator", None)
     if allocator is not None:
-        setattr(allocator, ALLOCATOR_ATTR, rc)
+        state_of(allocator).read_copy = rc
 
 
 def stale_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER ``MambaSlotAllocator.alloc``: the handed-out slots' copies are stale."""
-    from sglang_replayssm.radix.read_copy import ALLOCATOR_ATTR, mark_stale
+    from sglang_replayssm.radix.read_copy.store import mark_stale
 
     if result is not None and config.enabled("read_copy_refresh"):
-        mark_stale(getattr(allocator, ALLOCATOR_ATTR, None), result)
+        linked = peek(allocator)
+        mark_stale(None if linked is None else linked.read_copy, result)
 
 
 def stale_on_copy(result: Any, mamba_pool: Any, src_indices: Any, dst_indices: Any) -> None:
     """AFTER ``MambaPool.copy_from``: the destinations' copies are stale."""
-    from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
+    from sglang_replayssm.radix.read_copy.store import mark_stale, read_copy_of
 
     if config.enabled("read_copy_refresh"):
         mark_stale(read_copy_of(mamba_pool), dst_indices)
@@ -62,7 +64,7 @@ def stale_on_copy(result: Any, mamba_pool: Any, src_indices: Any, dst_indices: A
 
 def stale_on_cpu_load(result: Any, mamba_pool: Any, mamba_cache_cpu: Any, indices: Any) -> None:
     """AFTER ``MambaPool.load_cpu_copy``: the loaded slots' copies are stale."""
-    from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
+    from sglang_replayssm.radix.read_copy.store import mark_stale, read_copy_of
 
     if config.enabled("read_copy_refresh"):
         mark_stale(read_copy_of(mamba_pool), indices)
@@ -73,8 +75,8 @@ def stale_on_extend(result: Any, runner: Any, forward_batch: Any) -> None:
     reads the pool): on an extend / MIXED forward every row's slot is stale (the extend writes it)."""
     if not config.enabled("read_copy_refresh"):
         return
-    from sglang_replayssm.radix.movers import _reads_extend_state
-    from sglang_replayssm.radix.read_copy import mark_stale, read_copy_of
+    from sglang_replayssm.radix.read_copy.store import mark_stale, read_copy_of
+    from sglang_replayssm.radix.ring.movers import _reads_extend_state
 
     pool: Any = getattr(runner, "req_to_token_pool", None)
     rc = read_copy_of(getattr(pool, "mamba_pool", None))
@@ -84,6 +86,17 @@ def stale_on_extend(result: Any, runner: Any, forward_batch: Any) -> None:
     ):
         return
     mark_stale(rc, pool.translate_mamba_indices(pool.get_mamba_indices(indices)))
+
+
+def install() -> None:
+    """Install the read copy's startup parts (idempotent): its admission check and its bytes per slot
+    beside the decode ring (:mod:`startup`). Its folds and decode step are installed into the ring when
+    it attaches to a pool (:func:`store.attach`)."""
+    from sglang_replayssm.radix import admission, budget
+    from sglang_replayssm.radix.read_copy import startup
+
+    admission.add_check("read_copy", startup.check_read_copy)
+    budget.add_slot_charge("read_copy", startup.bytes_per_slot_charged)
 
 
 _MP = "sglang.srt.mem_cache.memory_pool"

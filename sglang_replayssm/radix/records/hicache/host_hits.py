@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
-from sglang_replayssm.radix.records import RecordPool, pool_of
+from sglang_replayssm.radix.records.pool import RecordPool, pool_of
+from sglang_replayssm.state import state_of, take
 
 __all__ = ["host_records_cover", "load_back_hook", "match_hook"]
 
-_PLAN_ATTR = "_replayssm_host_hit"  # on a Req: (target, anchor, depth, full) of its host-records hit
 
 
 def _enabled() -> bool:
@@ -76,7 +76,7 @@ def _plan(component: Any, params: Any, result: Any) -> tuple[Any, Any, int, int,
         return None
     from sglang.srt.mem_cache.unified_cache.components.base import CacheTransferPhase, ComponentType
 
-    from sglang_replayssm.radix.record_match import _device_target
+    from sglang_replayssm.radix.records.match import _device_target
 
     tree, anchor = component.tree_core, result.best_match_node
     device_end = _device_target(tree, target, anchor)
@@ -100,14 +100,14 @@ def match_hook(original: Callable[..., Any], component: Any, params: Any, result
     if params.req is not None and params.cow_mamba:
         # A new admission match forgets an earlier one's plan; other matches of the request (the
         # storage prefetch's, cow_mamba False) leave it: the request's fields may still be this one's.
-        params.req.__dict__.pop(_PLAN_ATTR, None)
+        take(params.req, "host_hit")
     if plan is None:
         return original(component, params, result)
     target, anchor, depth, full, _ = plan
     # SGLang's finalizer on the match as it stands (copy-on-write from the deepest state: what the
     # request recomputes from if the load-back cannot plant); record_match sees no span to plant.
     out = original(component, params, result._replace(full_kv_hit_length=depth))
-    setattr(params.req, _PLAN_ATTR, (target, anchor, depth, full))
+    state_of(params.req).host_hit = (target, anchor, depth, full)  # on the Req: its host-records hit
     # host_hit_length counts the span from the deepest state (its device part included): what
     # init_load_back reports as loaded, so the admission takes its "all promised tokens" path.
     return out._replace(full_kv_hit_length=full, best_match_node=target, last_host_node=target,
@@ -117,7 +117,7 @@ def match_hook(original: Callable[..., Any], component: Any, params: Any, result
 def load_back_hook(original: Callable[..., Any], cache: Any, params: Any) -> Any:
     """AROUND ``UnifiedRadixCache.init_load_back``: SGLang's load-back, then the planted state."""
     req = getattr(params, "req", None)
-    plan = None if req is None else req.__dict__.pop(_PLAN_ATTR, None)
+    plan = None if req is None else take(req, "host_hit")
     out = original(cache, params)
     if req is None or plan is None or out is None or not _enabled():
         return out
@@ -137,8 +137,8 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     it the request's copy-on-write source; False if the span lost a record or no slot is free."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-    from sglang_replayssm.radix import record_hicache
-    from sglang_replayssm.radix.record_match import _REQ_ATTR, _alloc_slot, _from_interval_state, rebuild_job
+    from sglang_replayssm.radix.records.hicache import host_records as record_hicache
+    from sglang_replayssm.radix.records.match import _alloc_slot, _from_interval_state, rebuild_job
 
     component = cache.components[ComponentType.MAMBA]
     pool: RecordPool | None = pool_of(cache.req_to_token_pool)
@@ -161,5 +161,5 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     record_hicache.lock_rebuild(pool, cache, tree, job, target, anchor)
     req.kv.mamba_cow_src_index = tree.get_component_device_value(target, ct)
     req.kv.mamba_needs_clear = False
-    setattr(req, _REQ_ATTR, (int(span.numel()), int(job.slots.numel()) - job.lead))
+    state_of(req).rebuilt_tokens = (int(span.numel()), int(job.slots.numel()) - job.lead)
     return True

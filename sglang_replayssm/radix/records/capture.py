@@ -35,14 +35,13 @@ from typing import Any
 import torch
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.interval_states import (
+from sglang_replayssm.radix.records.interval_states import (
     INTERVAL_ENV,
     IntervalStates,
     interval_from_env,
     kept_positions,
 )
-from sglang_replayssm.radix.record_rebuild import sequential_tokens_from_env
-from sglang_replayssm.radix.records import (
+from sglang_replayssm.radix.records.pool import (
     CAPACITY_ENV,
     RecordPool,
     attach,
@@ -50,21 +49,22 @@ from sglang_replayssm.radix.records import (
     detach,
     pool_of,
 )
-from sglang_replayssm.radix.records import OFF_ATTR as _OFF_ATTR
-from sglang_replayssm.radix.ring_pool import ring_pool
-from sglang_replayssm.radix.spec_ring import spec_ring
+from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
+from sglang_replayssm.radix.ring.pool import ring_pool
+from sglang_replayssm.radix.spec.ring import spec_ring
+from sglang_replayssm.state import peek, state_of
 
 __all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states"]
 
 logger = logging.getLogger(__name__)
-_ALLOCATOR_ATTR = "_replayssm_record_pool"
-#: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/hooks.py``).
+#: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/records/hooks.py``).
 _HOOKED_ALLOCATORS = frozenset({"TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"})
 
 
 def invalidate_allocated(allocator: Any, kv: Any) -> None:
     """After a KV allocation: the handed-out indices carry no record."""
-    pool: RecordPool | None = getattr(allocator, _ALLOCATOR_ATTR, None)
+    state = peek(allocator)
+    pool: RecordPool | None = None if state is None else state.record_pool
     if pool is not None and isinstance(kv, torch.Tensor):
         pool.invalidate(kv)
 
@@ -75,11 +75,12 @@ def assign_batch(batch: Any, *, decode: bool) -> None:
     if pool is None:
         return
     allocator = getattr(batch, "token_to_kv_pool_allocator", None)
-    if allocator is not None and getattr(allocator, _ALLOCATOR_ATTR, None) is not pool:
+    linked = peek(allocator)
+    if allocator is not None and (None if linked is None else linked.record_pool) is not pool:
         if type(allocator).__name__ not in _HOOKED_ALLOCATORS:  # its allocations would keep stale records
             detach(batch.req_to_token_pool)
             return
-        setattr(allocator, _ALLOCATOR_ATTR, pool)
+        state_of(allocator).record_pool = pool
     if decode and not pool.capture_decode:
         return
     if decode and _speculative(batch) and config.enabled("record_spec_decode"):
@@ -167,7 +168,8 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
             pool.invalidate(loc)
         return
     if pool is None:
-        if getattr(req_pool, _OFF_ATTR, False) or _graph_capturing():
+        off = peek(req_pool)
+        if (off is not None and off.records_off) or _graph_capturing():
             return
         pool = _new_pool(backend, forward_batch)
         if pool is None:
@@ -215,7 +217,6 @@ class extending:  # noqa: N801 - a context manager named for what it marks
         _extending = None
 
 
-_KEPT_ATTR = "_replayssm_kept_chunk_states"
 
 
 def keep_chunk_states(result: Any, ssm_states: Any) -> None:
@@ -228,7 +229,8 @@ def keep_chunk_states(result: Any, ssm_states: Any) -> None:
     states = pool.states
     if states is None or not isinstance(ssm_states, torch.Tensor):
         return
-    kept = getattr(forward_batch, _KEPT_ATTR, None)
+    batch_state = peek(forward_batch)
+    kept = None if batch_state is None else batch_state.kept_chunk_states
     if kept is None:
         prefix, lens = forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
         tokens, chunk_ids = ([], []) if prefix is None or lens is None else kept_positions(
@@ -237,7 +239,7 @@ def keep_chunk_states(result: Any, ssm_states: Any) -> None:
         total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
         kept = (loc[torch.tensor(tokens, device=loc.device, dtype=torch.int64)],
                 torch.tensor(chunk_ids, dtype=torch.int64), total) if tokens else ()
-        setattr(forward_batch, _KEPT_ATTR, kept)
+        state_of(forward_batch).kept_chunk_states = kept
     if not kept:
         return
     keys, chunks, total = kept
