@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_replayssm.radix import config, hooks, metrics
-from sglang_replayssm.testing.simulate import Sim, SimConfig
+from tests.support.simulate import Sim, SimConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -18,7 +18,7 @@ import torch
 
 from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
-from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle
+from tests.support.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nvcc builds the source)")
 
