@@ -18,16 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the product, tests.support, lab
-from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, build, default_config  # noqa: E402
+from sglang_replayssm.kernels.read_copy_cuda import (  # noqa: E402
+    ReadCopyCudaConfig,
+    build,
+    build_options,
+    default_config,
+)
 from tests.support.read_copy_bench import SWEEPS, sweep_config  # noqa: E402
 
-Key = tuple[int, int, bool, bool, bool, int, bool, int, bool, int, int, bool, bool, int, bool]
+Key = tuple[tuple[str, int | bool], ...]
 
 
 def build_key(c: ReadCopyCudaConfig) -> Key:
-    """What selects a build (the launch-only fields left out)."""
-    return (c.depth, c.min_blocks, c.tc_flush, c.flush_prefetch, c.fp8_recip, c.stages, c.d_tile, c.flush_rows,
-            c.flush_pipe, c.flush_min_blocks, c.read_warps, c.flush_pair, c.tc_read, c.flush_tile, c.read_rows)  # fmt: skip
+    """What selects a build (the launch-only fields left out): its build options, in field order."""
+    return tuple(build_options(c).items())
 
 
 def test_configs() -> list[ReadCopyCudaConfig]:
@@ -80,11 +84,7 @@ def main() -> None:
     print(f"{len(keys)} builds into {args.out}", flush=True)
 
     def one(k: Key) -> None:
-        d, mb, tc, pf, rc, st, dt, fr, pipe, fm, rw, pair, tcr, ftl, rr = k
-        so = build(args.arch, d, mb, args.out, tc_flush=tc, flush_prefetch=pf, fp8_recip=rc, stages=st, d_tile=dt,
-                   flush_rows=fr, flush_pipe=pipe, flush_min_blocks=fm, read_warps=rw, flush_pair=pair,
-                   tc_read=tcr, flush_tile=ftl, read_rows=rr)
-        print(so.name, flush=True)
+        print(build(args.arch, out_dir=args.out, **dict(k)).name, flush=True)  # type: ignore[arg-type]
 
     with ThreadPoolExecutor(args.jobs) as ex:
         list(ex.map(one, keys))
