@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from sglang_replayssm.testing.serve import generate
+from tests.support.serve import generate
 
 #: Flags a user sizing a CPU server passes (SGLang's default takes ~70% of host memory).
 SIZES = ["--max-total-tokens", "16384", "--max-mamba-cache-size", "64"]

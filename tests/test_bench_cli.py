@@ -11,7 +11,8 @@ import pytest
 
 from sglang_replayssm.bench import cli
 from sglang_replayssm.bench.arms import Arm
-from sglang_replayssm.testing.fake_server import FakeServer, write_fake_model_dir
+from tests.support import fake_server
+from tests.support.fake_server import FakeServer, write_fake_model_dir
 
 SMALL = ["--gsp-num-groups", "2", "--gsp-prompts-per-group", "2", "--gsp-system-prompt-len", "24",
          "--gsp-question-len", "4", "--gsp-output-len", "3", "--disable-tqdm"]
@@ -95,7 +96,7 @@ def fake_server_command(fail: set[str], crash: frozenset[str] = frozenset()) -> 
         if arm.name in fail:
             return [sys.executable, "-c", f"import sys; print('cannot start {arm.name}'); sys.exit(1)"]
         salt = "" if arm.name != "plugin" else "diverge"
-        return [sys.executable, "-m", "sglang_replayssm.testing.fake_server", "--port", str(port),
+        return [sys.executable, fake_server.__file__, "--port", str(port),
                 "--model-path", str(model_path), "--vocab-size", "300", "--salt", salt,
                 "--mamba-radix-cache-strategy", "x", *(["--exit-on-generate"] if arm.name in crash else [])]
     return command

@@ -9,7 +9,7 @@ import pytest
 from sglang_replayssm.bench import client
 from sglang_replayssm.bench.runner import ArmRunError, reachable, run_arm
 from sglang_replayssm.bench.workload import GspSpec, RagSpec, Turn, generate_gsp, generate_rag
-from sglang_replayssm.testing.fake_server import FakeServer, fake_output
+from tests.support.fake_server import FakeServer, fake_output
 
 VOCAB = list(range(2, 1000))
 

@@ -14,7 +14,7 @@ from sglang_replayssm.bench.model import (
     resolve_model_path,
     vocab_ids,
 )
-from sglang_replayssm.testing.fake_server import write_fake_model_dir
+from tests.support.fake_server import write_fake_model_dir
 
 
 @pytest.mark.parametrize(("config", "expected"), [

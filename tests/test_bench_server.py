@@ -18,6 +18,7 @@ from sglang_replayssm.bench.arms import (
 )
 from sglang_replayssm.bench.server import ServerProcess, ServerStartError, _group_alive, pick_port, probe
 from sglang_replayssm.cpu.launch import cpu_server_args
+from tests.support import fake_server
 
 
 def flag_value(cmd: list[str], flag: str) -> str | None:
@@ -26,7 +27,7 @@ def flag_value(cmd: list[str], flag: str) -> str | None:
 
 def test_server_process_becomes_healthy_and_is_stopped(tmp_path: Path) -> None:
     port = pick_port()
-    cmd = [sys.executable, "-m", "sglang_replayssm.testing.fake_server", "--port", str(port)]
+    cmd = [sys.executable, fake_server.__file__, "--port", str(port)]
     srv = ServerProcess(cmd, dict(os.environ), tmp_path / "s.log", f"http://127.0.0.1:{port}", 60,
                         poll_s=0.2)
     with srv:

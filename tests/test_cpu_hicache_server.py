@@ -57,8 +57,8 @@ def _generate(url: str, ids: list[int]) -> dict:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", list(SERVER_CASES))
 def test_evicted_prefix_loads_back_from_host(models, tmp_path, case):
-    from sglang_replayssm.testing.hf_reference import hf_greedy
-    from sglang_replayssm.testing.serve import cpu_server
+    from tests.support.hf_reference import hf_greedy
+    from tests.support.serve import cpu_server
 
     model_name, flags, multiturn = SERVER_CASES[case]
     rng = random.Random(1)
@@ -88,7 +88,7 @@ def test_evicted_prefix_loads_back_from_host(models, tmp_path, case):
 @pytest.mark.timeout(600)
 def test_unsupported_layout_fails_at_startup_naming_the_flags(models, tmp_path):
     from sglang_replayssm.bench.server import ServerStartError
-    from sglang_replayssm.testing.serve import cpu_server
+    from tests.support.serve import cpu_server
 
     log = tmp_path / "server.log"
     flags = ["--enable-hierarchical-cache", "--mamba-radix-cache-strategy", "extra_buffer",
@@ -117,8 +117,8 @@ def test_l3_storage_hit_then_a_hit_inside_the_prefetched_span(models, tmp_path, 
     and host; its re-request is a storage hit at the deepest stored state (SGLang's), with HF's
     tokens. A request leaving it inside that span hits at the KV depth only with the records stored
     beside the pages (``record_storage``); a second server on the same directory does the same."""
-    from sglang_replayssm.testing.hf_reference import hf_greedy
-    from sglang_replayssm.testing.serve import cpu_server, generate
+    from tests.support.hf_reference import hf_greedy
+    from tests.support.serve import cpu_server, generate
 
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path / "l3")}
     if switch == "off":

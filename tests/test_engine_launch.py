@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_cases import prompts
 
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.hf_reference import hf_greedy
-from sglang_replayssm.testing.serve import user_env
+from tests.launch_cases import prompts
+from tests.support.hf_reference import hf_greedy
+from tests.support.serve import user_env
 
 SCRIPT = '''
 import json, sys

@@ -20,11 +20,11 @@ import os
 from pathlib import Path
 
 import pytest
-from launch_cases import TOLERANCE, differences, serve, user_flags
 
 from sglang_replayssm.bench.server import ServerStartError, log_tail
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.serve import user_server
+from tests.launch_cases import TOLERANCE, differences, serve, user_flags
+from tests.support.serve import user_server
 
 pytestmark = [pytest.mark.server,
               pytest.mark.skipif(os.environ.get("SGLANG_REPLAYSSM_MATRIX") != "1",

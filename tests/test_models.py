@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sglang_replayssm import models as M
-from sglang_replayssm.testing import hf_reference
+from tests.support import hf_reference
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ("tiny-gdn", "tiny-kda")

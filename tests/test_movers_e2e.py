@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.serve import cpu_server
+from tests.support.serve import cpu_server
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 

@@ -1,7 +1,8 @@
-"""The package's shape: product modules never import test-only code, and imports form no cycle.
+"""The package's shape: product modules never import test or lab code, and imports form no cycle.
 
 Every ``import`` statement counts, module-level or inside a function: a lazy import that only dodges a
-cycle is still a cycle. Product = every module of ``sglang_replayssm`` outside ``sglang_replayssm.testing``.
+cycle is still a cycle. Product = every module of ``sglang_replayssm``; test code lives in ``tests/``,
+research code in ``lab/``, neither packaged (tests/test_wheel_contents.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 import sglang_replayssm
 
 ROOT = Path(sglang_replayssm.__file__).parent
-TEST_ONLY_TOP = {"unittest", "pytest", "hypothesis", "tests"}
+#: Top-level names the product never imports: test frameworks, the tests (``tests.support``) and the lab.
+TEST_ONLY_TOP = {"unittest", "pytest", "hypothesis", "tests", "lab"}
 
 
 def _module_name(path: Path) -> str:
@@ -25,8 +27,13 @@ def _module_name(path: Path) -> str:
 
 def _imports(path: Path) -> set[str]:
     """Absolute names imported anywhere in ``path`` (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    return _imports_of(path.read_text(), package, str(path))
+
+
+def _imports_of(source: str, package: str, filename: str = "<string>") -> set[str]:
+    """Absolute names imported anywhere in ``source``, a module of ``package``."""
+    tree = ast.parse(source, filename=filename)
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -50,16 +57,19 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _test_only(name: str) -> bool:
-    return name.startswith("sglang_replayssm.testing") or name.split(".")[0] in TEST_ONLY_TOP
+    return name.split(".")[0] in TEST_ONLY_TOP
 
 
-def test_product_modules_import_no_test_only_code():
-    offenders = {
-        name: sorted(n for n in _imports(path) if _test_only(n))
-        for name, path in MODULES.items()
-        if not name.startswith("sglang_replayssm.testing")
-    }
+def test_product_modules_import_no_test_or_lab_code():
+    offenders = {name: sorted(n for n in _imports(path) if _test_only(n)) for name, path in MODULES.items()}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_checker_sees_test_and_lab_imports():
+    """The checker itself: a plain, a from and a lazy import of ``tests`` / ``lab`` are all test-only."""
+    source = "import tests.support\nfrom tests.support import serve\n\ndef f():\n    from lab.kernels import x\n"
+    found = {n for n in _imports_of(source, "sglang_replayssm.cpu") if _test_only(n)}
+    assert found == {"tests.support", "tests.support.serve", "lab.kernels", "lab.kernels.x"}
 
 
 def test_no_import_cycle():
@@ -96,11 +106,11 @@ def test_the_graph_sees_lazy_imports():
 
 
 def test_no_source_file_over_500_lines():
-    """Small modules: every Python file of the package, the tests and the scripts (the CUDA source excepted)."""
+    """Small modules: every Python file of the package, the tests, the scripts and the lab (CUDA sources excepted)."""
     repo = ROOT.parent
     long = {
         str(p.relative_to(repo)): n
-        for folder in ("sglang_replayssm", "tests", "scripts")
+        for folder in ("sglang_replayssm", "tests", "scripts", "lab")
         for p in (repo / folder).rglob("*.py")
         if (n := len(p.read_text().splitlines())) > 500
     }
@@ -173,6 +183,6 @@ def test_our_state_rides_on_sglang_objects_only_through_the_state_object():
                if isinstance(node, ast.Constant) and isinstance(node.value, str)
                and node.value.startswith("_replayssm_")]
         for name, path in MODULES.items()
-        if name != "sglang_replayssm.state" and not name.startswith("sglang_replayssm.testing")
+        if name != "sglang_replayssm.state" and not name.startswith("tests.")
     }
     assert {k: v for k, v in offenders.items() if v} == {}

@@ -19,8 +19,8 @@ import torch
 
 from sglang_replayssm.radix import admission, config, hooks
 from sglang_replayssm.radix.ring.pool import ring_pool
-from sglang_replayssm.testing.simulate import SimConfig, ToyModel
-from sglang_replayssm.testing.simulate_fixture import cache_params
+from tests.support.simulate import SimConfig, ToyModel
+from tests.support.simulate_fixture import cache_params
 
 RING = 8
 
@@ -225,7 +225,7 @@ def _pd_decode_sim(kind: str) -> Any:
     from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
     from sglang.srt.mem_cache import memory_pool
 
-    from sglang_replayssm.testing.simulate import Sim
+    from tests.support.simulate import Sim
 
     class _DecodePool(HybridMambaDecodeReqToTokenPool):
         """The decode pool from the kit's aggregated-pool arguments (the decode pool takes no ring

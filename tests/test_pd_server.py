@@ -26,7 +26,7 @@ import pytest
 from sglang_replayssm.bench.server import pick_port
 from sglang_replayssm.models import make_models
 from sglang_replayssm.radix.pd.hits import LOG_PREFIX
-from sglang_replayssm.testing.serve import cpu_server
+from tests.support.serve import cpu_server
 
 pytestmark = [
     pytest.mark.server,

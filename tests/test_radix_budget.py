@@ -16,8 +16,8 @@ import torch
 from sglang_replayssm.radix import config, hooks
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
 from sglang_replayssm.radix.records import budget as record_budget
-from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
-from sglang_replayssm.testing.simulate_fixture import cache_params
+from tests.support.simulate import SimConfig, ToyModel, build_fixture
+from tests.support.simulate_fixture import cache_params
 
 GIB = 1 << 30
 

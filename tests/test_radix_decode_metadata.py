@@ -82,7 +82,7 @@ def _backend_cls() -> type:
 
 
 def _pool(kind: str, ring_len: int, interval: int) -> Any:
-    from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
+    from tests.support.simulate import SimConfig, ToyModel, build_fixture
 
     cfg = SimConfig(kind=kind, ring_len=ring_len, track_interval=interval, mamba_slots=24, max_reqs=16)
     _, _, req_pool = build_fixture(cfg, ToyModel(cfg))

@@ -2,7 +2,7 @@
 
 Every test drives SGLang 0.5.23's real ``UnifiedRadixCache`` / ``HybridReqToTokenPool`` /
 ``MambaPool`` (decode ring on, CPU tensors, built by SGLang's unit-test kit) through
-:mod:`sglang_replayssm.testing.simulate`, and compares states with the fp64 recurrence of the token
+:mod:`tests.support.simulate`, and compares states with the fp64 recurrence of the token
 path (relative error <= 1e-5). With the adapter off (every fix switched off, i.e. SGLang's own
 code runs) each test asserts that the defect shows; with it on, that it is gone. Ring length L=4,
 K=V=32, GDN (H=1, HV=2) and KDA (H=HV=2); track intervals that divide L and that do not.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sglang_replayssm.radix import config, hooks
-from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
+from tests.support.simulate import Sim, SimConfig, rel_err
 
 TOL = 1e-5
 ADAPTER = pytest.mark.parametrize("adapter_on", [True, False], ids=["adapter-on", "adapter-off"])

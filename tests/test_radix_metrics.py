@@ -18,7 +18,7 @@ import pytest
 
 from sglang_replayssm.radix import config, hooks, metrics
 from sglang_replayssm.state import ReplaySSMState
-from sglang_replayssm.testing.simulate import Sim, SimConfig
+from tests.support.simulate import Sim, SimConfig
 
 
 @pytest.fixture(scope="module", autouse=True)

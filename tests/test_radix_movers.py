@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from sglang_replayssm.radix import config, hooks
-from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
+from tests.support.simulate import Sim, SimConfig, rel_err
 
 TOL = 1e-5
 KINDS = pytest.mark.parametrize("kind", ["gdn", "kda"])

@@ -2,7 +2,7 @@
 
 Each example is a fixed-length list of operations (admit with a shared-prefix prompt and
 copy-on-write, batched decode, finish, abort, eviction, probe match, copy of a live slot) run on
-:class:`sglang_replayssm.testing.simulate.Sim` with the adapter on. After every operation:
+:class:`tests.support.simulate.Sim` with the adapter on. After every operation:
 
 * every radix node's ``(conv, temporal)`` equals the fp64 recurrence of its token path
   (relative error <= 1e-5) and its ring is empty;
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records.pool import pool_of
-from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
+from tests.support.simulate import Sim, SimConfig, rel_err
 
 STEPS = 50  # operations per example
 EXAMPLES = 34  # examples per configuration

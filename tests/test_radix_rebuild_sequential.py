@@ -12,12 +12,12 @@ import types
 
 import pytest
 import torch
-from test_radix_records import _check, _kda_oracle, _oracle, _setup_rebuild, _tree_jobs
 
 from sglang_replayssm.radix.records import rebuild as record_rebuild
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.rebuild import rebuild
-from sglang_replayssm.testing.sglang_triton import interpreted_stdlib, load_sglang_triton_module
+from tests.support.sglang_triton import interpreted_stdlib, load_sglang_triton_module
+from tests.test_radix_records import _check, _kda_oracle, _oracle, _setup_rebuild, _tree_jobs
 
 _RECURRENT = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
 

@@ -22,7 +22,7 @@ from sglang_replayssm.kernels.naive import (
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import RecordPool, capacity_from_env
 from sglang_replayssm.radix.records.rebuild import rebuild
-from sglang_replayssm.testing.simulate import SimConfig, ToyModel, build_fixture
+from tests.support.simulate import SimConfig, ToyModel, build_fixture
 
 
 def test_assign_invalidate_and_first_in_first_out():

@@ -17,8 +17,8 @@ from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records.hicache import host_records as record_hicache
 from sglang_replayssm.radix.records.pool import pool_of
 from sglang_replayssm.state import peek
-from sglang_replayssm.testing import simulate_records
-from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
+from tests.support import simulate_records
+from tests.support.simulate import Sim, SimConfig, rel_err
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
 SPLIT = 7  # a later prompt leaves PROMPT here: inside the node, no state at that depth

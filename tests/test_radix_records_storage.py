@@ -21,7 +21,7 @@ from sglang_replayssm.radix import config
 from sglang_replayssm.radix import hooks as radix_hooks
 from sglang_replayssm.radix.records.hicache import storage as record_storage
 from sglang_replayssm.radix.records.pool import pool_of
-from sglang_replayssm.testing.simulate import Sim, SimConfig, rel_err
+from tests.support.simulate import Sim, SimConfig, rel_err
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
 SPLIT = 7

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_replayssm.testing.kernel_bench import MODELS
-from sglang_replayssm.testing.read_copy_bench import window_bytes
+from tests.support.kernel_bench import MODELS
+from tests.support.read_copy_bench import window_bytes
 
 
 def test_window_bytes_by_hand() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ import torch
 
 from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
-from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle
+from tests.support.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (nvcc builds the source)")
 
@@ -80,6 +81,36 @@ def test_build_refuses_two_flush_layouts_and_bad_values() -> None:
         build("90a", read_rows=True)
     with pytest.raises(ValueError, match="read_rows reads staged chunks"):
         build("90a", read_rows=True, stages=4, tc_read=True)
+
+
+def test_build_options_are_the_sources_macros() -> None:
+    """The one field list: every ``#ifndef RC_*`` option of read_copy.cu is a build field and back (CPU)."""
+    from sglang_replayssm.kernels import read_copy_cuda as rcc
+
+    text = (rcc._DIR / "read_copy.cu").read_text()
+    assert {f.metadata["build"].macro for f in rcc.BUILD_FIELDS} == set(re.findall(r"^#ifndef (RC_\w+)", text, re.M))
+
+
+def test_build_derives_macros_name_and_refusals_from_the_field_list(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Any) -> None:
+    """Each build field reaches nvcc as its macro and the .so name as its tag; an unknown option is refused (CPU)."""
+    from sglang_replayssm.kernels import read_copy_cuda as rcc
+
+    seen: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(rcc, "nvcc_shared", lambda src, so, arch, flags: seen.append((so.name, flags)) or so)
+    cfg = rcc.default_config(512, 32, 16, False)
+    rcc.build("90a", out_dir=tmp_path, **rcc.build_options(cfg))
+    name, flags = seen[-1]
+    assert name.startswith("read_copy_90a_d2_m5_pf_rcp_st4_rw1_ftl1_rr_")
+    assert [f for f in flags if f.startswith("-D")] == [
+        "-DRC_DEPTH=2", "-DRC_MIN_BLOCKS=5", "-DRC_TC_FLUSH=0", "-DRC_FLUSH_PREFETCH=1", "-DRC_FP8_RECIP=1",
+        "-DRC_STAGES=4", "-DRC_DTILE=0", "-DRC_FLUSH_ROWS=0", "-DRC_FLUSH_PIPE=0", "-DRC_FLUSH_MIN_BLOCKS=0",
+        "-DRC_READ_WARPS=1", "-DRC_FLUSH_PAIR=0", "-DRC_TC_READ=0", "-DRC_FLUSH_TILE=1", "-DRC_READ_ROWS=1"]
+    rcc.build("90a", out_dir=tmp_path)
+    assert re.fullmatch(r"read_copy_90a_d3_m3_[0-9a-f]{16}\.so", seen[-1][0])  # defaults: no other tag
+    with pytest.raises(TypeError, match="unknown build options"):
+        rcc.build("90a", out_dir=tmp_path, flush_parts=2)  # a launch argument, not a build option
+
 
 def test_cpu_tensors_refused_with_the_reason() -> None:
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda

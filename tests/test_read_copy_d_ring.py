@@ -23,9 +23,9 @@ import torch
 
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.read_copy.store import bytes_per_slot, read_copy_of
-from sglang_replayssm.testing.simulate import Sim, SimConfig
-from sglang_replayssm.testing.simulate_fixture import cache_params
-from sglang_replayssm.testing.simulate_model import ToyModel
+from tests.support.simulate import Sim, SimConfig
+from tests.support.simulate_fixture import cache_params
+from tests.support.simulate_model import ToyModel
 
 ON_OFF = pytest.mark.parametrize("d_ring", [True, False], ids=["d_ring-on", "d_ring-off"])
 
@@ -162,7 +162,7 @@ def test_torch_step_on_carved_records_equals_dense(fmt, is_kda):
     """The torch read-copy step (the CPU decode) over staggered cursors and forced flushes, NaN in every
     record not yet written: ``d~`` / ``v`` as the two halves of one fp32 ring's slots give bit-equal outputs
     and flushed checkpoints to dense rings."""
-    from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, run_copy
+    from tests.support.read_copy_bench_drift import make_inputs, run_copy
 
     H, HV, L = (2, 2, 4) if is_kda else (1, 2, 4)
     inp = make_inputs(2 * L + 3, 6, H, HV, 16, 16, is_kda, seed=3)

@@ -12,7 +12,7 @@ import torch
 
 from sglang_replayssm.kernels.read_copy_format import FP8_MAX, alloc_read_copy, dequantize, quantize
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
-from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle, run_shared
+from tests.support.read_copy_bench_drift import make_inputs, rel, run_copy, run_oracle, run_shared
 
 #: Bound on the relative error of one element's read-copy value (bf16: 2**-8; e4m3: 2**-4).
 COPY_EPS = {"bf16": 2.0**-8, "fp8": 2.0**-4}

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.read_copy_e2e import compare, run_arm
+from tests.support.read_copy_e2e import compare, run_arm
 
 pytestmark = [
     pytest.mark.server,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_replayssm.testing.read_copy_tc_emulator import flush_item_sequential, flush_item_tc_emulated
+from tests.support.read_copy_tc_emulator import flush_item_sequential, flush_item_tc_emulated
 
 
 @pytest.mark.parametrize("m", [0, 1, 7, 8, 15])

@@ -11,17 +11,17 @@ import os
 import pytest
 import torch
 
+from lab.kernels.read_copy_triton import read_copy_decode_triton
 from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
-from sglang_replayssm.kernels.read_copy_triton import read_copy_decode_triton
-from sglang_replayssm.testing.read_copy_bench_drift import make_inputs, rel, run_copy
+from tests.support.read_copy_bench_drift import make_inputs, rel, run_copy
 
 L = 4
 
 # The inputs are CPU tensors: on CPU the kernel runs interpreted (conftest sets TRITON_INTERPRET=1). On a
-# GPU box the compiled kernel is checked against the reference by `scripts/bench_read_copy.py gpu`.
+# GPU box the compiled kernel is checked against the reference by `lab/scripts/bench_read_copy.py gpu`.
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-    reason="CPU-interpreter test (GPU check: scripts/bench_read_copy.py gpu)",
+    reason="CPU-interpreter test (GPU check: lab/scripts/bench_read_copy.py gpu)",
 )
 
 

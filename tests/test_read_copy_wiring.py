@@ -1,5 +1,5 @@
 """The read copy wired into the decode ring (issue 15, deliverable 2) on SGLang 0.5.23's real pools
-(CPU tensors, SGLang's unit-test kit through :class:`sglang_replayssm.testing.simulate.Sim`).
+(CPU tensors, SGLang's unit-test kit through :class:`tests.support.simulate.Sim`).
 
 * exactness: with ``SGLANG_REPLAYSSM_READ_COPY=bf16|fp8`` every slot's full state (checkpoint replayed
   over its pending records) equals the fp32 ring decode's (mode off) after every step, through
@@ -23,7 +23,7 @@ from sglang_replayssm.kernels.read_copy_format import quantize
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.read_copy.store import read_copy_of, refusal
 from sglang_replayssm.radix.ring.pool import ring_pool
-from sglang_replayssm.testing.simulate import Sim, SimConfig
+from tests.support.simulate import Sim, SimConfig
 
 EXACT = 1e-6
 KINDS = pytest.mark.parametrize("kind", ["gdn", "kda"])
@@ -261,7 +261,7 @@ def test_budget_prices_what_attach_allocates(mode, io):
     """``budget`` charges per slot exactly the bytes ``attach`` allocates beside the ring (carved
     records are SGLang's ring, charged with it)."""
     from sglang_replayssm.radix.read_copy.store import bytes_per_slot
-    from sglang_replayssm.testing.simulate_fixture import cache_params
+    from tests.support.simulate_fixture import cache_params
 
     io_dtype, d_ring = IO[io]
     with config.override(True, read_copy_d_ring=d_ring), config.override_read_copy(mode):

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from sglang_replayssm.testing.rebuild_bench import (
+from tests.support.rebuild_bench import (
     MODELS,
     RebuildProblem,
     default_counts,
     floor_bytes,
     record_bytes,
 )
-from sglang_replayssm.testing.sglang_prefill_kernels import PrefillKernels
+from tests.support.sglang_prefill_kernels import PrefillKernels
 
 SMALL = {"H": 2, "HV": 4, "K": 16, "V": 16}
 
@@ -46,7 +46,7 @@ def _cpu_kernels() -> PrefillKernels:
         return g, beta.to(b.dtype).float()
 
     def recurrent(**kwargs: Any) -> Any:  # SGLang's own decode kernel, interpreted
-        from sglang_replayssm.testing.sglang_triton import interpreted_stdlib, load_sglang_triton_module
+        from tests.support.sglang_triton import interpreted_stdlib, load_sglang_triton_module
 
         mod = load_sglang_triton_module("sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent")
         with interpreted_stdlib():

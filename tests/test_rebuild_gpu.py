@@ -24,7 +24,7 @@ TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def kern() -> Any:
-    from sglang_replayssm.testing.sglang_prefill_kernels import load_prefill_kernels
+    from tests.support.sglang_prefill_kernels import load_prefill_kernels
 
     root = os.environ.get("SGLANG_REPLAYSSM_SGLANG_ROOT")
     return load_prefill_kernels(Path(root) if root else None)
@@ -33,7 +33,7 @@ def kern() -> Any:
 @pytest.mark.parametrize("model", ["gdn", "kda"])
 @pytest.mark.parametrize("n", [1, 3, 4, 64, 65, 130])
 def test_rebuild_from_a_state_matches_the_fp64_oracle(kern: Any, model: str, n: int) -> None:
-    from sglang_replayssm.testing.rebuild_bench import RebuildProblem
+    from tests.support.rebuild_bench import RebuildProblem
 
     pb = RebuildProblem(kern, model, B=4, n_max=130, sets=2, seed=n)
     pb.prepare(n)
@@ -47,7 +47,7 @@ def test_rebuild_from_a_state_matches_the_fp64_oracle(kern: Any, model: str, n: 
 @pytest.mark.parametrize("model", ["gdn", "kda"])
 def test_rebuild_from_the_root_matches_the_fp64_oracle(kern: Any, model: str) -> None:
     """A span from depth 0: the slot cleared (``clear_slots``), no initial conv window."""
-    from sglang_replayssm.testing.rebuild_bench import RebuildProblem
+    from tests.support.rebuild_bench import RebuildProblem
 
     pb = RebuildProblem(kern, model, B=3, n_max=70, sets=1, seed=11)
     pb.prepare(70)
@@ -72,7 +72,7 @@ def test_sequential_rebuild_is_as_close_to_fp64_as_the_chunk_path(kern: Any, mod
     """The short-span path (``record_rebuild``: SGLang's decode kernel over the spans, gates fused, the
     state in fp32 token by token) on the same spans as the chunk path: no further from the fp64 oracle
     (both share the conv's bf16 output; the chunk kernels add bf16 tensor-core operands)."""
-    from sglang_replayssm.testing.rebuild_bench import RebuildProblem
+    from tests.support.rebuild_bench import RebuildProblem
 
     pb = RebuildProblem(kern, model, B=4, n_max=64, sets=2, seed=n)
     pb.prepare(n)

@@ -135,7 +135,7 @@ def force_schedule(step: int, row: int) -> int:
 
 @pytest.fixture(scope="module")
 def sglang_decode():
-    from sglang_replayssm.testing.sglang_triton import sglang_replayssm_decode
+    from tests.support.sglang_triton import sglang_replayssm_decode
 
     return sglang_replayssm_decode()
 
@@ -281,7 +281,7 @@ _SUBPROCESS_CHECK = r"""
 import torch, triton
 from triton.runtime.jit import JITFunction
 import sglang.kernels.ops.attention.linear.fused_recurrent_linear_replayssm as real
-from sglang_replayssm.testing.sglang_triton import sglang_replayssm_decode, load_sglang_triton_module
+from tests.support.sglang_triton import sglang_replayssm_decode, load_sglang_triton_module
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 assert isinstance(real.fused_recurrent_linear_replayssm_decode_kernel, JITFunction)  # compiled mode
 mod = load_sglang_triton_module()

@@ -14,7 +14,7 @@ forced flushes, padded rows (slot -1) and slots outside the batch. Invariants ch
 On CPU the kernels run under ``TRITON_INTERPRET=1`` with small shapes (K=V=32, L=4); on CUDA they
 run compiled at the Qwen3-Next (GDN) and Kimi-Linear (KDA) shapes with L=16, over every launch
 variant: the product's default through ``ring_decode``, the others (sweep dicts, research knobs
-included) through ``experimental.ring_decode_research``. fp32 I/O must agree to 1e-5 relative
+included) through ``lab.kernels.ring_decode_research``. fp32 I/O must agree to 1e-5 relative
 error; bf16 I/O (production dtypes) to 5e-3.
 """
 
@@ -25,9 +25,9 @@ import dataclasses
 import pytest
 import torch
 
+from lab.kernels.ring_decode_research import ring_decode_research
 from sglang_replayssm.kernels import naive
 from sglang_replayssm.kernels.cursor import cursor_step_torch
-from sglang_replayssm.kernels.experimental.ring_decode_research import ring_decode_research
 from sglang_replayssm.kernels.ring_decode import RingDecodeConfig, checked_step, pick_config, ring_decode
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 
@@ -337,7 +337,7 @@ def test_cuda_passes_not_chosen_without_cuda() -> None:
 
 def _sglang_kernel():
     try:
-        from sglang_replayssm.testing.sglang_triton import sglang_replayssm_decode
+        from tests.support.sglang_triton import sglang_replayssm_decode
 
         return sglang_replayssm_decode()
     except Exception:  # pragma: no cover - SGLang absent (the GPU box carries no install)

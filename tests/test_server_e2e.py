@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_replayssm.cpu.decode_probe import TRACE_ENV, trace_files
+from sglang_replayssm.cpu.decode_probe import TRACE_ENV
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.hf_reference import hf_greedy
-from sglang_replayssm.testing.serve import cpu_server, generate, generate_batch
+from tests.support.decode_trace import trace_files
+from tests.support.hf_reference import hf_greedy
+from tests.support.serve import cpu_server, generate, generate_batch
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 

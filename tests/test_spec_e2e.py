@@ -33,7 +33,7 @@ import pytest
 from sglang_replayssm.models import make_models
 from sglang_replayssm.models.mtp import FIT_NEW_TOKENS, fit_prompts
 from sglang_replayssm.models.specs import SPECS
-from sglang_replayssm.testing.serve import cpu_server
+from tests.support.serve import cpu_server
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]
 

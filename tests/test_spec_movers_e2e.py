@@ -40,7 +40,7 @@ from sglang_replayssm.bench.server_metrics import metric_sum
 from sglang_replayssm.models import make_models
 from sglang_replayssm.models.mtp import fit_prompts
 from sglang_replayssm.models.specs import SPECS
-from sglang_replayssm.testing.serve import cpu_server
+from tests.support.serve import cpu_server
 
 # Opt-in (CI time): this workload shows no D3 difference; the D1 and session server tests
 # (tests/test_spec_e2e.py) and the D2-D5 unit tests run in `make test`.

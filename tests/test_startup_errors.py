@@ -10,8 +10,8 @@ import pytest
 
 from sglang_replayssm import SGLANG_PINNED_VERSION
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.serve import user_env
 from sglang_replayssm.version_check import SGLangVersionError, installed_sglang_version, require_pinned_sglang
+from tests.support.serve import user_env
 
 
 def _launch(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

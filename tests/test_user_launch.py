@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_cases import TOLERANCE, differences, serve, user_flags
 
 from sglang_replayssm.cpu import hooks_dtype, hooks_launch, launch_args, launch_env
 from sglang_replayssm.models import make_models
-from sglang_replayssm.testing.hf_reference import hf_greedy
-from sglang_replayssm.testing.serve import user_env, user_server
+from tests.launch_cases import TOLERANCE, differences, serve, user_flags
+from tests.support.hf_reference import hf_greedy
+from tests.support.serve import user_env, user_server
 
 LENGTHS = [280, 600]  # past the 64-token chunk grid and SGLang's 256-token track interval
 
@@ -87,7 +87,7 @@ def kda_fp32_extra_plain(models, tmp_path_factory):
 
 
 def _hf(model_dir: Path) -> list[list[int]]:
-    from launch_cases import NEW_TOKENS, prompts
+    from tests.launch_cases import NEW_TOKENS, prompts
 
     return hf_greedy(model_dir, prompts(LENGTHS), NEW_TOKENS, ignore_eos=True)
 
@@ -213,7 +213,7 @@ def test_decode_probe_exists_only_under_its_switch(tmp_path):
     on = subprocess.run([sys.executable, "-c", code], env=user_env(env={"SGLANG_REPLAYSSM_RING_TRACE": str(prefix)}),
                         capture_output=True, text=True, check=True)
     assert on.stdout.split()[0] == "False"
-    from sglang_replayssm.cpu.decode_probe import trace_files
+    from tests.support.decode_trace import trace_files
 
     assert [f.name for f in trace_files(prefix)] == [on.stdout.split()[1]]  # trace.<pid>.jsonl
 

@@ -1,8 +1,10 @@
-"""Test-only probe of the CPU decode paths (ring decode pool contents, which kernel ran).
+"""The CPU decode paths' trace switch: which kernel ran, and what a ring decode step did to its slot.
 
-Off unless ``SGLANG_REPLAYSSM_RING_TRACE=<prefix>`` is set in the process's environment; read once at
-import. Off, ``PROBE`` is None and a decode step pays one ``is None`` check. On, each process (one
-per TP rank: the scheduler) appends JSON lines to its own file ``<prefix>.<pid>.jsonl``:
+The writer is product code because it runs inside the server process (the scheduler), which imports
+only the product; tests read the files (``tests/support/decode_trace.py``). Off unless
+``SGLANG_REPLAYSSM_RING_TRACE=<prefix>`` is set in the process's environment; read once at import.
+Off, ``PROBE`` is None and a decode step pays one ``is None`` check. On, each process (one per TP
+rank: the scheduler) appends JSON lines to its own file ``<prefix>.<pid>.jsonl``:
 
 * ``{"kernel": "gdn"|"kda", "ring": bool, "rows": n}``: one line per packed decode call (every layer);
 * ``{"slot", "write_pos", "checkpoint_written", "record_written"}``: one line per live row of each ring
@@ -19,12 +21,6 @@ import torch
 
 #: The environment switch (a path prefix); tests set it for the server they start.
 TRACE_ENV = "SGLANG_REPLAYSSM_RING_TRACE"
-
-
-def trace_files(prefix: str | os.PathLike[str]) -> list[Path]:
-    """The per-process trace files a run with ``TRACE_ENV=prefix`` wrote, sorted by name."""
-    p = Path(prefix)
-    return sorted(p.parent.glob(f"{p.name}.*.jsonl"))
 
 
 class RingProbe:

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,9 +28,8 @@ from .ring_decode_args import check_fused_layout, check_ring_decode_args, prepar
 from .ring_decode_cuda import CudaReadUnsupported, cache_dir, nvcc_shared
 
 __all__ = [
-    "DEFAULT_READ_COPY_BUILD", "ReadCopyCudaConfig", "build", "default_config", "default_flush_parts",
-    "read_copy_decode_cuda",
-    "read_copy_supports",
+    "BUILD_FIELDS", "DEFAULT_READ_COPY_BUILD", "BuildOption", "ReadCopyCudaConfig", "build", "build_options",
+    "default_config", "default_flush_parts", "read_copy_decode_cuda", "read_copy_supports",
 ]  # fmt: skip
 
 _DIR = Path(__file__).parent / "csrc"
@@ -39,6 +39,21 @@ _LIBS: dict[tuple[object, ...], ctypes.CDLL] = {}  # build fields -> the loaded 
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 #: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
 DEFAULT_READ_COPY_BUILD = (3, 3)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOption:
+    """A compile-time option of ``read_copy.cu``: ``-D{macro}={int(value)}``, and ``{tag}{value}`` in the
+    .so name (``{tag}`` alone for a bool) when the value is not the field's default, or ``always``."""
+
+    macro: str
+    tag: str
+    always: bool = False
+
+
+def _build(macro: str, tag: str, default: int | bool, always: bool = False) -> Any:
+    """A :class:`ReadCopyCudaConfig` field that selects the build (its :class:`BuildOption` in the metadata)."""
+    return dataclasses.field(default=default, metadata={"build": BuildOption(macro, tag, always)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,28 +93,44 @@ class ReadCopyCudaConfig:
     2: the same replaying two blocks together (excludes ``flush_prefetch``); ``read_rows`` (with
     ``stages``, not with ``tc_read``): the staged non-flush pass gives each copy row of a chunk to
     eight lanes (16 columns of two rows each, the read-out vectors for them in registers), so a row
-    sum is one shuffle round before the records' two instead of a reduce-scatter of 8 rows over 32."""
+    sum is one shuffle round before the records' two instead of a reduce-scatter of 8 rows over 32.
 
-    depth: int = DEFAULT_READ_COPY_BUILD[0]
-    min_blocks: int = DEFAULT_READ_COPY_BUILD[1]
+    The fields made with ``_build`` select the compiled build (:data:`BUILD_FIELDS`: its macros, .so
+    name and cache key); the others are launch arguments of one build."""
+
+    depth: int = _build("RC_DEPTH", "_d", DEFAULT_READ_COPY_BUILD[0], always=True)
+    min_blocks: int = _build("RC_MIN_BLOCKS", "_m", DEFAULT_READ_COPY_BUILD[1], always=True)
     flush_parts: int | None = None
     flush_waves: int = 1
     overlap: bool = True
     high_priority: bool = True
-    tc_flush: bool = False
-    flush_prefetch: bool = False
-    fp8_recip: bool = False
-    stages: int = 0
-    d_tile: bool = False
-    flush_rows: int = 0
-    flush_pipe: bool = False
-    flush_min_blocks: int = 0
-    read_warps: int = 4
-    flush_pair: bool = False
+    tc_flush: bool = _build("RC_TC_FLUSH", "_tc", False)
+    flush_prefetch: bool = _build("RC_FLUSH_PREFETCH", "_pf", False)
+    fp8_recip: bool = _build("RC_FP8_RECIP", "_rcp", False)
+    stages: int = _build("RC_STAGES", "_st", 0)
+    d_tile: bool = _build("RC_DTILE", "_dt", False)
+    flush_rows: int = _build("RC_FLUSH_ROWS", "_fr", 0)
+    flush_pipe: bool = _build("RC_FLUSH_PIPE", "_pipe", False)
+    flush_min_blocks: int = _build("RC_FLUSH_MIN_BLOCKS", "_fm", 0)
+    read_warps: int = _build("RC_READ_WARPS", "_rw", 4)
+    flush_pair: bool = _build("RC_FLUSH_PAIR", "_fp2", False)
     flush_per_sm: int = 0
-    tc_read: bool = False
-    flush_tile: int = 0
-    read_rows: bool = False
+    tc_read: bool = _build("RC_TC_READ", "_tcr", False)
+    flush_tile: int = _build("RC_FLUSH_TILE", "_ftl", 0)
+    read_rows: bool = _build("RC_READ_ROWS", "_rr", False)
+
+
+#: The build-selecting fields of :class:`ReadCopyCudaConfig`, in declaration order: the one list from
+#: which :func:`build` derives its options, defaults, nvcc macros, .so name and cache key, and the
+#: loaded-build table its key.
+BUILD_FIELDS: tuple[dataclasses.Field, ...] = tuple(
+    f for f in dataclasses.fields(ReadCopyCudaConfig) if "build" in f.metadata)
+_BUILD_DEFAULTS: dict[str, int | bool] = {f.name: f.default for f in BUILD_FIELDS}  # type: ignore[misc]
+
+
+def build_options(config: ReadCopyCudaConfig) -> dict[str, int | bool]:
+    """The build-selecting fields of ``config`` (name -> value, :data:`BUILD_FIELDS` order): ``build``'s options."""
+    return {f.name: getattr(config, f.name) for f in BUILD_FIELDS}
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -135,12 +166,42 @@ def _arch() -> str:
     return f"{major}{minor}{'a' if (major, minor) == (9, 0) else ''}"
 
 
-def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir: Path | None = None,
-          tc_flush: bool = False, flush_prefetch: bool = False, fp8_recip: bool = False, stages: int = 0,
-          d_tile: bool = False, flush_rows: int = 0, flush_pipe: bool = False, flush_min_blocks: int = 0,
-          read_warps: int = 4, flush_pair: bool = False, tc_read: bool = False, flush_tile: int = 0,
-          read_rows: bool = False) -> Path:
-    """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path."""
+def build(arch: str | None = None, depth: int = DEFAULT_READ_COPY_BUILD[0],
+          min_blocks: int = DEFAULT_READ_COPY_BUILD[1], out_dir: Path | None = None, **options: int | bool) -> Path:
+    """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path.
+
+    ``options``: the other :data:`BUILD_FIELDS` by name (default: the field's default); an unknown name
+    is a ``TypeError``, an invalid value or combination a ``ValueError`` (both before nvcc is looked for)."""
+    unknown = sorted(set(options) - set(_BUILD_DEFAULTS))
+    if unknown:
+        raise TypeError(f"build() got unknown build options {unknown}; known: {sorted(_BUILD_DEFAULTS)}")
+    opts: dict[str, Any] = {**_BUILD_DEFAULTS, **options, "depth": depth, "min_blocks": min_blocks}
+    _check_build(**opts)
+    arch = arch or _arch()
+    src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
+    tags = ""
+    macros = [f"-I{_DIR}"]
+    for f in BUILD_FIELDS:
+        opt: BuildOption = f.metadata["build"]
+        value = opts[f.name]
+        macros.append(f"-D{opt.macro}={int(value)}")
+        if opt.always or value != f.default:
+            tags += opt.tag + ("" if isinstance(value, bool) else str(value))
+    key = hashlib.sha256(src + f"{arch}{tags}".encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir()
+    so = out_dir / f"read_copy_{arch}{tags}_{key}.so"
+    if so.exists():
+        return so
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
+    return nvcc_shared(_SRC, so, arch, macros)
+
+
+def _check_build(*, depth: int, flush_prefetch: bool, stages: int, flush_rows: int, flush_pipe: bool,
+                 flush_min_blocks: int, read_warps: int, flush_pair: bool, tc_read: bool, flush_tile: int,
+                 read_rows: bool, **_free: int | bool) -> None:
+    """The values and combinations ``read_copy.cu`` compiles (its static_asserts, checked before nvcc
+    runs); the options in ``_free`` take any value of their type."""
     if not 1 <= depth <= 6:
         raise ValueError(f"depth must be 1..6 (got {depth})")
     if stages != 0 and not 2 <= stages <= 8:
@@ -166,43 +227,14 @@ def build(arch: str | None = None, depth: int = 3, min_blocks: int = 3, out_dir:
                          "flush_rows or flush_pipe")
     if flush_tile == 2 and flush_prefetch:
         raise ValueError("flush_tile 2 takes the registers flush_prefetch needs: pick one")
-    arch = arch or _arch()
-    src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
-    tc = ("_tc" if tc_flush else "") + ("_pf" if flush_prefetch else "") + ("_rcp" if fp8_recip else "")
-    tc += (f"_st{stages}" if stages else "") + ("_dt" if d_tile else "") + (f"_fr{flush_rows}" if flush_rows else "")
-    tc += ("_pipe" if flush_pipe else "") + (f"_fm{flush_min_blocks}" if flush_min_blocks else "")
-    tc += (f"_rw{read_warps}" if read_warps != 4 else "") + ("_fp2" if flush_pair else "") + ("_tcr" if tc_read else "")
-    tc += (f"_ftl{flush_tile}" if flush_tile else "") + ("_rr" if read_rows else "")
-    key = hashlib.sha256(src + f"{arch}:{depth}:{min_blocks}{tc}".encode()).hexdigest()[:16]
-    out_dir = out_dir or cache_dir()
-    so = out_dir / f"read_copy_{arch}_d{depth}_m{min_blocks}{tc}_{key}.so"
-    if so.exists():
-        return so
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
-    return nvcc_shared(_SRC, so, arch, [f"-I{_DIR}", f"-DRC_DEPTH={depth}", f"-DRC_MIN_BLOCKS={min_blocks}",
-                                        f"-DRC_TC_FLUSH={int(tc_flush)}", f"-DRC_FLUSH_PREFETCH={int(flush_prefetch)}",
-                                        f"-DRC_FP8_RECIP={int(fp8_recip)}", f"-DRC_STAGES={stages}",
-                                        f"-DRC_DTILE={int(d_tile)}", f"-DRC_FLUSH_ROWS={flush_rows}",
-                                        f"-DRC_FLUSH_PIPE={int(flush_pipe)}", f"-DRC_FLUSH_MIN_BLOCKS={flush_min_blocks}",
-                                        f"-DRC_READ_WARPS={read_warps}", f"-DRC_FLUSH_PAIR={int(flush_pair)}",
-                                        f"-DRC_TC_READ={int(tc_read)}", f"-DRC_FLUSH_TILE={int(flush_tile)}",
-                                        f"-DRC_READ_ROWS={int(read_rows)}"])
 
 
-def _lib(depth: int, min_blocks: int, tc_flush: bool = False, flush_prefetch: bool = False,
-         fp8_recip: bool = False, stages: int = 0, d_tile: bool = False, flush_rows: int = 0,
-         flush_pipe: bool = False, flush_min_blocks: int = 0, read_warps: int = 4,
-         flush_pair: bool = False, tc_read: bool = False, flush_tile: int = 0,
-         read_rows: bool = False) -> ctypes.CDLL:
-    key = (_arch(), depth, min_blocks, tc_flush, flush_prefetch, fp8_recip, stages, d_tile, flush_rows, flush_pipe,
-           flush_min_blocks, read_warps, flush_pair, tc_read, flush_tile, read_rows)
+def _lib(config: ReadCopyCudaConfig) -> ctypes.CDLL:
+    """The loaded build of ``config`` (this device's architecture), built and loaded once."""
+    options = build_options(config)
+    key = (_arch(), *options.values())
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(key[0], depth, min_blocks, tc_flush=tc_flush, flush_prefetch=flush_prefetch,
-                                    fp8_recip=fp8_recip, stages=stages, d_tile=d_tile, flush_rows=flush_rows,
-                                    flush_pipe=flush_pipe, flush_min_blocks=flush_min_blocks,
-                                    read_warps=read_warps, flush_pair=flush_pair, tc_read=tc_read,
-                                    flush_tile=flush_tile, read_rows=read_rows)))
+        lib = ctypes.CDLL(str(build(key[0], **options)))  # type: ignore[arg-type]
         lib.read_copy_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -275,9 +307,7 @@ def read_copy_decode_cuda(
     if not 0 <= cfg.flush_per_sm <= 32:
         raise ValueError(f"flush_per_sm must be 0..32 (got {cfg.flush_per_sm})")
     waves = -cfg.flush_per_sm if cfg.flush_per_sm else cfg.flush_waves
-    lib = _lib(cfg.depth, cfg.min_blocks, cfg.tc_flush, cfg.flush_prefetch, cfg.fp8_recip, cfg.stages,
-               cfg.d_tile, cfg.flush_rows, cfg.flush_pipe, cfg.flush_min_blocks, cfg.read_warps,
-               cfg.flush_pair, cfg.tc_read, cfg.flush_tile, cfg.read_rows)
+    lib = _lib(cfg)
     fp8 = read_copy_scales is not None
     sc = read_copy_scales if read_copy_scales is not None else initial_state
     strides = (*step.strides, read_copy.stride(0), sc.stride(0), v_cache.stride(0), beta_cache.stride(0))

@@ -2,7 +2,7 @@
 
 Kept apart from the policy (:mod:`.ring_decode`) so that the backends can take it without
 importing the entry point. Research-only knobs (other flush folds, register caps, tile orders,
-bulk copies, ...) are not here: they live in :mod:`.experimental.ring_decode_research`.
+bulk copies, ...) are not here: they live in ``lab/kernels/ring_decode_research.py``.
 """
 
 from __future__ import annotations

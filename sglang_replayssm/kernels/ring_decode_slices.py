@@ -14,7 +14,7 @@ Which of the two non-contiguous axes the compiler spreads lanes over is its choi
 takes ``slices_first=False``, 3.8 the other); both orders are exact, only the speed differs.
 The product launches the default order with one chunk prefetched into registers; the tile orders
 (``slices_first``, ``perm_rows``) and the shared-memory pipeline (``num_stages`` > 1) are research
-parameters of :func:`launch_read`, selected only by :mod:`.experimental.ring_decode_research`.
+parameters of :func:`launch_read`, selected only by ``lab/kernels/ring_decode_research.py``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ ahead; the first chunks are requested before the per-program setup so that its l
 the stream. With ``split`` the flush path lives in a second launch, so the every-step kernel is
 small. Exact fp32: the flush's rank-``m`` fold runs as IEEE fp32 FMAs (``FLUSH_MODE`` 0, the
 product's); the ``tl.dot`` folds (3xTF32, IEEE) are research variants selected only by
-:mod:`.experimental.ring_decode_research`.
+``lab/kernels/ring_decode_research.py`` (not packaged).
 """
 
 from __future__ import annotations

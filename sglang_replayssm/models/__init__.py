@@ -8,7 +8,7 @@
   KDA head dim 32, a dense layer 0 then a small sigmoid-routed MoE (4 experts, top 2, one shared).
 * ``small-gdn``: a larger Qwen3.5 GDN hybrid (hidden 512, 8 layers, 3 GDN : 1 full attention) whose
   cold 2048-token prefill costs far more than a cached 64-token tail on a small CPU
-  (``scripts/measure_small_gdn_prefill.py`` measures the ratio).
+  (``lab/scripts/measure_small_gdn_prefill.py`` measures the ratio).
 
 Built only when named (``REAL_SHAPE_NAMES``, not in ``MODEL_NAMES``: about 0.5 B parameters and 1 GB
 each, for GPU machines), bfloat16 on disk (``ModelSpec.weight_dtype``):

@@ -1130,7 +1130,7 @@ __device__ __forceinline__ void flush_item(const Args& p, int item, float4* smem
 
 // ---- GDN flush on tensor cores: the Gram (WY) form of the exact replay, per 16-row block three
 // products on mma.sync.m16n8k8 in 3xTF32 (hi*hi + hi*lo + lo*hi: fp32 accuracy). Function and
-// index math: sglang_replayssm/testing/read_copy_tc_emulator.py (module docstring; the CPU test
+// index math: tests/support/read_copy_tc_emulator.py (module docstring; the CPU test
 // tests/test_read_copy_tc_emulator.py runs the same index formulas against the sequential replay).
 // With G_j the cumulative log decay of steps 0..j (step m = this token), A_j = exp(G_j):
 //   X = S0 K^T, d = M (beta o (v - A o X)) with M = (I + B)^-1, B[j][i] = beta_j e^{G_j - G_i} k_i.k_j (i < j),
