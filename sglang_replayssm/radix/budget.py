@@ -23,9 +23,10 @@ a fixed amount (:func:`record_bytes`).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
+
+from sglang_replayssm import settings
 
 __all__ = [
     "charge_decode_ring",
@@ -161,7 +162,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     per_token = record_bytes_per_token(params, itemsize)
     if interval > 0:
         per_token += -(-interval_state_bytes(params) // interval)
-    explicit = bool(os.environ.get(CAPACITY_ENV, "").strip())
+    explicit = settings.RECORD_TOKENS.is_set()
     capacity = capacity_from_env()
     if not explicit:
         capacity = min(capacity, int(DEFAULT_RECORD_SHARE * rest_gib * (1 << 30)) // per_token - 1)

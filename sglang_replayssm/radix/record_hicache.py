@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm import settings
 from sglang_replayssm.radix.records import RecordPool, pool_of
 
 __all__ = [
@@ -70,7 +71,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Host record-pool capacity in tokens (``0``: records are not backed up); default the device pool's.
-HOST_CAPACITY_ENV = "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS"
+HOST_CAPACITY_ENV = settings.HOST_RECORD_TOKENS.name
 _HOST_ATTR = "_replayssm_host_records"  # on the anchor host KV pool: the HostRecords to invalidate
 _PLANTED_ATTR = "_replayssm_planted_nodes"  # on a tree core: node ids whose planted state is unbuilt
 _ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the KV allocator
@@ -78,9 +79,7 @@ _ALLOCATOR_ATTR = "_replayssm_record_pool"  # what record_capture links on the K
 
 def host_capacity_from_env(default: int, host_kv: int) -> int:
     """``SGLANG_REPLAYSSM_HOST_RECORD_TOKENS`` if set, else ``default``; at most ``host_kv``."""
-    from sglang_replayssm.radix.records import tokens_from_env
-
-    value = tokens_from_env(HOST_CAPACITY_ENV, "0: no host records")
+    value = settings.HOST_RECORD_TOKENS.value()
     return min(default if value is None else value, host_kv)
 
 
