@@ -10,6 +10,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-models": ("sglang_replayssm.models", "write the embedded tiny/small GDN and KDA models"),
     "bench": ("sglang_replayssm.bench.cli", "RAG shared-prefix benchmark against real SGLang servers"),
     "info": ("sglang_replayssm.info", "print versions and what the plugin would enable here"),
+    "settings": ("sglang_replayssm.settings", "print the switch table (README); --check: validate this environment"),
 }
 
 

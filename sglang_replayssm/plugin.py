@@ -3,7 +3,8 @@
 SGLang calls each entry point once per process (main, scheduler, detokenizer) before it
 applies registered hooks. `SGLANG_PLUGINS` selects entry points by name, so the CPU
 runtime (`replayssm_cpu`) and the radix adapter (`replayssm_radix`) can be enabled apart.
-Each process logs exactly one line naming the package version and what it enabled.
+Each process logs exactly one line naming the package version and what it enabled. A bad value of
+any of our environment variables (:mod:`sglang_replayssm.settings`) refuses the start in one line.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 from importlib.metadata import entry_points
 
-from sglang_replayssm import __version__
+from sglang_replayssm import __version__, settings
 from sglang_replayssm.version_check import SGLangVersionError, require_pinned_sglang
 
 logger = logging.getLogger("sglang_replayssm")
@@ -42,6 +43,23 @@ def _record(entry: str, what: str) -> None:
         logger.warning("sglang-replayssm %s (pid %d) enabled %s", __version__, os.getpid(), summary)
 
 
+class SettingsError(SystemExit):
+    """A bad value of one of our environment variables: a SystemExit, so the launcher prints exactly
+    its one line (``sglang-replayssm: NAME='text': expected ...``, no traceback) and exits 1; SGLang's
+    plugin loader logs and swallows an Exception but not this."""
+
+    def __str__(self) -> str:
+        return str(self.code)
+
+
+def check_settings() -> None:
+    """Refuse the start on the first bad variable of :data:`sglang_replayssm.settings.SETTINGS`."""
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise SettingsError(f"sglang-replayssm: {exc}") from None
+
+
 def _checked(entry: str) -> bool:
     try:
         require_pinned_sglang()
@@ -49,6 +67,7 @@ def _checked(entry: str) -> bool:
         logger.error("%s", exc)
         _record(entry, "nothing (refused: SGLang version mismatch)")
         return False
+    check_settings()
     return True
 
 

@@ -186,3 +186,21 @@ def test_our_state_rides_on_sglang_objects_only_through_the_state_object():
         if name != "sglang_replayssm.state" and not name.startswith("tests.")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_kernels_import_no_feature_code():
+    """Kernels receive their choices as arguments or read them from ``settings`` (a leaf): no module of
+    ``kernels`` imports the adapter, the CPU runtime, the plugin or the bench."""
+    features = ("radix", "cpu", "plugin", "bench")
+    graph = _graph()
+    offenders = {
+        name: sorted(n for n in edges if n.split(".")[1:2] and n.split(".")[1] in features)
+        for name, edges in graph.items()
+        if name.startswith("sglang_replayssm.kernels")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_settings_is_a_leaf():
+    """``settings`` imports nothing of the package, so every layer may read it."""
+    assert _graph()["sglang_replayssm.settings"] == set()

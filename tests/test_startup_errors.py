@@ -32,13 +32,15 @@ CASES = [
      "sglang-replayssm: --disaggregation-mode prefill with --enable-linear-replayssm is unsupported"),
     (["--enable-linear-replayssm", "--disaggregation-mode", "decode"], {"SGLANG_REPLAYSSM_DISABLE_FIXES": "pd_decode_ring"},
      "sglang-replayssm: --disaggregation-mode decode with --enable-linear-replayssm is unsupported"),
+    (["--enable-linear-replayssm"], {"SGLANG_REPLAYSSM_RECORD_TOKENS": "lots"},
+     "sglang-replayssm: SGLANG_REPLAYSSM_RECORD_TOKENS='lots': expected a number of tokens (0 turns records off)"),
 ]
 
 
 @pytest.mark.server
 @pytest.mark.parametrize(("args", "env", "message"), CASES,
                          ids=["bad-value", "mixed-chunk-without-extend-fold", "lazy-no-overlap", "pd-prefill",
-                              "pd-decode-without-pd-decode-ring"])
+                              "pd-decode-without-pd-decode-ring", "bad-setting"])
 def test_bad_startup_fails_with_one_clear_line(args, env, message):
     proc = _launch(args, env)
     assert proc.returncode != 0

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 
+from sglang_replayssm import settings
 from sglang_replayssm.cpu.driver import libcuda_loadable
 
 _STANDIN = "sglang_replayssm.cpu.standin"
@@ -26,8 +26,11 @@ _installed = False
 
 def standin_wanted() -> bool:
     """The stand-in is used only without a CUDA driver, and can be switched off explicitly."""
-    if os.environ.get("SGLANG_REPLAYSSM_CPU_RUNTIME", "1") == "0":
-        return False
+    try:
+        if not settings.CPU_RUNTIME.value():
+            return False
+    except ValueError:
+        pass  # it runs in every process that imports torch: the plugin refuses the bad value at startup
     return not libcuda_loadable()
 
 

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from sglang_replayssm import settings
+
 #: The environment switch (a path prefix); tests set it for the server they start.
-TRACE_ENV = "SGLANG_REPLAYSSM_RING_TRACE"
+TRACE_ENV = settings.RING_TRACE.name
 
 
 class RingProbe:
@@ -73,7 +75,7 @@ class RingProbe:
 
 
 def _from_env() -> RingProbe | None:
-    prefix = os.environ.get(TRACE_ENV)
+    prefix = settings.RING_TRACE.value()
     return RingProbe(prefix) if prefix else None
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..radix.config import cuda_kernels_enabled
+from .. import settings
 from .ring_decode_args import RingStep
 from .ring_decode_config import RingDecodeConfig
 
@@ -59,7 +59,7 @@ def _arch() -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SGLANG_REPLAYSSM_CUDA_CACHE", Path.home() / ".cache" / "sglang-replayssm" / "cuda"))
+    return settings.CUDA_CACHE.value()
 
 
 def build(
@@ -125,7 +125,7 @@ def available() -> bool:
     8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the default build
     (:data:`DEFAULT_BUILD`) cached or nvcc able to make it (built and loaded on the first call;
     the answer is cached per process)."""
-    if not cuda_kernels_enabled() or not torch.cuda.is_available():
+    if not settings.CUDA_KERNELS.value() or not torch.cuda.is_available():
         return False
     key = str(torch.cuda.current_device())
     if key not in _AVAILABLE:

@@ -10,8 +10,9 @@ the core budget's reservation (:func:`sglang_replayssm.radix.budget.add_reservat
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
+
+from sglang_replayssm import settings
 
 __all__ = ["interval_state_bytes", "record_bytes", "record_bytes_per_token", "reservation_gib"]
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     per_token = record_bytes_per_token(params, itemsize)
     if interval > 0:
         per_token += -(-interval_state_bytes(params) // interval)
-    explicit = bool(os.environ.get(CAPACITY_ENV, "").strip())
+    explicit = settings.RECORD_TOKENS.is_set()
     capacity = capacity_from_env()
     if not explicit:
         capacity = min(capacity, int(DEFAULT_RECORD_SHARE * rest_gib * (1 << 30)) // per_token - 1)

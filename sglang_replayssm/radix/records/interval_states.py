@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_replayssm import settings
+
 __all__ = [
     "CHUNK",
     "DEFAULT_INTERVAL",
@@ -46,23 +48,16 @@ __all__ = [
 ]
 
 #: Interval in tokens between kept prefill states (``0`` keeps none); a multiple of :data:`CHUNK`.
-INTERVAL_ENV = "SGLANG_REPLAYSSM_STATE_INTERVAL"
+INTERVAL_ENV = settings.STATE_INTERVAL.name
 #: Default: one state per 256 tokens (a rebuild folds < 320 records; 1/256 of a state per token).
-DEFAULT_INTERVAL = 256
+DEFAULT_INTERVAL: int = settings.STATE_INTERVAL.default
 #: Chunk length of SGLang's chunked prefill kernels: the grid of the per-chunk states ``h``.
 CHUNK = 64
 
 
 def interval_from_env() -> int:
     """``SGLANG_REPLAYSSM_STATE_INTERVAL`` (tokens, a multiple of 64; 0 = off), else the default."""
-    from sglang_replayssm.radix.records.pool import tokens_from_env
-
-    value = tokens_from_env(INTERVAL_ENV, "0 keeps no state")
-    if value is None:
-        return DEFAULT_INTERVAL
-    if value % CHUNK:
-        raise ValueError(f"{INTERVAL_ENV}={value}: expected 0 or a positive multiple of {CHUNK} tokens")
-    return value
+    return settings.STATE_INTERVAL.value()
 
 
 def kept_positions(prefix_lens: list[int], extend_lens: list[int], interval: int,

@@ -25,12 +25,12 @@ the pool is full the oldest records go first; their tokens' hits fall back to th
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from sglang_replayssm import settings
 from sglang_replayssm.state import peek, state_of
 
 __all__ = [
@@ -40,11 +40,10 @@ __all__ = [
     "RecordPool",
     "capacity_from_env",
     "pool_of",
-    "tokens_from_env",
 ]
 
 #: Record-pool capacity in tokens (``0`` turns the records off).
-CAPACITY_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
+CAPACITY_ENV = settings.RECORD_TOKENS.name
 #: Default capacity: the last 16,384 computed tokens (at most one per KV slot).
 DEFAULT_CAPACITY = 16384
 
@@ -58,26 +57,11 @@ def set_budgeted_capacity(capacity: int) -> None:
     _budgeted = capacity
 
 
-def tokens_from_env(name: str, zero_means: str) -> int | None:
-    """A token count from the environment variable ``name`` (None when unset or empty); a value that
-    is not a number >= 0 is refused in one line naming the variable (``zero_means``: what 0 does)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a number of tokens ({zero_means})") from None
-    if value < 0:
-        raise ValueError(f"{name}={value}: expected >= 0 tokens")
-    return value
-
-
 def capacity_from_env(kv_size: int | None = None) -> int:
     """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else what the memory budget
     reserved (:func:`set_budgeted_capacity`), else :data:`DEFAULT_CAPACITY`; at most ``kv_size`` (one
     per KV slot) when given."""
-    value = tokens_from_env(CAPACITY_ENV, "0 turns records off")
+    value = settings.RECORD_TOKENS.value()
     if value is None:
         value = DEFAULT_CAPACITY if _budgeted is None else _budgeted
     return value if kv_size is None else min(value, kv_size)

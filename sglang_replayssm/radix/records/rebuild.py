@@ -31,14 +31,15 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm import settings
 from sglang_replayssm.radix.records.match import Rebuild
-from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of, tokens_from_env
+from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of
 
 __all__ = ["DEFAULT_SEQUENTIAL_TOKENS", "SEQUENTIAL_ENV", "rebuild", "run_pending", "sequential_tokens_from_env"]
 
-SEQUENTIAL_ENV = "SGLANG_REPLAYSSM_REBUILD_SEQUENTIAL_TOKENS"
+SEQUENTIAL_ENV = settings.REBUILD_SEQUENTIAL_TOKENS.name
 #: Longest span that folds token by token on CUDA (H200 crossover, docs/BENCHMARKS.md).
-DEFAULT_SEQUENTIAL_TOKENS = 32
+DEFAULT_SEQUENTIAL_TOKENS: int = settings.REBUILD_SEQUENTIAL_TOKENS.default
 
 
 def _decode_kernel() -> Any:
@@ -64,8 +65,7 @@ def _fold_sequential(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch
 
 def sequential_tokens_from_env() -> int:
     """``SGLANG_REPLAYSSM_REBUILD_SEQUENTIAL_TOKENS`` (0: always the chunk kernels), else the default."""
-    value = tokens_from_env(SEQUENTIAL_ENV, "0 always folds with the chunk kernels")
-    return DEFAULT_SEQUENTIAL_TOKENS if value is None else value
+    return settings.REBUILD_SEQUENTIAL_TOKENS.value()
 
 
 def run_pending(runner: Any) -> int:
