@@ -16,7 +16,7 @@ LAB = ROOT / "lab" / "gpu_serve"
 sys.path.insert(0, str(LAB))
 
 from lab_tables import tables  # noqa: E402
-from profile_step import family, host_frames, summarize_trace  # noqa: E402
+from profile_step import family, gpu_busy, host_frames, summarize_trace  # noqa: E402
 
 
 @pytest.mark.parametrize("script", [ROOT / "scripts" / "gpu_serve.sh", LAB / "carry.sh"])
@@ -73,6 +73,11 @@ def test_host_frames_count_our_outermost_frames_once() -> None:
     assert h["plugin_host_us_per_step"] == (40 + 6 + 4) / 2
     assert dict(h["plugin_host_frames"])["sglang_replayssm/radix/records.py(9): invalidate"] == 3.0
     assert dict(h["sglang_host_frames"]) == {"sglang/srt/managers/scheduler.py(1): run_batch": 50.0}
+
+
+def test_gpu_busy_merges_overlapping_kernels() -> None:
+    assert gpu_busy([(0, 10), (5, 12), (20, 25), (21, 22)]) == (17.0, 25.0)
+    assert gpu_busy([]) == (0.0, 0.0)
 
 
 def test_shim_is_inert_without_the_lab_switch() -> None:

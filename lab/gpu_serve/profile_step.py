@@ -52,9 +52,11 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
     syncs: dict[str, int] = defaultdict(int)
     sync_events: list[dict[str, Any]] = []
     frames: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    spans: list[tuple[float, float]] = []
     for ev in events:
         cat, name = ev.get("cat", ""), ev.get("name", "")
         if cat == "kernel":
+            spans.append((float(ev.get("ts", 0.0)), float(ev.get("ts", 0.0)) + float(ev.get("dur", 0.0))))
             per_family[family(name)] += float(ev.get("dur", 0.0))
             per_kernel[name[:120]] += float(ev.get("dur", 0.0))
         elif cat == "cuda_runtime" and any(name.startswith(s.strip()) for s in SYNC_NAMES):
@@ -74,8 +76,10 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
     steps = max(steps, 1)
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
     host = host_frames(frames, steps)
+    busy, span = gpu_busy(spans)
     return {
         "trace": path.name, "steps": steps, "kernel_us_per_step": total / steps,
+        "gpu_busy_us_per_step": busy / steps, "gpu_span_us_per_step": span / steps,
         "family_us_per_step": {k: v / steps for k, v in sorted(per_family.items(), key=lambda kv: -kv[1])},
         "linear_share": sum(per_family[f] for f in LINEAR) / total if total else float("nan"),
         "plugin_cuda_us_per_step": per_family["plugin CUDA passes"] / steps,
@@ -86,15 +90,32 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
     }
 
 
+def gpu_busy(spans: list[tuple[float, float]]) -> tuple[float, float]:
+    """(time some kernel runs, first start to last end) over kernel ``(start, end)`` spans: their
+    gap is the GPU idle inside the profiled window (host-bound steps, waits between streams)."""
+    if not spans:
+        return 0.0, 0.0
+    spans = sorted(spans)
+    busy, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            busy, lo, hi = busy + hi - lo, a, b
+        else:
+            hi = max(hi, b)
+    return busy + hi - lo, max(b for _, b in spans) - spans[0][0]
+
+
 def host_frames(frames: dict[Any, list[dict[str, Any]]], steps: int, top: int = 12) -> dict[str, Any]:
     """Host time per step: the plugin's outermost Python frames, and SGLang's busiest frames.
 
     ``plugin_host_us_per_step`` sums the frames of ``sglang_replayssm`` not nested in another frame
     of ours (inclusive time, on every thread); ``plugin_host_frames`` lists them by name.
+    ``plugin_host_frames_any_depth``: every frame of ours by inclusive time (nested ones overlap).
     ``sglang_host_frames`` lists SGLang's frames by inclusive time (nested ones overlap: read it as a
     call tree). with_stack tracing slows the host, so compare arms, not absolute numbers.
     """
     ours: dict[str, float] = defaultdict(float)
+    inner: dict[str, float] = defaultdict(float)
     theirs: dict[str, float] = defaultdict(float)
     for evs in frames.values():
         stack: list[tuple[float, bool]] = []  # (end, inside a frame of ours)
@@ -104,6 +125,8 @@ def host_frames(frames: dict[Any, list[dict[str, Any]]], steps: int, top: int = 
                 stack.pop()
             mine = "sglang_replayssm" in name
             inside = bool(stack) and stack[-1][1]
+            if mine:
+                inner[name[-100:]] += dur
             if mine and not inside:
                 ours[name[-100:]] += dur
             elif "sglang/srt" in name and not inside:
@@ -113,6 +136,7 @@ def host_frames(frames: dict[Any, list[dict[str, Any]]], steps: int, top: int = 
     return {
         "plugin_host_us_per_step": sum(ours.values()) / steps,
         "plugin_host_frames": [(k, v / steps) for k, v in sorted(ours.items(), key=lambda kv: -kv[1])[:top]],
+        "plugin_host_frames_any_depth": [(k, v / steps) for k, v in sorted(inner.items(), key=lambda kv: -kv[1])[:36]],
         "sglang_host_frames": [(k, v / steps) for k, v in sorted(theirs.items(), key=lambda kv: -kv[1])[:2 * top]],
     }
 
