@@ -2,6 +2,7 @@
 # The GPU serving check in one device call, from the repository root, with .gpucarry/ carried (built
 # here by lab/gpu_serve/carry.sh):
 #   bash scripts/gpu_serve.sh [serve_check.py args, e.g. --arms baseline,plugin --stages main,kl]
+#   CHECK=decode_ab bash scripts/gpu_serve.sh [decode_ab.py args]   (decode side by side, servers up at once)
 # Installs SGLang 0.5.23 and its missing dependencies from the carry into /tmp/site, this tree as the
 # plugin (its entry points through a dist-info), builds the model ($MODEL, default qnext-gdn) with
 # `make-models`, then runs lab/gpu_serve/serve_check.py: real `python -m sglang.launch_server`
@@ -46,9 +47,9 @@ python3 -m sglang_replayssm.cli make-models --out /tmp/models --names $MODEL
 echo "[$(el)s] model $MODEL built"
 } >> $OUT/setup.log 2>&1
 cat $OUT/setup.log
-python3 lab/gpu_serve/serve_check.py --lab --model-path /tmp/models/$MODEL --out $W \
+python3 lab/gpu_serve/${CHECK:-serve_check}.py --lab --model-path /tmp/models/$MODEL --out $W \
   --budget-s $(( BUDGET - $(el) - 40 )) "$@" 2>&1 | tee $W/serve_check.log | grep -v "^\[.*\] \(prefill\|decode\)"
-cp $W/tables.md $W/serve_check.json $OUT/ 2>/dev/null
+cp $W/tables.md $W/serve_check.json $W/decode_ab.md $W/decode_ab.json $OUT/ 2>/dev/null
 cat /tmp/ops/ops.* 2>/dev/null | awk '{c[$1]+=$2} END {for (k in c) print "lab stand-in op", k, c[k]}' | sort > $W/ops.txt
 (cd $W && tar cf - --exclude=tables.md --exclude=serve_check.json . | xz -T0 -3 > $OUT/logs.tar.xz)
 (cd /tmp && tar cf - $(ls -d triton jit 2>/dev/null) | xz -T0 -3 > $OUT/caches.tar.xz)

@@ -80,6 +80,16 @@ def test_gpu_busy_merges_overlapping_kernels() -> None:
     assert gpu_busy([]) == (0.0, 0.0)
 
 
+def test_decode_ab_pairs_rounds_against_the_first_arm() -> None:
+    from decode_ab import summarize, table
+
+    s = summarize({"baseline": [4.0, 6.0, 5.0], "plugin": [2.0, 5.0, 4.0]}, concurrency=256)
+    assert s["baseline"]["speedup_vs_first_median"] == 1.0
+    assert s["plugin"]["step_ms_median"] == 4.0 and s["plugin"]["tok_s_median"] == 64000.0
+    assert s["plugin"]["speedup_vs_first_median"] == 1.25 and s["plugin"]["speedup_vs_first_range"] == [1.2, 2.0]
+    assert "| plugin | 64000 | 4.00 | 2.00 5.00 4.00 | 1.25x (1.20-2.00) |" in table(s, 256)
+
+
 def test_shim_is_inert_without_the_lab_switch() -> None:
     code = "import sys, sitecustomize; print(any('Standin' in type(f).__name__ for f in sys.meta_path))"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(LAB / "shim")}

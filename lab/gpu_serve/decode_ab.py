@@ -1,0 +1,124 @@
+"""Decode throughput side by side: every arm's server up at once on one GPU, bursts in rotation.
+
+    python lab/gpu_serve/decode_ab.py --model-path M --out DIR [--arms baseline,plugin] [--rounds 5]
+
+On the lab H200 a full-batch decode step of an 8-layer model is host-bound and the host's speed drifts
+between calls and arms (the same baseline logged 3.35 and 5.61 ms per step in two calls), so arms
+measured one after another compare hosts, not kernels. Here the servers start one after another (each
+given ``--static-gib`` of GPU memory: ``--mem-fraction-static`` from the memory free at its start),
+then each round sends one burst to every arm in turn (the order rotates every round); only one server
+decodes at a time. Per arm: SGLang's per-step time of each burst (bench/decode.py) and tokens/s =
+concurrency / step; per round the ratio to the first arm; medians and ranges in DIR/decode_ab.json
+and DIR/decode_ab.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from serve_check import LAB_FLAGS, SERVE_FLAGS
+
+from sglang_replayssm.bench.arms import ARMS, merge_flags, parse_arms, server_command, server_env
+from sglang_replayssm.bench.decode import run_decode
+from sglang_replayssm.bench.server import ServerProcess, pick_port
+
+
+def mem_fraction_for(static_gib: float) -> float:
+    """``--mem-fraction-static`` that leaves ``static_gib`` for this server: SGLang takes
+    ``free - total * (1 - f)`` of the memory free at its start."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    free, total = (float(x) / 1024 for x in out.split(","))
+    return round(1.0 - (free - static_gib) / total, 3)
+
+
+def summarize(steps: dict[str, list[float]], concurrency: int) -> dict[str, Any]:
+    """Per arm: median / min / max step ms and tokens/s; paired per-round ratios to the first arm."""
+    first = next(iter(steps))
+    out: dict[str, Any] = {}
+    for arm, xs in steps.items():
+        ratios = [b / a for a, b in zip(xs, steps[first], strict=False) if a > 0]
+        out[arm] = {"step_ms": xs, "step_ms_median": statistics.median(xs) if xs else float("nan"),
+                    "tok_s_median": concurrency * 1000.0 / statistics.median(xs) if xs else float("nan"),
+                    "speedup_vs_first_median": statistics.median(ratios) if ratios else float("nan"),
+                    "speedup_vs_first_range": [min(ratios), max(ratios)] if ratios else None}
+    return out
+
+
+def table(summary: dict[str, Any], concurrency: int) -> str:
+    first = next(iter(summary))
+    rows = [f"| arm | decode tok/s at {concurrency} (median) | step ms median | step ms per round | "
+            f"x {first} (median of rounds, range) |", "|---|---|---|---|---|"]
+    for arm, s in summary.items():
+        rng = s["speedup_vs_first_range"]
+        rows.append(f"| {arm} | {s['tok_s_median']:.0f} | {s['step_ms_median']:.2f} | "
+                    f"{' '.join(f'{x:.2f}' for x in s['step_ms'])} | {s['speedup_vs_first_median']:.2f}x"
+                    f"{f' ({rng[0]:.2f}-{rng[1]:.2f})' if rng else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--arms", default="baseline,plugin,plugin-fp8,bf16-state")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--static-gib", type=float, default=26.0)
+    p.add_argument("--budget-s", type=float, default=480.0)
+    p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_end = time.monotonic() + args.budget_s
+    arms = parse_arms(args.arms)
+    steps: dict[str, list[float]] = {a: [] for a in arms}
+    doc: dict[str, Any] = {"argv": argv, "servers": {}, "rounds": []}
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, tuple[str, Path]] = {}
+        for name in arms:
+            frac = mem_fraction_for(args.static_gib)
+            extra = merge_flags(["--mem-fraction-static", str(frac)], shlex.split(LAB_FLAGS) + shlex.split(SERVE_FLAGS))
+            port = pick_port()
+            cmd = server_command(ARMS[name], args.model_path, port, device="cuda", tp=1, extra_args=extra)
+            log = args.out / "logs" / f"server-ab-{name}.log"
+            srv = stack.enter_context(ServerProcess(cmd, server_env(ARMS[name], "cuda"), log,
+                                                    f"http://127.0.0.1:{port}", 300.0))
+            servers[name] = (srv.base_url, log)
+            doc["servers"][name] = {"mem_fraction_static": frac, "startup_s": srv.startup_s}
+            print(f"[ab] {name} healthy after {srv.startup_s:.0f} s (mem fraction {frac})", flush=True)
+            run_decode(srv.base_url, args.concurrency, args.prompt_len, 24, seed=5)  # first-use costs
+        for r in range(args.rounds):
+            if time.monotonic() > t_end:
+                break
+            order = arms[r % len(arms):] + arms[:r % len(arms)]
+            row: dict[str, Any] = {}
+            for name in order:
+                url, log = servers[name]
+                res = run_decode(url, args.concurrency, args.prompt_len, args.output_len, log_path=log, seed=100 + r)
+                row[name] = res
+                if res["step_lines"]:
+                    steps[name].append(res["step_ms_p50"])
+            doc["rounds"].append(row)
+            print(f"[ab] round {r}: " + ", ".join(f"{n} {row[n]['step_ms_p50']:.2f} ms" for n in order), flush=True)
+    # Keep arms in the given order with only completed rounds paired.
+    n = min(len(v) for v in steps.values()) if steps else 0
+    doc["summary"] = summarize({a: steps[a][:n] for a in arms}, args.concurrency)
+    text = table(doc["summary"], args.concurrency)
+    (args.out / "decode_ab.json").write_text(json.dumps(doc, indent=1))
+    (args.out / "decode_ab.md").write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
