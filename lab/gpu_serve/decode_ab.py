@@ -5,7 +5,7 @@
 On the lab H200 a full-batch decode step of an 8-layer model is host-bound and the host's speed drifts
 between calls and arms (the same baseline logged 3.35 and 5.61 ms per step in two calls), so arms
 measured one after another compare hosts, not kernels. Here the servers start one after another (each
-given ``--static-gib`` of GPU memory: ``--mem-fraction-static`` from the memory free at its start),
+given ``--static-gib`` of GPU memory for its pools),
 then each round sends one burst to every arm in turn (the order rotates every round); only one server
 decodes at a time. Per arm: SGLang's per-step time of each burst (bench/decode.py) and tokens/s =
 concurrency / step; per round the ratio to the first arm; medians and ranges in DIR/decode_ab.json
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -32,12 +33,23 @@ from sglang_replayssm.bench.server import ServerProcess, pick_port
 
 
 def mem_fraction_for(static_gib: float) -> float:
-    """``--mem-fraction-static`` that leaves ``static_gib`` for this server: SGLang takes
-    ``free - total * (1 - f)`` of the memory free at its start."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"],
+    """``--mem-fraction-static`` that gives this server ``static_gib`` (weights, mamba and KV pools):
+    SGLang sizes its pools as a fraction of the GPU's total memory, whoever else holds some."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True).stdout.splitlines()[0]
-    free, total = (float(x) / 1024 for x in out.split(","))
-    return round(1.0 - (free - static_gib) / total, 3)
+    return round(static_gib / (float(out) / 1024), 3)
+
+
+def write(doc: dict[str, Any], steps: dict[str, list[float]], concurrency: int, dirs: list[Path]) -> str:
+    """Summary of the rounds so far (arms paired over the rounds all of them finished), to every dir."""
+    n = min((len(v) for v in steps.values()), default=0)
+    doc["summary"] = summarize({a: v[:n] for a, v in steps.items()}, concurrency)
+    text = table(doc["summary"], concurrency)
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "decode_ab.json").write_text(json.dumps(doc, indent=1))
+        (d / "decode_ab.md").write_text(text)
+    return text
 
 
 def summarize(steps: dict[str, list[float]], concurrency: int) -> dict[str, Any]:
@@ -82,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     t_end = time.monotonic() + args.budget_s
     arms = parse_arms(args.arms)
     steps: dict[str, list[float]] = {a: [] for a in arms}
+    # $OUT too (the device call's folder): a call cut at its time limit still brings the rounds back
+    dirs = [args.out, *([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])]
     doc: dict[str, Any] = {"argv": argv, "servers": {}, "rounds": []}
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, Path]] = {}
@@ -110,13 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                     steps[name].append(res["step_ms_p50"])
             doc["rounds"].append(row)
             print(f"[ab] round {r}: " + ", ".join(f"{n} {row[n]['step_ms_p50']:.2f} ms" for n in order), flush=True)
-    # Keep arms in the given order with only completed rounds paired.
-    n = min(len(v) for v in steps.values()) if steps else 0
-    doc["summary"] = summarize({a: steps[a][:n] for a in arms}, args.concurrency)
-    text = table(doc["summary"], args.concurrency)
-    (args.out / "decode_ab.json").write_text(json.dumps(doc, indent=1))
-    (args.out / "decode_ab.md").write_text(text)
-    print(text, flush=True)
+            write(doc, steps, args.concurrency, dirs)
+    print(write(doc, steps, args.concurrency, dirs), flush=True)
     return 0
 
 
