@@ -33,11 +33,12 @@ from sglang_replayssm.bench.server import ServerProcess, pick_port
 
 
 def mem_fraction_for(static_gib: float) -> float:
-    """``--mem-fraction-static`` that gives this server ``static_gib`` (weights, mamba and KV pools):
-    SGLang sizes its pools as a fraction of the GPU's total memory, whoever else holds some."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+    """``--mem-fraction-static`` that gives this server about ``static_gib`` (weights, mamba and KV
+    pools): SGLang 0.5.23 sizes them as ``free * f`` of the memory free when it starts
+    (kv_cache_configurator.py ``_profile_available_bytes``), whoever else holds the rest."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True).stdout.splitlines()[0]
-    return round(static_gib / (float(out) / 1024), 3)
+    return round(min(0.9, static_gib / (float(out) / 1024)), 3)
 
 
 def write(doc: dict[str, Any], steps: dict[str, list[float]], concurrency: int, dirs: list[Path]) -> str:
