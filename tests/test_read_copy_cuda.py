@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -145,6 +146,27 @@ def test_build_derives_macros_name_and_refusals_from_the_field_list(monkeypatch:
     assert re.fullmatch(r"read_copy_90a_d3_m3_[0-9a-f]{16}\.so", seen[-1][0])  # defaults: no other tag
     with pytest.raises(TypeError, match="unknown build options"):
         rcc.build("90a", out_dir=tmp_path, flush_parts=2)  # a launch argument, not a build option
+
+
+def test_lab_config_loads_a_build_of_the_lab_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A :class:`LabReadCopyConfig` launch loads a build of the lab source with its research macros; a product
+    config one of the product source; a lab config at the product's options is a build of its own (CPU)."""
+    from lab.kernels.read_copy_lab import LAB_SOURCE, LabReadCopyConfig, as_lab
+    from sglang_replayssm.kernels import read_copy_cuda as rcc
+
+    seen: list[tuple[Any, list[str]]] = []
+    monkeypatch.setattr(rcc, "_arch", lambda: "90a")
+    monkeypatch.setattr(rcc, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(rcc, "nvcc_shared", lambda src, so, arch, flags: seen.append((src, flags)) or so)
+    monkeypatch.setattr(rcc.ctypes, "CDLL", lambda path: SimpleNamespace(read_copy_launch=SimpleNamespace()))
+    monkeypatch.setattr(rcc, "_LIBS", {})
+    d = rcc.default_config(512, 32, 16, False)
+    rcc._lib(LabReadCopyConfig(flush_pair=True))
+    rcc._lib(d)
+    rcc._lib(as_lab(d))
+    assert [src for src, _ in seen] == [LAB_SOURCE, rcc.ReadCopyCudaConfig.SOURCE, LAB_SOURCE]
+    assert "-DRC_FLUSH_PAIR=1" in seen[0][1] and not any("FLUSH_PAIR" in f for f in seen[1][1])
+    assert len(rcc._LIBS) == 3
 
 
 def test_cpu_tensors_refused_with_the_reason() -> None:
