@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -51,10 +52,30 @@ def test_default_flush_parts_follow_the_flush_rows() -> None:
     assert [default_flush_parts(B, 32, 16) for B in (1, 64, 256, 512, 4096)] == [4, 4, 2, 1, 1]
 
 
-def test_build_refuses_two_flush_layouts_and_bad_values() -> None:
-    """``build`` checks its options before it looks for nvcc (CPU)."""
+def test_build_refuses_bad_values() -> None:
+    """``build`` checks its options before it looks for nvcc (CPU); the research options are the lab's."""
     from sglang_replayssm.kernels.read_copy_cuda import build
 
+    with pytest.raises(ValueError, match="stages must be"):
+        build("90a", stages=1)
+    with pytest.raises(ValueError, match="read_warps must be 1, 2 or 4"):
+        build("90a", read_warps=3)
+    with pytest.raises(ValueError, match="flush_tile must be 0 or 1"):
+        build("90a", flush_tile=2)
+    with pytest.raises(ValueError, match="read_rows reads staged chunks"):
+        build("90a", read_rows=True)
+    with pytest.raises(TypeError, match="unknown build options"):
+        build("90a", flush_pair=True)  # a research option: the lab config's
+
+
+def test_lab_build_refuses_two_flush_layouts_and_bad_values() -> None:
+    """The lab source's options, checked the same way (CPU)."""
+    from functools import partial
+
+    from lab.kernels.read_copy_lab import LabReadCopyConfig
+    from sglang_replayssm.kernels.read_copy_cuda import build as product_build
+
+    build = partial(product_build, kind=LabReadCopyConfig)
     with pytest.raises(ValueError, match="two flush layouts"):
         build("90a", flush_rows=2, flush_pipe=True)
     with pytest.raises(ValueError, match="flush_rows must be 0..4"):
@@ -84,11 +105,27 @@ def test_build_refuses_two_flush_layouts_and_bad_values() -> None:
 
 
 def test_build_options_are_the_sources_macros() -> None:
-    """The one field list: every ``#ifndef RC_*`` option of read_copy.cu is a build field and back (CPU)."""
+    """The one field list: every ``#ifndef RC_*`` option of the product read_copy.cu is a product build field
+    and back, and the same for the lab source and the lab config (CPU)."""
+    from lab.kernels.read_copy_lab import LabReadCopyConfig
     from sglang_replayssm.kernels import read_copy_cuda as rcc
 
-    text = (rcc._DIR / "read_copy.cu").read_text()
-    assert {f.metadata["build"].macro for f in rcc.BUILD_FIELDS} == set(re.findall(r"^#ifndef (RC_\w+)", text, re.M))
+    for kind in (rcc.ReadCopyCudaConfig, LabReadCopyConfig):
+        text = kind.SOURCE.read_text()
+        macros = {f.metadata["build"].macro for f in kind.build_fields()}
+        assert macros == set(re.findall(r"^#ifndef (RC_\w+)", text, re.M)), kind
+    assert rcc.BUILD_FIELDS == rcc.ReadCopyCudaConfig.build_fields()
+
+
+def test_product_fields_are_the_ones_default_config_sets() -> None:
+    """Every product build field takes more than one value over the serving shapes' default configs (CPU):
+    the product source keeps only the choices :func:`default_config` makes."""
+    from sglang_replayssm.kernels import read_copy_cuda as rcc
+
+    cfgs = [rcc.default_config(B, 32, 16, kda, fmt) for B in (1, 64, 128, 256, 512) for kda in (False, True)
+            for fmt in ("bf16", "fp8")]
+    always_same = {f.name for f in rcc.BUILD_FIELDS if len({getattr(c, f.name) for c in cfgs}) == 1}
+    assert always_same <= {"depth", "fp8_recip"}  # set by default_config, one value each today
 
 
 def test_build_derives_macros_name_and_refusals_from_the_field_list(monkeypatch: pytest.MonkeyPatch,
@@ -103,13 +140,33 @@ def test_build_derives_macros_name_and_refusals_from_the_field_list(monkeypatch:
     name, flags = seen[-1]
     assert name.startswith("read_copy_90a_d2_m5_pf_rcp_st4_rw1_ftl1_rr_")
     assert [f for f in flags if f.startswith("-D")] == [
-        "-DRC_DEPTH=2", "-DRC_MIN_BLOCKS=5", "-DRC_TC_FLUSH=0", "-DRC_FLUSH_PREFETCH=1", "-DRC_FP8_RECIP=1",
-        "-DRC_STAGES=4", "-DRC_DTILE=0", "-DRC_FLUSH_ROWS=0", "-DRC_FLUSH_PIPE=0", "-DRC_FLUSH_MIN_BLOCKS=0",
-        "-DRC_READ_WARPS=1", "-DRC_FLUSH_PAIR=0", "-DRC_TC_READ=0", "-DRC_FLUSH_TILE=1", "-DRC_READ_ROWS=1"]
+        "-DRC_DEPTH=2", "-DRC_MIN_BLOCKS=5", "-DRC_FLUSH_PREFETCH=1", "-DRC_FP8_RECIP=1", "-DRC_STAGES=4",
+        "-DRC_READ_WARPS=1", "-DRC_FLUSH_TILE=1", "-DRC_READ_ROWS=1"]
     rcc.build("90a", out_dir=tmp_path)
     assert re.fullmatch(r"read_copy_90a_d3_m3_[0-9a-f]{16}\.so", seen[-1][0])  # defaults: no other tag
     with pytest.raises(TypeError, match="unknown build options"):
         rcc.build("90a", out_dir=tmp_path, flush_parts=2)  # a launch argument, not a build option
+
+
+def test_lab_config_loads_a_build_of_the_lab_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A :class:`LabReadCopyConfig` launch loads a build of the lab source with its research macros; a product
+    config one of the product source; a lab config at the product's options is a build of its own (CPU)."""
+    from lab.kernels.read_copy_lab import LAB_SOURCE, LabReadCopyConfig, as_lab
+    from sglang_replayssm.kernels import read_copy_cuda as rcc
+
+    seen: list[tuple[Any, list[str]]] = []
+    monkeypatch.setattr(rcc, "_arch", lambda: "90a")
+    monkeypatch.setattr(rcc, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(rcc, "nvcc_shared", lambda src, so, arch, flags: seen.append((src, flags)) or so)
+    monkeypatch.setattr(rcc.ctypes, "CDLL", lambda path: SimpleNamespace(read_copy_launch=SimpleNamespace()))
+    monkeypatch.setattr(rcc, "_LIBS", {})
+    d = rcc.default_config(512, 32, 16, False)
+    rcc._lib(LabReadCopyConfig(flush_pair=True))
+    rcc._lib(d)
+    rcc._lib(as_lab(d))
+    assert [src for src, _ in seen] == [LAB_SOURCE, rcc.ReadCopyCudaConfig.SOURCE, LAB_SOURCE]
+    assert "-DRC_FLUSH_PAIR=1" in seen[0][1] and not any("FLUSH_PAIR" in f for f in seen[1][1])
+    assert len(rcc._LIBS) == 3
 
 
 def test_cpu_tensors_refused_with_the_reason() -> None:
@@ -147,14 +204,16 @@ def test_cuda_matches_reference_and_oracle(fmt: str, is_kda: bool, parts: int, o
     shared memory (0: in registers); ``rows``: the flush pass in the row layout, that many blocks
     per SM (0: the warp layout; -1: the pipelined row layout); ``parts`` 0: no config (:func:`default_config`; with ``rows`` set:
     the default config with that flush layout)."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, default_config
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
+    from lab.kernels.read_copy_lab import as_lab
+    from sglang_replayssm.kernels.read_copy_cuda import default_config
 
     cfg = ReadCopyCudaConfig(flush_parts=None if rows else parts, overlap=overlap, tc_flush=tc,
                              flush_prefetch=prefetch, fp8_recip=recip, stages=stages, flush_rows=max(rows, 0),
                              flush_pipe=rows < 0) if parts else None
     if not parts and rows:
         d = default_config(20, 4, L, is_kda, fmt)  # the helper's 20 rows, HV = 4
-        cfg = dataclasses.replace(d, flush_parts=None, flush_rows=rows)
+        cfg = as_lab(d, flush_parts=None, flush_rows=rows)
     _assert_matches_reference(fmt, is_kda, cfg)
 
 
@@ -201,7 +260,7 @@ def test_cuda_launch_shapes_match_reference(fmt: str, is_kda: bool, fmin: int, w
     together (``flush_pair``; parts 8 leaves one 16-row block per warp), the non-flush pass in one-,
     two- and four-warp blocks (``read_warps``), staged and register path, against the reference and
     the oracle."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
 
     cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=parts, flush_prefetch=not pair, fp8_recip=True,
                              stages=stages, flush_min_blocks=fmin, read_warps=warps, flush_pair=pair)
@@ -220,7 +279,7 @@ def test_cuda_staged_read_layouts_match_reference(fmt: str, is_kda: bool, warps:
     and four-warp blocks (each warp its own scratch / read-out vectors), and with decays under ~0.006
     per step (``strong``: read-out vectors down to ~1e-30, which tc_read's f16 operands for the fp8
     copy hold only through the power-of-two prescale)."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
 
     cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=1, flush_prefetch=True, fp8_recip=True, stages=4,
                              read_warps=warps, flush_per_sm=4, tc_read=read == "tc_read",
@@ -236,7 +295,8 @@ def test_cuda_flush_warps_taking_several_items_match_reference(is_kda: bool, lau
     """``flush_per_sm`` 1: one flush warp per SM; 320 rows at 8 parts give ~640 flush items per step
     (more than any H100 / H200 has SMs), so every flush warp replays several items in turn; and
     :func:`default_config`'s launch above 256 flush pairs (4 flush warps per SM, one part) on these rows."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, default_config
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
+    from sglang_replayssm.kernels.read_copy_cuda import default_config
 
     pair = launch == "pair"
     cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=8, flush_prefetch=not pair, fp8_recip=True,
@@ -261,9 +321,11 @@ def test_cuda_tile_flush_matches_reference(fmt: str, is_kda: bool, tile: int, la
     (``strong``: the tables' renormalisation steps); and with 320 rows at 8 parts (one block per part:
     tile 2's single-block path) on one flush warp per SM (``items``: each warp rebuilds its tables
     for several items in turn; the non-flush pass with ``read_rows`` beside it)."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, default_config
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
+    from lab.kernels.read_copy_lab import as_lab
+    from sglang_replayssm.kernels.read_copy_cuda import default_config
 
-    cfg = dataclasses.replace(default_config(512, 32, L, is_kda, fmt), flush_tile=tile, flush_prefetch=tile == 1,
+    cfg = as_lab(default_config(512, 32, L, is_kda, fmt), flush_tile=tile, flush_prefetch=tile == 1,
                               read_rows=launch == "items")
     if launch == "parts":
         cfg = ReadCopyCudaConfig(depth=2, min_blocks=4, flush_parts=2, fp8_recip=True, flush_tile=tile)
@@ -284,7 +346,9 @@ def test_builds_in_one_process_keep_their_own_launch_state() -> None:
     inp.a = inp.a.to(torch.bfloat16).float()
     bf = torch.bfloat16
     ref = run_copy(inp, "bf16", L, decode=_bf16_io(read_copy_decode_torch), d_dtype=bf)  # type: ignore[arg-type]
-    for cfg in (rcc.ReadCopyCudaConfig(stages=0), rcc.ReadCopyCudaConfig(stages=6, flush_pipe=True),
+    from lab.kernels.read_copy_lab import LabReadCopyConfig  # flush_pipe: the lab build
+
+    for cfg in (rcc.ReadCopyCudaConfig(stages=0), LabReadCopyConfig(stages=6, flush_pipe=True),
                 rcc.ReadCopyCudaConfig(stages=3)):
         got = run_copy(inp, "bf16", L, decode=_bf16_io(rcc.read_copy_decode_cuda, config=cfg), d_dtype=bf)  # type: ignore[arg-type]
         assert len(got.flushed) == len(ref.flushed) >= 6
@@ -301,7 +365,8 @@ def test_cuda_flush_renormalises_strong_decays(is_kda: bool, rows: int) -> None:
     falls under 2**-40 within a window, so the flush pass renormalises (the warp layout all columns
     at once, the row layout each column by itself); flushed checkpoints == the reference and fp64.
     ``rows`` 3: the warp layout with two blocks replayed together (``flush_pair``)."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
+    from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
     inp = make_inputs(2 * L + 3, 12, H, HV, 128, 128, is_kda, seed=11)
@@ -343,7 +408,8 @@ def test_cuda_fp32_io_matches_reference(is_kda: bool, stages: int, tc_read: bool
     the read-out vectors) stay within the fp32 reference's reassociation distance; ``tile``: the flush
     pass in the tile layout (fp32 outputs of its flush rows); ``rows``: four lanes per copy row
     (``read_rows``: the io's fp32 d~ pieces beside the fp32-read vectors)."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig, read_copy_decode_cuda
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig  # the lab build
+    from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
 
     H, HV = (4, 4) if is_kda else (2, 4)
     inp = make_inputs(2 * L + 3, 12, H, HV, 128, 128, is_kda, seed=7)

@@ -1,4 +1,4 @@
-"""The index math of the read copy's tensor-core flush (``csrc/read_copy.cu`` ``flush_item_tc``),
+"""The index math of the read copy's tensor-core flush (``lab/kernels/csrc/read_copy.cu`` ``flush_item_tc``),
 emulated lane by lane with PTX's mma fragment layouts (``testing/read_copy_tc_emulator.py``), equals
 the sequential exact replay, for every record count a window allows, rings past the cursor garbage."""
 

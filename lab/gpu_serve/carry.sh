@@ -57,14 +57,10 @@ seen = set()
 for B in (1, 64, 128, 256, 512):
     for kda in (False, True):
         c = rc.default_config(B, 32, 16, kda, "bf16")
-        key = (c.depth, c.min_blocks, c.flush_prefetch, c.fp8_recip, c.stages, c.read_warps, c.flush_tile, c.read_rows)
+        key = tuple(rc.build_options(c).items())
         if key in seen:
             continue
         seen.add(key)
-        print(rc.build("90a", c.depth, c.min_blocks, out, tc_flush=c.tc_flush, flush_prefetch=c.flush_prefetch,
-                       fp8_recip=c.fp8_recip, stages=c.stages, d_tile=c.d_tile, flush_rows=c.flush_rows,
-                       flush_pipe=c.flush_pipe, flush_min_blocks=c.flush_min_blocks, read_warps=c.read_warps,
-                       flush_pair=c.flush_pair, tc_read=c.tc_read, flush_tile=c.flush_tile,
-                       read_rows=c.read_rows).name)
+        print(rc.build("90a", out_dir=out, **rc.build_options(c)).name)
 PYEOF
 du -sh $C $C/* | sort -h

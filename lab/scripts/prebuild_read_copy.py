@@ -12,12 +12,12 @@ listed below: keep them in step), and of the named sweeps of :mod:`tests.support
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the product, tests.support, lab
+from lab.kernels.read_copy_lab import LabReadCopyConfig, as_lab  # noqa: E402
 from sglang_replayssm.kernels.read_copy_cuda import (  # noqa: E402
     ReadCopyCudaConfig,
     build,
@@ -26,17 +26,19 @@ from sglang_replayssm.kernels.read_copy_cuda import (  # noqa: E402
 )
 from tests.support.read_copy_bench import SWEEPS, sweep_config  # noqa: E402
 
-Key = tuple[tuple[str, int | bool], ...]
+Key = tuple[str, tuple[tuple[str, int | bool], ...]]
+#: the config classes by name: the product's builds, and the lab's (research options, the lab source)
+KINDS: dict[str, type[ReadCopyCudaConfig]] = {k.__name__: k for k in (ReadCopyCudaConfig, LabReadCopyConfig)}
 
 
 def build_key(c: ReadCopyCudaConfig) -> Key:
-    """What selects a build (the launch-only fields left out): its build options, in field order."""
-    return tuple(build_options(c).items())
+    """What selects a build (the launch-only fields left out): its config class and build options, in field order."""
+    return type(c).__name__, tuple(build_options(c).items())
 
 
 def test_configs() -> list[ReadCopyCudaConfig]:
-    """The GPU tests' launches (their build fields)."""
-    C = ReadCopyCudaConfig
+    """The GPU tests' launches (their build fields; the research options': lab builds)."""
+    C = LabReadCopyConfig
     out = [C(tc_flush=bool(tc), flush_prefetch=bool(pf), fp8_recip=bool(rc), stages=st, flush_rows=max(rows, 0),
              flush_pipe=rows < 0)
            for tc, pf, rc, st, rows in ((0, 0, 0, 0, 0), (1, 0, 0, 0, 0), (0, 1, 0, 0, 0), (1, 1, 0, 0, 0),
@@ -58,7 +60,7 @@ def test_configs() -> list[ReadCopyCudaConfig]:
             d = default_config(512, 32, 16, kda, fmt)
             for t in (1, 2):
                 out.append(C(depth=2, min_blocks=4, fp8_recip=True, flush_tile=t))
-                out += [dataclasses.replace(d, flush_tile=t, flush_prefetch=t == 1, read_rows=rr) for rr in (False, True)]
+                out += [as_lab(d, flush_tile=t, flush_prefetch=t == 1, read_rows=rr) for rr in (False, True)]
     out.append(C(stages=4, read_rows=True))  # fp32 io
     for rw in (1, 4):  # read_rows, one- and four-warp blocks
         out.append(C(depth=2, min_blocks=4, flush_prefetch=True, fp8_recip=True, stages=4, read_warps=rw, read_rows=True))
@@ -77,14 +79,14 @@ def main() -> None:
         for kda in (False, True):
             for fmt in ("bf16", "fp8"):
                 d = default_config(B, 32 if B > 20 else 4, 16, kda, fmt)
-                cfgs += [d] + [dataclasses.replace(d, flush_parts=None, flush_rows=r, flush_tile=0) for r in (1, 2)]
+                cfgs += [d] + [as_lab(d, flush_parts=None, flush_rows=r, flush_tile=0) for r in (1, 2)]
     for name in args.sweep:
         cfgs += [sweep_config(t, parts=1) for t in SWEEPS[name]]
     keys = sorted({build_key(c) for c in cfgs})
     print(f"{len(keys)} builds into {args.out}", flush=True)
 
     def one(k: Key) -> None:
-        print(build(args.arch, out_dir=args.out, **dict(k)).name, flush=True)  # type: ignore[arg-type]
+        print(build(args.arch, out_dir=args.out, kind=KINDS[k[0]], **dict(k[1])).name, flush=True)  # type: ignore[arg-type]
 
     with ThreadPoolExecutor(args.jobs) as ex:
         list(ex.map(one, keys))

@@ -12,7 +12,6 @@ the row-layout flush pass at N blocks per SM (-1: pipelined). Needs CUDA.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the product, tests.support, lab
+from lab.kernels.read_copy_lab import as_lab  # noqa: E402
 from sglang_replayssm.kernels.read_copy_cuda import default_config, read_copy_decode_cuda  # noqa: E402
 from tests.support.kernel_bench import L_RING  # noqa: E402
 from tests.support.read_copy_bench import StaggeredProblem  # noqa: E402
@@ -37,8 +37,8 @@ def main() -> None:
     pb = StaggeredProblem(a.model, a.batch)
     step = read_copy_decode_cuda
     if a.flush_rows:
-        cfg = default_config(a.batch, pb.HV, L_RING, pb.is_kda, a.fmt)
-        cfg = dataclasses.replace(cfg, flush_parts=None, flush_rows=max(a.flush_rows, 0), flush_pipe=a.flush_rows < 0)
+        cfg = as_lab(default_config(a.batch, pb.HV, L_RING, pb.is_kda, a.fmt), flush_parts=None,
+                     flush_rows=max(a.flush_rows, 0), flush_pipe=a.flush_rows < 0)
         step = functools.partial(read_copy_decode_cuda, config=cfg)
     for t in range(a.steps):
         if a.cursor < 0:

@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -35,7 +35,7 @@ __all__ = [
 _DIR = Path(__file__).parent / "csrc"
 _SRC = _DIR / "read_copy.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[object, ...], ctypes.CDLL] = {}  # build fields -> the loaded build
+_LIBS: dict[tuple[object, ...], ctypes.CDLL] = {}  # (arch, config class, build fields) -> the loaded build
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 #: (depth, min_blocks): chunks prefetched ahead by the non-flush pass, its register budget
 DEFAULT_READ_COPY_BUILD = (3, 3)
@@ -60,43 +60,30 @@ def _build(macro: str, tag: str, default: int | bool, always: bool = False) -> A
 class ReadCopyCudaConfig:
     """Launch choice: ``depth`` / ``min_blocks`` pick the build (:func:`build`); ``flush_parts``:
     warps per flush (row, value head), each replaying ``V / flush_parts`` rows (None:
-    :func:`default_flush_parts`); ``flush_waves``:
-    the flush grid in resident sets of one-warp blocks; ``overlap``: the flush pass on a side
-    stream (``high_priority``: a high-priority one, so that its long items start first), else the
-    flush pass before the non-flush pass on the current stream; ``tc_flush``: GDN's flush pass in
-    the Gram form on tensor cores (3xTF32, ``flush_item_tc``; a build of its own; KDA keeps the
-    sequential replay); ``flush_prefetch``: the flush pass requests the next 16-row block's
-    state rows into registers while the current block computes; ``fp8_recip``: the fp8 copy is
-    written as ``x * (448 / amax)`` instead of IEEE ``x / (amax / 448)``; ``stages``: the non-flush
-    pass stages its chunks (copy rows, ``d~`` tile, fp8 scales) in a cp.async ring of that many
-    chunks per warp in shared memory, 0: ``depth`` chunks in registers; ``d_tile`` (with ``stages``
-    0): the live ``d~`` records copied to shared memory once per (row, head) instead of loaded with
-    every chunk; ``flush_rows`` N >= 1: the flush pass in the row layout (one block of 256 threads
-    per flush (row, head), two threads replaying each state row against per-column key tables in
-    shared memory; N blocks per SM as its register budget; ``flush_parts`` must then be 1 or None), 0:
-    the warp layout (16 rows per warp, lanes owning columns); ``flush_pipe``: the row layout
-    pipelined, one 384-thread block per SM whose 4 setup warps prepare the next item (tables, state
-    rows by cp.async into shared memory) while 8 replay warps run the current one (each a build of
-    its own); ``flush_min_blocks`` N >= 1: the warp-layout flush pass compiled for N resident
-    one-warp blocks per SM (a register cap leaving the non-flush pass more of the register file while
-    both run), 0: uncapped; ``read_warps``: warps per block of the non-flush pass (1, 2 or 4, same
-    register budget); ``flush_pair``: the warp-layout flush pass replays two 16-row blocks together
-    (two independent chains per step, half the serial steps per item; excludes ``flush_prefetch``);
-    ``flush_per_sm`` N >= 1: the flush grid is N one-warp blocks per SM, each taking several items
-    (instead of ``flush_waves`` resident sets), so the non-flush pass keeps the rest of the register file;
-    ``tc_read`` (with ``stages``): the staged non-flush pass sums each chunk's rows against the read-out
-    vectors on tensor cores (mma.m16n8k16: bf16 copy x a 3-term bf16 split of the vectors, e4m3 copy
-    widened to f16 x a 2-term f16 split of the vectors scaled by a power of two; ~22-24 bits);
-    ``flush_tile`` 1: the warp-layout flush pass with lanes owning 4 rows x 16 columns of a 16-row block
-    (a row sum over 8 lanes, 7 shuffles a step instead of 32) against per-item key tables
-    (``kt = c o k``, ``kh = k / c``) built once per item instead of per block (excludes ``flush_pair``);
-    2: the same replaying two blocks together (excludes ``flush_prefetch``); ``read_rows`` (with
-    ``stages``, not with ``tc_read``): the staged non-flush pass gives each copy row of a chunk to
-    eight lanes (16 columns of two rows each, the read-out vectors for them in registers), so a row
-    sum is one shuffle round before the records' two instead of a reduce-scatter of 8 rows over 32.
+    :func:`default_flush_parts`); ``flush_waves``: the flush grid in resident sets of one-warp blocks;
+    ``overlap``: the flush pass on a side stream (``high_priority``: a high-priority one, so that its
+    long items start first), else the flush pass before the non-flush pass on the current stream;
+    ``flush_prefetch``: the flush pass requests the next 16-row block's state rows into registers
+    while the current block computes; ``fp8_recip``: the fp8 copy is written as ``x * (448 / amax)``
+    instead of IEEE ``x / (amax / 448)``; ``stages``: the non-flush pass stages its chunks (copy rows,
+    ``d~`` tile, fp8 scales) in a cp.async ring of that many chunks per warp in shared memory, 0:
+    ``depth`` chunks in registers; ``read_warps``: warps per block of the non-flush pass (1, 2 or 4,
+    same register budget); ``flush_per_sm`` N >= 1: the flush grid is N one-warp blocks per SM, each
+    taking several items (instead of ``flush_waves`` resident sets), so the non-flush pass keeps the
+    rest of the register file; ``flush_tile`` 1: the flush pass with lanes owning 4 rows x 16 columns
+    of a 16-row block (a row sum over 8 lanes, 7 shuffles a step instead of 32) against per-item key
+    tables (``kt = c o k``, ``kh = k / c``) built once per item instead of per block; ``read_rows``
+    (with ``stages``): the staged non-flush pass gives each copy row of a chunk to eight lanes (16
+    columns of two rows each, the read-out vectors for them in registers), so a row sum is one shuffle
+    round before the records' two instead of a reduce-scatter of 8 rows over 32.
 
-    The fields made with ``_build`` select the compiled build (:data:`BUILD_FIELDS`: its macros, .so
-    name and cache key); the others are launch arguments of one build."""
+    The fields made with ``_build`` select the compiled build (:meth:`build_fields`: its macros, .so
+    name and cache key); the others are launch arguments of one build. The product source compiles
+    the builds :func:`default_config` picks; the research builds (more build fields, their source
+    ``lab/kernels/csrc/read_copy.cu``) are a subclass in ``lab.kernels.read_copy_lab``."""
+
+    #: the CUDA source this config's builds compile (a subclass may name another with more options)
+    SOURCE: ClassVar[Path] = _SRC
 
     depth: int = _build("RC_DEPTH", "_d", DEFAULT_READ_COPY_BUILD[0], always=True)
     min_blocks: int = _build("RC_MIN_BLOCKS", "_m", DEFAULT_READ_COPY_BUILD[1], always=True)
@@ -104,33 +91,49 @@ class ReadCopyCudaConfig:
     flush_waves: int = 1
     overlap: bool = True
     high_priority: bool = True
-    tc_flush: bool = _build("RC_TC_FLUSH", "_tc", False)
     flush_prefetch: bool = _build("RC_FLUSH_PREFETCH", "_pf", False)
     fp8_recip: bool = _build("RC_FP8_RECIP", "_rcp", False)
     stages: int = _build("RC_STAGES", "_st", 0)
-    d_tile: bool = _build("RC_DTILE", "_dt", False)
-    flush_rows: int = _build("RC_FLUSH_ROWS", "_fr", 0)
-    flush_pipe: bool = _build("RC_FLUSH_PIPE", "_pipe", False)
-    flush_min_blocks: int = _build("RC_FLUSH_MIN_BLOCKS", "_fm", 0)
     read_warps: int = _build("RC_READ_WARPS", "_rw", 4)
-    flush_pair: bool = _build("RC_FLUSH_PAIR", "_fp2", False)
     flush_per_sm: int = 0
-    tc_read: bool = _build("RC_TC_READ", "_tcr", False)
     flush_tile: int = _build("RC_FLUSH_TILE", "_ftl", 0)
     read_rows: bool = _build("RC_READ_ROWS", "_rr", False)
+
+    @classmethod
+    def build_fields(cls) -> tuple[dataclasses.Field, ...]:
+        """The build-selecting fields of this config class, in declaration order."""
+        return tuple(f for f in dataclasses.fields(cls) if "build" in f.metadata)
+
+    @classmethod
+    def check_build(cls, opts: dict[str, Any]) -> None:
+        """The values and combinations :attr:`SOURCE` compiles (its static_asserts, checked before nvcc
+        runs): ``ValueError`` naming the first one refused."""
+        if not 1 <= opts["depth"] <= 6:
+            raise ValueError(f"depth must be 1..6 (got {opts['depth']})")
+        if opts["stages"] != 0 and not 2 <= opts["stages"] <= 8:
+            raise ValueError(f"stages must be 0 or 2..8 (got {opts['stages']})")
+        if opts["read_warps"] not in (1, 2, 4):
+            raise ValueError(f"read_warps must be 1, 2 or 4 (got {opts['read_warps']})")
+        if opts["read_rows"] and not opts["stages"]:
+            raise ValueError("read_rows reads staged chunks: it needs stages >= 2")
+        if opts["flush_tile"] not in (0, 1):
+            raise ValueError(f"flush_tile must be 0 or 1 (got {opts['flush_tile']})")
+
+    def row_layout_flush(self) -> bool:
+        """Whether the flush pass runs one item per block (a research layout; ``flush_parts`` then 1)."""
+        return False
 
 
 #: The build-selecting fields of :class:`ReadCopyCudaConfig`, in declaration order: the one list from
 #: which :func:`build` derives its options, defaults, nvcc macros, .so name and cache key, and the
 #: loaded-build table its key.
-BUILD_FIELDS: tuple[dataclasses.Field, ...] = tuple(
-    f for f in dataclasses.fields(ReadCopyCudaConfig) if "build" in f.metadata)
-_BUILD_DEFAULTS: dict[str, int | bool] = {f.name: f.default for f in BUILD_FIELDS}  # type: ignore[misc]
+BUILD_FIELDS: tuple[dataclasses.Field, ...] = ReadCopyCudaConfig.build_fields()
 
 
 def build_options(config: ReadCopyCudaConfig) -> dict[str, int | bool]:
-    """The build-selecting fields of ``config`` (name -> value, :data:`BUILD_FIELDS` order): ``build``'s options."""
-    return {f.name: getattr(config, f.name) for f in BUILD_FIELDS}
+    """The build-selecting fields of ``config`` (name -> value, its class's :meth:`~ReadCopyCudaConfig.build_fields`
+    order): ``build``'s options."""
+    return {f.name: getattr(config, f.name) for f in type(config).build_fields()}
 
 
 def default_flush_parts(B: int, HV: int, L: int) -> int:
@@ -167,21 +170,24 @@ def _arch() -> str:
 
 
 def build(arch: str | None = None, depth: int = DEFAULT_READ_COPY_BUILD[0],
-          min_blocks: int = DEFAULT_READ_COPY_BUILD[1], out_dir: Path | None = None, **options: int | bool) -> Path:
-    """Compile ``read_copy.cu`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path.
+          min_blocks: int = DEFAULT_READ_COPY_BUILD[1], out_dir: Path | None = None, *,
+          kind: type[ReadCopyCudaConfig] = ReadCopyCudaConfig, **options: int | bool) -> Path:
+    """Compile ``kind.SOURCE`` (which includes ``ring_read.cu``) for ``arch`` unless cached; the .so path.
 
-    ``options``: the other :data:`BUILD_FIELDS` by name (default: the field's default); an unknown name
-    is a ``TypeError``, an invalid value or combination a ``ValueError`` (both before nvcc is looked for)."""
-    unknown = sorted(set(options) - set(_BUILD_DEFAULTS))
+    ``options``: the other build fields of ``kind`` by name (default: the field's default); an unknown
+    name is a ``TypeError``, an invalid value or combination a ``ValueError`` (both before nvcc is looked for)."""
+    fields = kind.build_fields()
+    defaults: dict[str, Any] = {f.name: f.default for f in fields}
+    unknown = sorted(set(options) - set(defaults))
     if unknown:
-        raise TypeError(f"build() got unknown build options {unknown}; known: {sorted(_BUILD_DEFAULTS)}")
-    opts: dict[str, Any] = {**_BUILD_DEFAULTS, **options, "depth": depth, "min_blocks": min_blocks}
-    _check_build(**opts)
+        raise TypeError(f"build() got unknown build options {unknown}; known: {sorted(defaults)}")
+    opts: dict[str, Any] = {**defaults, **options, "depth": depth, "min_blocks": min_blocks}
+    kind.check_build(opts)
     arch = arch or _arch()
-    src = _SRC.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
+    src = kind.SOURCE.read_bytes() + (_DIR / "ring_read.cu").read_bytes()
     tags = ""
     macros = [f"-I{_DIR}"]
-    for f in BUILD_FIELDS:
+    for f in fields:
         opt: BuildOption = f.metadata["build"]
         value = opts[f.name]
         macros.append(f"-D{opt.macro}={int(value)}")
@@ -189,52 +195,20 @@ def build(arch: str | None = None, depth: int = DEFAULT_READ_COPY_BUILD[0],
             tags += opt.tag + ("" if isinstance(value, bool) else str(value))
     key = hashlib.sha256(src + f"{arch}{tags}".encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    so = out_dir / f"read_copy_{arch}{tags}_{key}.so"
+    so = out_dir / f"{kind.SOURCE.stem}_{arch}{tags}_{key}.so"
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
-    _LOG.info("sglang-replayssm: building read_copy.cu for sm_%s into %s (once)", arch, out_dir)
-    return nvcc_shared(_SRC, so, arch, macros)
-
-
-def _check_build(*, depth: int, flush_prefetch: bool, stages: int, flush_rows: int, flush_pipe: bool,
-                 flush_min_blocks: int, read_warps: int, flush_pair: bool, tc_read: bool, flush_tile: int,
-                 read_rows: bool, **_free: int | bool) -> None:
-    """The values and combinations ``read_copy.cu`` compiles (its static_asserts, checked before nvcc
-    runs); the options in ``_free`` take any value of their type."""
-    if not 1 <= depth <= 6:
-        raise ValueError(f"depth must be 1..6 (got {depth})")
-    if stages != 0 and not 2 <= stages <= 8:
-        raise ValueError(f"stages must be 0 or 2..8 (got {stages})")
-    if not 0 <= flush_rows <= 4:
-        raise ValueError(f"flush_rows must be 0..4 (got {flush_rows})")
-    if flush_rows and flush_pipe:
-        raise ValueError("flush_rows and flush_pipe are two flush layouts: pick one")
-    if not 0 <= flush_min_blocks <= 32:
-        raise ValueError(f"flush_min_blocks must be 0..32 (got {flush_min_blocks})")
-    if read_warps not in (1, 2, 4):
-        raise ValueError(f"read_warps must be 1, 2 or 4 (got {read_warps})")
-    if flush_pair and flush_prefetch:
-        raise ValueError("flush_pair takes the registers flush_prefetch needs: pick one")
-    if tc_read and not stages:
-        raise ValueError("tc_read reads staged chunks: it needs stages >= 2")
-    if read_rows and (not stages or tc_read):
-        raise ValueError("read_rows reads staged chunks: it needs stages >= 2 and not tc_read")
-    if flush_tile not in (0, 1, 2):
-        raise ValueError(f"flush_tile must be 0, 1 or 2 (got {flush_tile})")
-    if flush_tile and (flush_pair or flush_rows or flush_pipe):
-        raise ValueError("flush_tile is a warp-layout flush with its own paired replay (2): not with flush_pair, "
-                         "flush_rows or flush_pipe")
-    if flush_tile == 2 and flush_prefetch:
-        raise ValueError("flush_tile 2 takes the registers flush_prefetch needs: pick one")
+    _LOG.info("sglang-replayssm: building %s for sm_%s into %s (once)", kind.SOURCE.name, arch, out_dir)
+    return nvcc_shared(kind.SOURCE, so, arch, macros)
 
 
 def _lib(config: ReadCopyCudaConfig) -> ctypes.CDLL:
     """The loaded build of ``config`` (this device's architecture), built and loaded once."""
     options = build_options(config)
-    key = (_arch(), *options.values())
+    key = (_arch(), type(config), *options.values())
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(key[0], **options)))  # type: ignore[arg-type]
+        lib = ctypes.CDLL(str(build(_arch(), kind=type(config), **options)))  # type: ignore[arg-type]
         lib.read_copy_launch.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
@@ -297,7 +271,7 @@ def read_copy_decode_cuda(
                              read_copy_scales)
     if why is not None:
         raise CudaReadUnsupported(why)
-    rows = bool(cfg.flush_rows or cfg.flush_pipe)
+    rows = cfg.row_layout_flush()
     if rows and cfg.flush_parts not in (None, 1):
         raise ValueError(f"flush_parts applies to the warp-layout flush pass (got {cfg.flush_parts} with a row layout)")
     parts = 1 if rows else (

@@ -190,9 +190,10 @@ def _cuda_launch(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...], wp: torch
 
 
 def sweep_config(cfg: tuple[int, ...], parts: int | None) -> Any:
-    """A sweep tuple (:data:`CUDA_SWEEP`'s fields) as a :class:`sglang_replayssm.kernels.read_copy_cuda.ReadCopyCudaConfig`
-    with ``parts`` flush parts (the tuple's own, when not 0, are resolved by the caller)."""
-    from sglang_replayssm.kernels.read_copy_cuda import ReadCopyCudaConfig
+    """A sweep tuple (:data:`CUDA_SWEEP`'s fields) as a :class:`lab.kernels.read_copy_lab.LabReadCopyConfig` (the
+    research options need the lab source) with ``parts`` flush parts (the tuple's own, when not 0, are resolved by
+    the caller)."""
+    from lab.kernels.read_copy_lab import LabReadCopyConfig as ReadCopyCudaConfig
 
     rows = cfg[9] if len(cfg) > 9 else 0
     return ReadCopyCudaConfig(depth=cfg[0], min_blocks=cfg[1], flush_parts=None if rows else parts,
@@ -237,9 +238,10 @@ def pass_split(pb: StaggeredProblem, fmt: str, cfg: tuple[int, ...] = ()) -> dic
 
 def _staged_default(pb: StaggeredProblem, fmt: str) -> tuple[int, ...]:
     """:func:`default_config`'s launch as a sweep tuple (for its one-stream twin)."""
+    from lab.kernels.read_copy_lab import as_lab
     from sglang_replayssm.kernels.read_copy_cuda import default_config
 
-    c = default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt)
+    c = as_lab(default_config(pb.B, pb.HV, L_RING, pb.is_kda, fmt))
     return (c.depth, c.min_blocks, c.flush_parts or 0, 1 if c.high_priority else 0, int(c.tc_flush),
             int(c.flush_prefetch), int(c.fp8_recip), c.stages, int(c.d_tile), c.flush_rows or -int(c.flush_pipe),
             c.flush_min_blocks, c.read_warps, int(c.flush_pair), c.flush_per_sm, int(c.tc_read),

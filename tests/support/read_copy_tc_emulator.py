@@ -1,5 +1,5 @@
 """Lane-level emulator of the read copy's tensor-core flush (GDN), the index math of
-``csrc/read_copy.cu``'s ``flush_item_tc`` in numpy, for CPU tests.
+``lab/kernels/csrc/read_copy.cu``'s ``flush_item_tc`` in numpy, for CPU tests.
 
 The flush replays ``m`` records and this token exactly from the fp32 checkpoint. The sequential
 recurrence (``flush_item``) costs two FMAs per state element per record plus a reduction over K;
