@@ -5,6 +5,9 @@ one attribute (``_replayssm_state``) set in one place (:func:`state_of`); nothin
 on an SGLang object. Which fields an object uses depends on its kind:
 
 * a ``MambaPool``: ``read_copy`` (radix/read_copy/store.py);
+* a linear-attention decode kernel (``TritonGDNKernel`` / ``TritonKDAKernel``): ``mamba_pool``, the pool
+  its backend decodes into, linked when the backend is built (radix/read_copy/hooks.py); the decode step
+  reaches the pool's read copy through it;
 * a ``HybridReqToTokenPool``: ``record_pool``, ``records_off`` (radix/records/pool.py);
 * the KV allocator: ``record_pool`` (linked by radix/records/capture.py);
 * the mamba slot allocator: ``write_pos`` (radix/ring/alloc_reset.py), ``read_copy``;
@@ -33,6 +36,7 @@ class ReplaySSMState:
     """What the package keeps on one SGLang object (module docstring: which object uses which field)."""
 
     read_copy: Any = None
+    mamba_pool: Any = None
     record_pool: Any = None
     records_off: bool = False
     write_pos: Any = None

@@ -53,7 +53,8 @@ class CheckpointCopies(Protocol):
     ``copy_of`` the pool's copy (or None); ``exact_fold`` whether folds replay the raw records (else
     they fold the copy's deltas ``copy.d``); ``mark_stale`` the copies of rewritten slots;
     ``replay_into`` the exact fold; ``gathered`` the copy's records of ``idx`` only (a private copy to
-    replay into); ``layer_of`` the copy of one pool layer's ``ssm_states`` (or None); ``decode_step``
+    replay into); ``layer_of`` the copy of one pool layer's ``ssm_states``, reached through the decode
+    kernel SGLang called (or None); ``decode_step``
     one decode step through the copy.
     """
 
@@ -68,7 +69,7 @@ class CheckpointCopies(Protocol):
 
     def gathered(self, rc: Any, idx: torch.Tensor) -> Any: ...
 
-    def layer_of(self, ssm_states: torch.Tensor) -> Any: ...
+    def layer_of(self, kernel: Any, ssm_states: torch.Tensor) -> Any: ...
 
     def decode_step(self, decode: Callable[..., Any], layer: Any, *args: Any) -> None: ...
 
