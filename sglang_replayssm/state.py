@@ -5,11 +5,16 @@ one attribute (``_replayssm_state``) set in one place (:func:`state_of`); nothin
 on an SGLang object. Which fields an object uses depends on its kind:
 
 * a ``MambaPool``: ``read_copy`` (radix/read_copy/store.py);
+* a linear-attention decode kernel (``TritonGDNKernel`` / ``TritonKDAKernel``): ``mamba_pool``, the pool
+  its backend decodes into, linked when the backend is built (radix/read_copy/hooks.py); the decode step
+  reaches the pool's read copy through it;
 * a ``HybridReqToTokenPool``: ``record_pool``, ``records_off`` (radix/records/pool.py);
 * the KV allocator: ``record_pool`` (linked by radix/records/capture.py);
 * the mamba slot allocator: ``write_pos`` (radix/ring/alloc_reset.py), ``read_copy``;
 * a host KV pool: ``host_records``; a tree core: ``planted_nodes`` (radix/records/hicache/);
 * a ``ForwardBatch``: ``kept_chunk_states`` (radix/records/capture.py);
+* a GDN kernel dispatcher: ``extending``, ``(record pool, layer, forward batch)`` while a forward's own
+  ``forward_extend`` runs (radix/records/capture.py);
 * a ``Req``: ``lost_hit_tokens`` (radix/metrics.py), ``rebuilt_tokens`` (radix/records/match.py),
   ``host_hit`` (radix/records/hicache/host_hits.py);
 * a HiCache ``PrefetchOperation``: ``storage_records`` (radix/records/hicache/storage.py).
@@ -33,12 +38,14 @@ class ReplaySSMState:
     """What the package keeps on one SGLang object (module docstring: which object uses which field)."""
 
     read_copy: Any = None
+    mamba_pool: Any = None
     record_pool: Any = None
     records_off: bool = False
     write_pos: Any = None
     host_records: Any = None
     planted_nodes: dict[Any, Any] | None = None
     kept_chunk_states: Any = None
+    extending: tuple[Any, Any, Any] | None = None
     lost_hit_tokens: int | None = None
     rebuilt_tokens: tuple[int, int] | None = None
     host_hit: tuple[Any, ...] | None = None

@@ -188,6 +188,26 @@ def test_our_state_rides_on_sglang_objects_only_through_the_state_object():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def _pointer_uses(source: str) -> list[int]:
+    """Lines of ``source`` where an address (``.data_ptr()``) is used other than in an alignment test
+    (``x.data_ptr() % n``): a key, a stored value, a comparison."""
+    tree = ast.parse(source)
+    aligned = {id(node.left) for node in ast.walk(tree)
+               if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)}  # fmt: skip
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "data_ptr" and id(node) not in aligned]  # fmt: skip
+
+
+def test_the_adapter_finds_state_through_objects_not_addresses():
+    """No registry keyed by pointers: the adapter reaches a pool's state (a layer's read copy included)
+    through the objects SGLang hands it (the state object, ``state.py``), never by a tensor's address."""
+    offenders = {name: _pointer_uses(path.read_text()) for name, path in MODULES.items()
+                 if name.startswith("sglang_replayssm.radix")}  # fmt: skip
+    assert {k: v for k, v in offenders.items() if v} == {}
+    assert _pointer_uses("_LAYERS[t.data_ptr()] = 1\nok = t.data_ptr() % 16") == [1]
+
+
 def test_kernels_import_no_feature_code():
     """Kernels receive their choices as arguments or read them from ``settings`` (a leaf): no module of
     ``kernels`` imports the adapter, the CPU runtime, the plugin or the bench."""

@@ -237,14 +237,16 @@ def test_rebuild_from_interval_states_matches_the_fp64_recurrence(radix_adapter)
     _check(model, req_pool, layers, inputs, jobs, want)
 
 
-def test_kept_chunk_states_are_the_prefill_states(radix_adapter, monkeypatch):
+def test_kept_chunk_states_are_the_prefill_states(radix_adapter):
     """A prefill through the CPU extend kernel keeps its chunk states (``keep_chunk_states``) at the
     interval; a match's rebuild from them equals the fp64 recurrence of the path."""
     from sglang_replayssm.radix.records import capture as record_capture
     from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
     from sglang_replayssm.radix.records.match import _from_interval_state
+    from sglang_replayssm.state import state_of
 
     model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=3)
+    dispatcher = types.SimpleNamespace()  # the extend hook's dispatcher, carrying the step's context
     pool.states = IntervalStates(kv_size=512, capacity=8, interval=128, device=torch.device("cpu"))
     # Two prefills in one batch: tokens [0, 90) from the root, then [90, 300) after a 90-token prefix.
     prefix, lens = [0, 90], [90, 210]
@@ -268,9 +270,9 @@ def test_kept_chunk_states_are_the_prefill_states(radix_adapter, monkeypatch):
             q=q.reshape(1, 300, model.H, model.K), k=k.reshape(1, 300, model.H, model.K),
             v=v.reshape(1, 300, model.HV, model.V), g=g, beta=beta, ssm_states=cache.temporal,
             cache_indices=torch.cat(seqs).to(torch.int32), query_start_loc=torch.tensor([0, 90, 300]))
-        monkeypatch.setattr(record_capture, "_extending", (pool, layer, fb))
-        record_capture.keep_chunk_states(result, cache.temporal)
-    monkeypatch.setattr(record_capture, "_extending", None)
+        state_of(dispatcher).extending = (pool, layer, fb)
+        record_capture.keep_chunk_states(result, dispatcher, cache.temporal)
+    state_of(dispatcher).extending = None
     # Kept: depth 128 (first chunk start past 128 of the second prefill: 90 + 64 = 154), 282.
     assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
     jobs, want = [], []
@@ -377,3 +379,24 @@ def test_spec_decode_round_keeps_prompt_records(algorithm):
         with config.override(record_spec_decode=fix_on):
             assign_batch(batch, decode=True)  # out_cache_loc: still the prefill's (stale)
         assert prompt_rows_intact() == fix_on
+
+
+def test_a_forwards_extend_context_rides_on_its_dispatcher(monkeypatch):
+    """``extending`` hands the step's (pool, layer, batch) to the extend hook through the backend's kernel
+    dispatcher's state, only inside the forward's own extend; another dispatcher (or after exit) sees none."""
+    from sglang_replayssm.radix.records import capture as record_capture
+    from sglang_replayssm.state import peek
+
+    pool = types.SimpleNamespace(states=object())
+    monkeypatch.setattr(record_capture, "pool_of", lambda req_pool: pool)
+    monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: True)
+    dispatcher, other = types.SimpleNamespace(), types.SimpleNamespace()
+    backend = types.SimpleNamespace(req_to_token_pool=None, kernel_dispatcher=dispatcher)
+    layer, fb = object(), object()
+    with record_capture.extending(backend, layer, fb):
+        state = peek(dispatcher)
+        assert state is not None and state.extending == (pool, layer, fb) and peek(other) is None
+    assert state.extending is None
+    monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: False)
+    with record_capture.extending(backend, layer, fb):
+        assert state.extending is None

@@ -278,10 +278,40 @@ def test_kda_safe_gate_with_a_read_copy_is_refused(monkeypatch):
     from sglang_replayssm.radix.ring import kernel_binding as kernel_binding
 
     calls = []
-    monkeypatch.setattr(kernel_binding, "layer_of", lambda states: object())
+    monkeypatch.setattr(kernel_binding, "layer_of", lambda kernel, states: object())
     x = torch.zeros(2, 8)
     with pytest.raises(RuntimeError, match="does not cover the KDA safe gate"):
         kernel_binding.ring_packed_decode(lambda *a, **k: calls.append(1), None, x, x, x, is_kda=True,
                                           ssm_states=x, lower_bound=-5.0)  # fmt: skip
     kernel_binding.ring_packed_decode(lambda *a, **k: calls.append(1), None, x, x, x, is_kda=True, ssm_states=x)
     assert calls == [1]  # no safe gate, CPU tensors: SGLang's method
+
+
+def test_the_decode_kernel_reaches_its_pools_read_copy():
+    """The packed-decode hooks find a layer's copy through the kernel SGLang calls: the backend's build links
+    its decode kernel to its pool (``link_decode_kernel``), the pool's state holds the copy, the layer is the
+    ``ssm_states`` view's place in the pool's checkpoints; no link, another tensor: no copy."""
+    from types import SimpleNamespace
+
+    from sglang_replayssm.radix.read_copy.hooks import link_decode_kernel
+    from sglang_replayssm.radix.read_copy.store import layer_of
+
+    with config.override(True), config.override_read_copy("bf16"):
+        sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_len=4, head_dim=16))
+        rc = read_copy_of(sim.mamba_pool)
+        kernel = SimpleNamespace()
+        backend = SimpleNamespace(kernel_dispatcher=SimpleNamespace(decode_kernel=kernel),
+                                  req_to_token_pool=SimpleNamespace(mamba_pool=sim.mamba_pool))  # fmt: skip
+        assert rc is not None and layer_of(kernel, sim.mamba_pool.mamba_cache.temporal[0]) is None
+        link_decode_kernel(None, backend)
+    temporal = sim.mamba_pool.mamba_cache.temporal
+    for li in range(temporal.shape[0]):
+        layer = layer_of(kernel, temporal[li])
+        assert layer is not None and layer.copy.is_set_to(rc.copy[li]) and layer.stale.is_set_to(rc.stale[li])
+    assert layer_of(kernel, temporal[0].clone()) is None and layer_of(kernel, temporal[0, 1:]) is None
+    assert layer_of(SimpleNamespace(), temporal[0]) is None and layer_of(None, temporal[0]) is None
+    with config.override_read_copy("off"):
+        other = SimpleNamespace()
+        link_decode_kernel(None, SimpleNamespace(kernel_dispatcher=SimpleNamespace(decode_kernel=other),
+                                                 req_to_token_pool=backend.req_to_token_pool))  # fmt: skip
+    assert layer_of(other, temporal[0]) is None  # off: never linked

@@ -34,7 +34,7 @@ def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale,
     ring = [kwargs.get(n) for n in ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")]
     if all(t is not None for t in ring):
         d, k, g, wp = ring
-        copy = layer_of(ssm_states)
+        copy = layer_of(self, ssm_states)
         if copy is not None:
             decode_step(read_copy_decode_torch, copy, mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, k, g, out,
                         cache_indices, wp, kwargs.get("replayssm_force_flush"), is_kda=False)  # fmt: skip

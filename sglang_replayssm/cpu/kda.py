@@ -145,7 +145,7 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
         k_dim = ssm_states.shape[-1]
         a_, b_ = a.reshape(n, num_v_heads, k_dim).contiguous(), b.reshape(n, num_v_heads).contiguous()
         A_log_, dt_bias_ = A_log.reshape(-1), dt_bias.reshape(num_v_heads, k_dim).contiguous()
-        copy = layer_of(ssm_states)
+        copy = layer_of(self, ssm_states)
         if copy is not None:  # the read copy (radix/read_copy/store.py)
             decode_step(read_copy_decode_torch, copy, mixed_qkv, a_, b_, A_log_, dt_bias_, scale, ssm_states, kc, gc,
                         out, cache_indices, wp, kwargs.get("replayssm_force_flush"), is_kda=True)  # fmt: skip

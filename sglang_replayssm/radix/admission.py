@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from sglang_replayssm.radix import config
+from sglang_replayssm.strategies import STRATEGIES, Disaggregation
 
 __all__ = ["ReplaySSMArgsError", "add_check", "admit_linear_attn_args", "use_disaggregation"]
 
@@ -45,23 +45,16 @@ _EXTRA_BUFFER = ("extra_buffer", "extra_buffer_lazy")
 #: (sglang/srt/arg_groups/attention_hook.py:417).
 _GUARD_MODULE = "sglang.srt.arg_groups.attention_hook"
 
-#: Checks a feature room adds (name -> check raising :class:`ReplaySSMArgsError`), run first.
-_checks: dict[str, Callable[[Any], None]] = {}
-#: The pd room's admission of a disaggregation mode: ``(mode, error, guard module name)`` -> a context
-#: in which SGLang's own function runs (None until the pd room is installed).
-_Disaggregation = Callable[[str, Callable[[str], BaseException], str], AbstractContextManager[None]]
-_disaggregation: _Disaggregation | None = None
 
 
 def add_check(name: str, check: Callable[[Any], None]) -> None:
-    """Run ``check(server_args)`` before every admission (idempotent per name)."""
-    _checks[name] = check
+    """Run ``check(server_args)`` before every admission (idempotent per name; ``STRATEGIES.checks``)."""
+    STRATEGIES.checks[name] = check
 
 
-def use_disaggregation(admit: _Disaggregation) -> None:
-    """The pd room's admission of ``--disaggregation-mode`` (idempotent)."""
-    global _disaggregation
-    _disaggregation = admit
+def use_disaggregation(admit: Disaggregation) -> None:
+    """The pd room's admission of ``--disaggregation-mode`` (idempotent; ``STRATEGIES.disaggregation``)."""
+    STRATEGIES.disaggregation = admit
 
 
 class ReplaySSMArgsError(SystemExit):
@@ -122,7 +115,7 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
     untouched. With it on, the only SGLang check skipped is the extra_buffer refusal, and only
     when :func:`_check_extra_buffer` accepted the combination.
     """
-    for check in _checks.values():
+    for check in STRATEGIES.checks.values():
         check(server_args)
     if not config.enabled("admission") or not _value(server_args, "enable_linear_replayssm", False):
         return original(server_args)
@@ -140,9 +133,10 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
         )
     disaggregation = _value(server_args, "disaggregation_mode", "null")
     if disaggregation not in (None, "null"):  # PD: the decode server only (radix/pd/)
-        if _disaggregation is None:
+        admit = STRATEGIES.disaggregation
+        if admit is None:
             raise RuntimeError("sglang-replayssm: the pd room is not installed (radix.hooks.register)")
-        with _disaggregation(disaggregation, ReplaySSMArgsError, _GUARD_MODULE):
+        with admit(disaggregation, ReplaySSMArgsError, _GUARD_MODULE):
             return _admit_aggregated(original, server_args)
     return _admit_aggregated(original, server_args)
 

@@ -20,30 +20,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglang_replayssm.strategies import STRATEGIES
+
 __all__ = ["add_reservation", "add_slot_charge", "charge_decode_ring", "decode_ring_bytes_per_slot"]
 
 _FP32_BYTES = 4
 _CURSOR_BYTES = 4  # one int32 write_pos per slot
 
-#: Per-slot charges beside the decode ring: name -> ``f(configurator, cache_params, record_len) -> bytes``.
-_slot_charges: dict[str, Callable[[Any, Any, int], int]] = {}
-#: Reservations out of the KV budget: name -> ``f(configurator, rest_gib, *, spec_ring) -> GiB``.
-_reservations: dict[str, Callable[..., float]] = {}
-
 
 def add_slot_charge(name: str, charge: Callable[[Any, Any, int], int]) -> None:
-    """Add ``charge``'s bytes to every mamba slot's price beside the decode ring (idempotent per name)."""
-    _slot_charges[name] = charge
+    """Add ``charge``'s bytes to every mamba slot's price beside the decode ring (idempotent per name;
+    ``STRATEGIES.slot_charges``)."""
+    STRATEGIES.slot_charges[name] = charge
 
 
 def add_reservation(name: str, reserve: Callable[..., float]) -> None:
     """Reserve ``reserve(configurator, rest_gib, spec_ring=...)`` GiB out of the memory left for the KV
-    cache (idempotent per name)."""
-    _reservations[name] = reserve
+    cache (idempotent per name; ``STRATEGIES.reservations``)."""
+    STRATEGIES.reservations[name] = reserve
 
 
 def _reserved_gib(configurator: Any, rest_gib: float, *, spec_ring: bool) -> float:
-    return sum((reserve(configurator, rest_gib, spec_ring=spec_ring) for reserve in _reservations.values()), 0.0)
+    return sum((reserve(configurator, rest_gib, spec_ring=spec_ring) for reserve in STRATEGIES.reservations.values()), 0.0)
 
 
 def decode_ring_bytes_per_slot(cache_params: Any, record_len: int) -> int:
@@ -80,7 +78,7 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
     if mambaish is None or not mamba.enable_linear_replayssm:
         return original(configurator, total_rest_memory)
     ring = decode_ring_bytes_per_slot(mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len)
-    for charge in _slot_charges.values():
+    for charge in STRATEGIES.slot_charges.values():
         ring += charge(configurator, mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len)
     saved = configurator.extra_mamba_cache_bytes_per_req
     configurator.extra_mamba_cache_bytes_per_req = saved + ring

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sglang_replayssm.state import state_of, take
+from sglang_replayssm.strategies import STRATEGIES
 
 __all__ = [
     "LOG_KEY",
@@ -70,24 +71,10 @@ _filter_installed = False
 _CACHED_RE = re.compile(r"(#cached-token: \d+, )")
 
 
-def _no_rebuild(req: Any) -> tuple[int, int]:
-    return 0, 0
-
-
-def _no_record_pool(req_to_token_pool: Any) -> Any:
-    return None
-
-
-#: ``req -> (rebuilt tokens, folded records)`` of its admitted hit, and the record pool of a
-#: ``req_to_token_pool``: the records room's (:func:`use_records`), none until it is installed.
-_rebuild_of: Callable[[Any], tuple[int, int]] = _no_rebuild
-_record_pool_of: Callable[[Any], Any] = _no_record_pool
-
-
 def use_records(rebuild_of: Callable[[Any], tuple[int, int]], pool_of: Callable[[Any], Any]) -> None:
-    """Install the records room's rebuilt-hit counts and record-pool lookup (idempotent)."""
-    global _rebuild_of, _record_pool_of
-    _rebuild_of, _record_pool_of = rebuild_of, pool_of
+    """Install the records room's rebuilt-hit counts and record-pool lookup (idempotent;
+    ``STRATEGIES.rebuild_of`` / ``record_pool_of``)."""
+    STRATEGIES.rebuild_of, STRATEGIES.record_pool_of = rebuild_of, pool_of
 
 
 def lost_hit_tokens(result: Any) -> int:
@@ -115,7 +102,7 @@ def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
     n = tokens = hits = folded = 0
     for req in reqs:
         n += pop_lost_hit(req)
-        t, f = _rebuild_of(req)
+        t, f = STRATEGIES.rebuild_of(req)
         tokens, hits, folded = tokens + t, hits + (t > 0), folded + f
     setattr(stats, _STATS_ATTR, n)
     setattr(stats, _REBUILT_STATS_ATTR, (tokens, hits, folded))
@@ -172,7 +159,7 @@ def _prometheus_counter(name: str, labelnames: list[str], kind: str = "Counter")
 
 def _record_pool_values(reporter: Any) -> tuple[int, int] | None:
     """``(pool bytes, evictions since the last report)`` of the scheduler's record pool, if any."""
-    pool = _record_pool_of(getattr(getattr(reporter, "scheduler", None), "req_to_token_pool", None))
+    pool = STRATEGIES.record_pool_of(getattr(getattr(reporter, "scheduler", None), "req_to_token_pool", None))
     if pool is None:
         return None
     with _lock:

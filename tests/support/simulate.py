@@ -236,7 +236,7 @@ class Sim(SimInvariants):
 
         from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
         from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
-        from sglang_replayssm.radix.read_copy.store import decode_step, layer_of
+        from sglang_replayssm.radix.read_copy.store import decode_step, read_copy_of
 
         batch_reqs = list(self.running if reqs is None else reqs)
         if not batch_reqs:
@@ -293,11 +293,12 @@ class Sim(SimInvariants):
         md = backend.forward_metadata
         fed = torch.tensor([r.output_ids[-1] for r in reqs_], dtype=torch.long)
         cache = self.mamba_pool.mamba_cache
+        rc = read_copy_of(self.mamba_pool)
         m = self.model
         for li in range(self.cfg.mamba_layers):
             mixed_qkv, a, b = m.decode_inputs(li, fed)
             out = torch.empty(len(reqs_), 1, m.HV, m.V)
-            copy = layer_of(cache.temporal[li])
+            copy = None if rc is None else rc.layer_for(cache.temporal[li])
             if copy is not None:  # SGLANG_REPLAYSSM_READ_COPY: the CPU hook's read-copy step (radix/read_copy/store.py)
                 decode_step(read_copy_decode_torch, copy, mixed_qkv, a, b, m.A_log[li], m.dt_bias[li].contiguous(),
                             m.K**-0.5, cache.temporal[li], cache.replayssm_k[li], cache.replayssm_g[li], out,

@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,13 +57,11 @@ from sglang_replayssm.state import peek, state_of
 
 __all__ = [
     "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "copy_of", "decode_step", "exact_fold",
-    "gathered", "layer_of", "mark_stale", "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
+    "gathered", "layer_of", "link_kernel", "mark_stale", "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 _FP32 = 4
-#: ``ssm_states.data_ptr()`` of each layer view -> (weakref to the pool's temporal, pool, layer).
-_LAYERS: dict[int, tuple[weakref.ref[torch.Tensor], ReadCopyPool, int]] = {}
 
 
 def refusal(mode: str, *, ssm_dtype: Any, decode_ring: bool, spec_ring: bool, speculative: bool,
@@ -132,14 +129,28 @@ class ReadCopyLayer:
 class ReadCopyPool(ReadCopyLayer):
     """A pool's read copy and records (module docstring): :class:`ReadCopyLayer`'s fields with the layer
     dim first, format ``fmt`` (``"bf16"`` / ``"fp8"``); ``records_carved``: ``d`` and ``v`` are views of
-    SGLang's ``replayssm_d`` (not counted in :attr:`nbytes`)."""
+    SGLang's ``replayssm_d`` (not counted in :attr:`nbytes`); ``temporal``: the pool's fp32 checkpoints
+    ``[layers, slots, HV, V, K]`` it copies (how :meth:`layer_for` finds a layer)."""
 
     fmt: str = "bf16"
     records_carved: bool = False
+    temporal: torch.Tensor | None = None
 
     def layer(self, i: int) -> ReadCopyLayer:
         return ReadCopyLayer(self.copy[i], None if self.scales is None else self.scales[i], self.d[i], self.v[i],
                              self.beta[i], self.stale[i])  # fmt: skip
+
+    def layer_for(self, ssm_states: torch.Tensor) -> ReadCopyLayer | None:
+        """The copy of the pool layer ``ssm_states`` is (``temporal[i]``, the view SGLang's decode passes),
+        or None when it is no layer of this pool. O(1): the layer index is the view's offset in
+        ``temporal``'s storage over the layer stride, then checked to be exactly ``temporal[i]``."""
+        temporal = self.temporal
+        if temporal is None or ssm_states.dim() != temporal.dim() - 1 or temporal.stride(0) == 0:
+            return None
+        i, rest = divmod(int(ssm_states.storage_offset()) - int(temporal.storage_offset()), int(temporal.stride(0)))
+        if rest or not 0 <= i < temporal.shape[0] or not ssm_states.is_set_to(temporal[i]):
+            return None
+        return self.layer(i)
 
     @property
     def records_nbytes(self) -> int:
@@ -210,14 +221,12 @@ def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
         stale=torch.ones(layers, slots, dtype=torch.bool, device=dev),
         fmt=fmt,
         records_carved=carved is not None,
+        temporal=temporal,
     )
     state_of(mamba_pool).read_copy = rc
     from sglang_replayssm.radix.ring.pool import use_checkpoint_copies
 
     use_checkpoint_copies(sys.modules[__name__])  # this module is the ring's copies
-    ref = weakref.ref(temporal)
-    for i in range(layers):
-        _LAYERS[temporal[i].data_ptr()] = (ref, rc, i)
     where = "carved out of SGLang's replayssm_d" if rc.records_carved else "allocated"
     logger.info("sglang-replayssm read copy (%s): %d layers x %d slots, %.1f MiB beside the decode ring; "
                 "d~ / v records (%s) %.1f MiB %s", fmt, layers, slots, rc.nbytes / (1 << 20), io_dtype,
@@ -225,17 +234,20 @@ def attach(mamba_pool: Any, fmt: str, io_dtype: torch.dtype) -> ReadCopyPool:
     return rc
 
 
-def layer_of(ssm_states: torch.Tensor) -> ReadCopyLayer | None:
-    """The read copy of the pool layer ``ssm_states`` is (``temporal[layer]``), or None."""
-    entry = _LAYERS.get(ssm_states.data_ptr())
-    if entry is None:
-        return None
-    ref, rc, i = entry
-    temporal = ref()
-    if temporal is None or tuple(temporal.shape[1:]) != tuple(ssm_states.shape):
-        _LAYERS.pop(ssm_states.data_ptr(), None)
-        return None
-    return rc.layer(i)
+def layer_of(kernel: Any, ssm_states: torch.Tensor) -> ReadCopyLayer | None:
+    """The read copy of the pool layer ``ssm_states`` is, reached through the decode ``kernel`` SGLang
+    called: its state's ``mamba_pool`` (linked when the backend was built, :mod:`.hooks`), that pool's
+    read copy (:func:`read_copy_of`), its layer (:meth:`ReadCopyPool.layer_for`); None anywhere along the
+    way (no link, no read copy, not a layer of that pool): the ring decode without a copy."""
+    state = peek(kernel)
+    rc = None if state is None else read_copy_of(state.mamba_pool)
+    return None if rc is None else rc.layer_for(ssm_states)
+
+
+def link_kernel(kernel: Any, mamba_pool: Any) -> None:
+    """Link a decode ``kernel`` to the ``mamba_pool`` its backend decodes into (:func:`layer_of`)."""
+    if kernel is not None and mamba_pool is not None:
+        state_of(kernel).mamba_pool = mamba_pool
 
 
 def mark_stale(rc: ReadCopyPool | None, slots: Any) -> None:

@@ -196,33 +196,36 @@ def _token_rows(t: Any) -> torch.Tensor | None:
     return t.reshape(t.shape[0], -1)
 
 
-#: (pool, layer, forward_batch) while a forward's own ``forward_extend`` runs (the forward thread).
-_extending: tuple[RecordPool, Any, Any] | None = None
-
-
 class extending:  # noqa: N801 - a context manager named for what it marks
-    """Marks a GDN layer's ``forward_extend``: the dispatcher's extend inside it is the forward's own."""
+    """Marks a GDN layer's ``forward_extend``: the dispatcher's extend inside it is the forward's own.
+
+    While it runs, the backend's kernel dispatcher (what the extend hook receives) carries this step's
+    ``(record pool, layer, forward_batch)`` in its state's ``extending`` (:func:`keep_chunk_states`);
+    cleared on exit, never left for a later extend (a rebuild's)."""
 
     def __init__(self, backend: Any, layer: Any, forward_batch: Any) -> None:
         pool = pool_of(backend.req_to_token_pool)
         wanted = pool is not None and pool.states is not None and _wanted(backend, forward_batch)
         self.ctx = (pool, layer, forward_batch) if wanted and pool is not None else None
+        self.dispatcher = getattr(backend, "kernel_dispatcher", None)
 
     def __enter__(self) -> None:
-        global _extending
-        _extending = self.ctx
+        if self.ctx is not None and self.dispatcher is not None:
+            state_of(self.dispatcher).extending = self.ctx
+        else:
+            self.__exit__()
 
     def __exit__(self, *exc: object) -> None:
-        global _extending
-        _extending = None
+        state = peek(self.dispatcher)
+        if state is not None:
+            state.extending = None
 
 
-
-
-def keep_chunk_states(result: Any, ssm_states: Any) -> None:
-    """After the dispatcher's extend inside a forward: keep the chunk states of this layer's ``h``
-    (``result[2]``, ``[1, NT, *state]``) that the batch assigned state slots to."""
-    ctx = _extending
+def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any) -> None:
+    """After ``dispatcher``'s extend inside a forward (:class:`extending`): keep the chunk states of this
+    layer's ``h`` (``result[2]``, ``[1, NT, *state]``) that the batch assigned state slots to."""
+    dispatcher_state = peek(dispatcher)
+    ctx = None if dispatcher_state is None else dispatcher_state.extending
     if ctx is None or not isinstance(result, tuple) or len(result) < 3 or not isinstance(result[2], torch.Tensor):
         return
     pool, layer, forward_batch = ctx

@@ -70,7 +70,7 @@ def keep_interval_states(original: Callable[..., Any], dispatcher: Any, *args: A
     from sglang_replayssm.radix.records.capture import keep_chunk_states
 
     result = original(dispatcher, *args, **kwargs)
-    keep_chunk_states(result, kwargs.get("ssm_states"))
+    keep_chunk_states(result, dispatcher, kwargs.get("ssm_states"))
     return result
 
 

@@ -4,6 +4,7 @@
 KDA force flush of the decode metadata; ``kernel_binding`` the ring decode kernel in SGLang's
 packed-decode; ``alloc_reset`` empty rings on every slot handed out; ``snapshot`` exact track snapshot
 and slot copy; ``movers`` fold before extend, exact CPU backup; ``donation`` no_buffer finish donation;
-``hooks`` this room's hooks table. A feature that changes a ring behaviour installs a strategy here
-(``pool.use_checkpoint_copies``, ``kernel_binding.use_copy_decode``, ``donation.use_end_state``).
+``hooks`` this room's hooks table. A feature that changes a ring behaviour installs a strategy into
+``sglang_replayssm.strategies.STRATEGIES`` through this room's installers (``pool.use_checkpoint_copies``,
+``donation.use_end_state``).
 """

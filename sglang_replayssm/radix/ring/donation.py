@@ -17,17 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm.radix.ring.pool import ring_pool
+from sglang_replayssm.strategies import STRATEGIES
 
 __all__ = ["end_state_before_finish_donation", "materialize_before_finish_donation", "use_end_state"]
 
-#: The extra_buffer end-state donation (the records room's, radix/records/donation.py), None until installed.
-_end_state: Callable[[Any, Any, int, bool], None] | None = None
-
-
 def use_end_state(end_state: Callable[[Any, Any, int, bool], None]) -> None:
-    """Install the extra_buffer end-state donation run by :func:`end_state_before_finish_donation`."""
-    global _end_state
-    _end_state = end_state
+    """Install the extra_buffer end-state donation run by :func:`end_state_before_finish_donation` (the
+    records room's, radix/records/donation.py; ``STRATEGIES.end_state``)."""
+    STRATEGIES.end_state = end_state
 
 
 def materialize_before_finish_donation(component: Any, req: Any, is_finished: bool) -> None:
@@ -51,5 +48,6 @@ def materialize_before_finish_donation(component: Any, req: Any, is_finished: bo
 def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: int, is_finished: bool) -> None:
     """Before ``MambaComponent.prepare_for_caching_req`` (fix ``end_state``): the installed end-state
     donation (records room), or nothing."""
-    if _end_state is not None:
-        _end_state(component, req, token_ids_len, is_finished)
+    end_state = STRATEGIES.end_state
+    if end_state is not None:
+        end_state(component, req, token_ids_len, is_finished)

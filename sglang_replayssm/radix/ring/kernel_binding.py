@@ -33,17 +33,18 @@ def _ours_applies(mixed_qkv: Any, kwargs: dict[str, Any]) -> bool:
     return bool(mixed_qkv.is_cuda and _has_ring(kwargs) and kwargs.get("lower_bound") is None)
 
 
-def layer_of(ssm_states: Any) -> Any:
-    """The installed checkpoint copy of the pool layer ``ssm_states`` is, or None."""
+def layer_of(kernel: Any, ssm_states: Any) -> Any:
+    """The installed checkpoint copy of the pool layer ``ssm_states`` is, reached through the decode
+    ``kernel`` SGLang called (its pool, linked when its backend was built), or None."""
     copies = checkpoint_copies()
-    return None if copies is None else copies.layer_of(ssm_states)
+    return None if copies is None else copies.layer_of(kernel, ssm_states)
 
 
 def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any, a: Any, b: Any, *,
                        is_kda: bool, **kwargs: Any) -> Any:
     """Body of the AROUND hooks on TritonGDNKernel/TritonKDAKernel.packed_decode."""
     states = kwargs.get("ssm_states")
-    if kwargs.get("lower_bound") is not None and states is not None and layer_of(states) is not None:
+    if kwargs.get("lower_bound") is not None and states is not None and layer_of(kernel, states) is not None:
         raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_READ_COPY does not cover the KDA safe gate "
                            "(lower_bound): run it with SGLANG_REPLAYSSM_READ_COPY=off")
     if not _ours_applies(mixed_qkv, kwargs):
@@ -58,7 +59,7 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
         dt_bias = kwargs["dt_bias"].reshape(hv, k_dim).contiguous()
     else:
         dt_bias = kwargs["dt_bias"]
-    copy = layer_of(ssm_states)
+    copy = layer_of(kernel, ssm_states)
     if copy is not None:
         from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
 

@@ -15,19 +15,19 @@ without ReplaySSM and the unified pool are never viewed, so no radix module touc
 operation runs on the pool's device without host syncs unless it says otherwise.
 
 A feature that keeps its own copy of each checkpoint (the read copy, radix/read_copy/) installs its
-:class:`CheckpointCopies` here (:func:`use_checkpoint_copies`, when it attaches to a pool); the folds
+:class:`~sglang_replayssm.strategies.CheckpointCopies` (:func:`use_checkpoint_copies`, when it attaches to a pool); the folds
 and the ring decode binding consult it, and import no feature.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from sglang_replayssm.kernels.materialize import materialize
+from sglang_replayssm.strategies import STRATEGIES, CheckpointCopies
 
 __all__ = ["RingPool", "empty_rings", "ring_pool", "ring_pool_of"]
 
@@ -47,44 +47,15 @@ def empty_rings(write_pos: torch.Tensor | None, slots: torch.Tensor | None) -> N
     write_pos.index_fill_(0, flat.to(device=write_pos.device, dtype=torch.long).clamp(min=0), 0)
 
 
-class CheckpointCopies(Protocol):
-    """A feature's copy of each checkpoint (the read copy): what the ring's folds and decode need of it.
-
-    ``copy_of`` the pool's copy (or None); ``exact_fold`` whether folds replay the raw records (else
-    they fold the copy's deltas ``copy.d``); ``mark_stale`` the copies of rewritten slots;
-    ``replay_into`` the exact fold; ``gathered`` the copy's records of ``idx`` only (a private copy to
-    replay into); ``layer_of`` the copy of one pool layer's ``ssm_states`` (or None); ``decode_step``
-    one decode step through the copy.
-    """
-
-    def copy_of(self, mamba_pool: Any) -> Any: ...
-
-    def exact_fold(self) -> bool: ...
-
-    def mark_stale(self, rc: Any, slots: Any) -> None: ...
-
-    def replay_into(self, rc: Any, temporal: torch.Tensor, k: torch.Tensor, g: torch.Tensor, src: torch.Tensor,
-                    dst: torch.Tensor, counts: torch.Tensor, *, is_kda: bool, layers: slice | None = None) -> None: ...
-
-    def gathered(self, rc: Any, idx: torch.Tensor) -> Any: ...
-
-    def layer_of(self, ssm_states: torch.Tensor) -> Any: ...
-
-    def decode_step(self, decode: Callable[..., Any], layer: Any, *args: Any) -> None: ...
-
-
-_copies: CheckpointCopies | None = None
-
-
 def use_checkpoint_copies(copies: CheckpointCopies) -> None:
-    """Install the checkpoint copies the folds and the ring decode consult (idempotent)."""
-    global _copies
-    _copies = copies
+    """Install the checkpoint copies the folds and the ring decode consult (idempotent;
+    ``STRATEGIES.checkpoint_copies``)."""
+    STRATEGIES.checkpoint_copies = copies
 
 
 def checkpoint_copies() -> CheckpointCopies | None:
     """The installed checkpoint copies, or None."""
-    return _copies
+    return STRATEGIES.checkpoint_copies
 
 
 @dataclass(frozen=True)
@@ -113,7 +84,7 @@ class RingPool:
         read copy (radix/read_copy/store.py) keeps copy-based deltas in its own ``d`` ring, so its folds
         replay ``k, g, v, beta`` from the checkpoint (the ``read_copy_exact_fold`` fix; off: fold ``d~``).
         ``(None, False)`` while no :class:`CheckpointCopies` is installed."""
-        copies = _copies
+        copies = STRATEGIES.checkpoint_copies
         if copies is None:
             return None, False
         return copies.copy_of(self.pool), copies.exact_fold()
@@ -145,7 +116,7 @@ class RingPool:
         if layers is not None:
             temporal, d, k, g = temporal[layers], d[layers], k[layers], g[layers]
         rc, exact = self.read_copy
-        copies = _copies
+        copies = STRATEGIES.checkpoint_copies
         if rc is not None and copies is not None:  # the destinations' checkpoints are rewritten: copies stale
             copies.mark_stale(rc, dst)
             if exact:  # copy-based deltas in the ring: replay the raw records (radix/read_copy/store.py)
@@ -189,7 +160,7 @@ class RingPool:
         rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
         d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
         rc, exact = self.read_copy
-        copies = _copies
+        copies = STRATEGIES.checkpoint_copies
         if rc is not None and exact and copies is not None:  # exact replay of the raw records, into the copy only
             copies.replay_into(copies.gathered(rc, idx), temporal, k, g, rows, rows, counts, is_kda=self.is_kda)
         else:
