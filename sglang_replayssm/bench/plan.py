@@ -14,6 +14,10 @@ with the bytes of each. Every byte count comes from the code that allocates it: 
 cell size, a product of config fields) and the split rules are restated here, each beside its source.
 
 Invariant: every policy's ``state + record + kv`` bytes are at most the budget.
+
+Not modelled: speculative decoding (its intermediate states), the read copy's per-slot charge, HiCache's host
+pools, int8 checkpoints, page rounding, and what the running requests hold (the slots and KV of live
+requests are counted as cache).
 """
 
 from __future__ import annotations
