@@ -61,13 +61,13 @@ class Trace:
         return out
 
 
-def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int) -> Any:
+def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, kind: str = "gdn") -> Any:
     from tests.support.simulate import SimConfig
 
     records = policy["record_tokens"] // scale
     return SimConfig(
         # SGLang's 64-token checkpoint grid (FLA chunk) and 256-token decode track interval, scaled
-        kind="gdn", strategy="extra_buffer", track_interval=max(256 // scale, 1), chunk=max(64 // scale, 1),
+        kind=kind, strategy="extra_buffer", track_interval=max(256 // scale, 1), chunk=max(64 // scale, 1),
         head_dim=8, mamba_layers=2,
         mamba_slots=max(policy["state_slots"] // scale, 4), kv_size=max(policy["kv_tokens"] // scale, max_len + 64),
         max_reqs=4, max_context_len=max_len + 64, vocab=trace.vocab,
@@ -75,13 +75,15 @@ def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int) -
     )
 
 
-def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[list[int]]) -> dict[str, Any]:
+def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[list[int]],
+               disabled: tuple[str, ...] = (), kind: str = "gdn") -> dict[str, Any]:
     from sglang_replayssm.radix import config
     from tests.support.simulate import Sim
 
-    cfg = sim_config(policy, scale, trace, max(map(len, prompts)) + 1)
+    cfg = sim_config(policy, scale, trace, max(map(len, prompts)) + 1, kind)
     t0 = time.perf_counter()
-    with config.override(policy["policy"] != "sglang"):
+    plugin = policy["policy"] != "sglang"
+    with config.override(plugin, **({name: False for name in disabled} if plugin else {})):
         sim = Sim(cfg)
         matched = total = 0
         for i, prompt in enumerate(prompts):
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", type=int, default=Trace.docs)
     p.add_argument("--doc-len", type=int, default=Trace.doc_len)
     p.add_argument("--policies", default="sglang,records-off,records-default,records-4096,records-16384")
+    p.add_argument("--disable-fixes", default="", help="comma-separated fixes turned off in the plugin arms")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()
@@ -113,9 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len)
     prompts = trace.prompts()
     wanted = args.policies.split(",")
-    rows = [run_policy(pol, args.scale, trace, prompts) for pol in doc["policies"] if pol["policy"] in wanted]
+    disabled = tuple(x for x in args.disable_fixes.split(",") if x)
+    rows = [run_policy(pol, args.scale, trace, prompts, disabled, doc["model"]["family"])
+            for pol in doc["policies"] if pol["policy"] in wanted]
     working_set = len({tuple(x[: trace.system_len + trace.doc_len]) for x in prompts}) * trace.doc_len
-    print(f"{args.model} TP {args.tp}, {args.cache_gib:g} GiB/rank, counts / {args.scale}; trace {trace}; "
+    print(f"{args.model} TP {args.tp}, {args.cache_gib:g} GiB/rank, counts / {args.scale}; fixes off: "
+          f"{', '.join(disabled) or 'none'}; trace {trace}; "
           f"distinct documents x doc_len = {working_set:,} tokens")
     print(f"{'policy':<16} {'KV tok':>8} {'slots':>6} {'rec tok':>8} {'hit rate':>9} {'prefill tok':>12} {'s':>6}")
     for r in rows:
