@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -96,6 +97,7 @@ def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[l
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the KDA rebuild's Triton kernels on CPU, as the tests run them
     from sglang_replayssm.bench import plan as capacity
     from sglang_replayssm.radix import hooks
 
