@@ -9,6 +9,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-models": ("sglang_replayssm.models", "write the embedded tiny/small GDN and KDA models"),
     "bench": ("sglang_replayssm.bench.cli", "RAG shared-prefix benchmark against real SGLang servers"),
+    "plan": ("sglang_replayssm.bench.plan", "what each cache policy holds in an HBM budget, at real model sizes"),
     "info": ("sglang_replayssm.info", "print versions and what the plugin would enable here"),
     "settings": ("sglang_replayssm.settings", "print the switch table (README); --check: validate this environment"),
 }

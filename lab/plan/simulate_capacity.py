@@ -1,0 +1,139 @@
+"""Hit rate of each cache policy on a RAG-like trace, at the pool counts of the capacity model.
+
+The capacity model (``sglang-replayssm plan``, :mod:`sglang_replayssm.bench.plan`) says how many KV tokens,
+state slots and record tokens one rank holds under each policy for a real model and an HBM budget. This
+script builds SGLang's real ``UnifiedRadixCache`` + mamba pool (``tests/support/simulate.py``'s fixture:
+SGLang's own unit-test kit, on CPU) with tiny tensor shapes but those *counts*, divided by ``--scale``
+(every count, and the trace's token lengths are given in the same scaled units), replays a seeded RAG-like
+trace larger than the cache (a shared system prompt, documents drawn Zipf-like, a question per request,
+follow-up turns), and reports per policy the hit rate (matched prompt tokens / prompt tokens) and the
+prefill tokens computed.
+
+What it does not model: concurrency (one request at a time, each finishing at prefill: no decode, so no
+decode-time tracking and no running request holding slots); timing (TTFT, rebuild cost); speculative
+decoding; HiCache; the record pool's real eviction order beyond first-in-first-out; page size > 1. The
+``sglang`` arm runs with the adapter off, the others with it on (records where the policy has them).
+
+Run from the repository root: ``PYTHONPATH=$PWD python lab/plan/simulate_capacity.py --scale 16``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A seeded RAG-like trace (token ids < ``vocab``; lengths in scaled tokens)."""
+
+    requests: int = 400
+    docs: int = 60
+    doc_len: int = 128
+    system_len: int = 32
+    question_len: int = 8
+    follow_up: float = 0.3  # chance a request continues an earlier conversation
+    zipf: float = 1.1
+    vocab: int = 64
+    seed: int = 0
+
+    def prompts(self) -> list[list[int]]:
+        rng = random.Random(self.seed)
+
+        def seq(n: int) -> list[int]:
+            return [rng.randrange(self.vocab) for _ in range(n)]
+
+        system = seq(self.system_len)
+        docs = [seq(self.doc_len) for _ in range(self.docs)]
+        weights = [1 / (i + 1) ** self.zipf for i in range(self.docs)]
+        out: list[list[int]] = []
+        for _ in range(self.requests):
+            if out and rng.random() < self.follow_up:
+                out.append(rng.choice(out[-20:]) + seq(self.question_len))  # a later turn of a recent one
+            else:
+                out.append(system + rng.choices(docs, weights)[0] + seq(self.question_len))
+        return out
+
+
+def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, kind: str = "gdn") -> Any:
+    from tests.support.simulate import SimConfig
+
+    records = policy["record_tokens"] // scale
+    return SimConfig(
+        # SGLang's 64-token checkpoint grid (FLA chunk) and 256-token decode track interval, scaled
+        kind=kind, strategy="extra_buffer", track_interval=max(256 // scale, 1), chunk=max(64 // scale, 1),
+        head_dim=8, mamba_layers=2,
+        mamba_slots=max(policy["state_slots"] // scale, 4), kv_size=max(policy["kv_tokens"] // scale, max_len + 64),
+        max_reqs=4, max_context_len=max_len + 64, vocab=trace.vocab,
+        records=records > 0, record_tokens=max(records, 1),
+    )
+
+
+def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[list[int]],
+               disabled: tuple[str, ...] = (), kind: str = "gdn") -> dict[str, Any]:
+    from sglang_replayssm.radix import config
+    from tests.support.simulate import Sim
+
+    cfg = sim_config(policy, scale, trace, max(map(len, prompts)) + 1, kind)
+    t0 = time.perf_counter()
+    plugin = policy["policy"] != "sglang"
+    with config.override(plugin, **({name: False for name in disabled} if plugin else {})):
+        sim = Sim(cfg)
+        matched = total = 0
+        for i, prompt in enumerate(prompts):
+            sreq = sim.admit(prompt, [i % trace.vocab])
+            matched += sreq.matched
+            total += len(prompt)
+    return {"policy": policy["policy"], "kv_tokens": cfg.kv_size, "state_slots": cfg.mamba_slots,
+            "record_tokens": policy["record_tokens"] // scale, "hit_rate": matched / total,
+            "prefill_tokens": total - matched, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the KDA rebuild's Triton kernels on CPU, as the tests run them
+    from sglang_replayssm.bench import plan as capacity
+    from sglang_replayssm.radix import hooks
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen3-next-80b")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--cache-gib", type=float, default=40.0)
+    p.add_argument("--scale", type=int, default=16, help="divide every pool count and token length by this")
+    p.add_argument("--requests", type=int, default=Trace.requests)
+    p.add_argument("--docs", type=int, default=Trace.docs)
+    p.add_argument("--doc-len", type=int, default=Trace.doc_len)
+    p.add_argument("--policies", default="sglang,records-off,records-default,records-4096,records-16384")
+    p.add_argument("--disable-fixes", default="", help="comma-separated fixes turned off in the plugin arms")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    hooks.install()
+    doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB))
+    trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len)
+    prompts = trace.prompts()
+    wanted = args.policies.split(",")
+    disabled = tuple(x for x in args.disable_fixes.split(",") if x)
+    rows = [run_policy(pol, args.scale, trace, prompts, disabled, doc["model"]["family"])
+            for pol in doc["policies"] if pol["policy"] in wanted]
+    working_set = len({tuple(x[: trace.system_len + trace.doc_len]) for x in prompts}) * trace.doc_len
+    print(f"{args.model} TP {args.tp}, {args.cache_gib:g} GiB/rank, counts / {args.scale}; fixes off: "
+          f"{', '.join(disabled) or 'none'}; trace {trace}; "
+          f"distinct documents x doc_len = {working_set:,} tokens")
+    print(f"{'policy':<16} {'KV tok':>8} {'slots':>6} {'rec tok':>8} {'hit rate':>9} {'prefill tok':>12} {'s':>6}")
+    for r in rows:
+        print(f"{r['policy']:<16} {r['kv_tokens']:>8,} {r['state_slots']:>6} {r['record_tokens']:>8,} "
+              f"{r['hit_rate']:>9.1%} {r['prefill_tokens']:>12,} {r['seconds']:>6}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"plan": doc, "scale": args.scale, "trace": trace.__dict__, "rows": rows},
+                                        indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
