@@ -31,11 +31,13 @@ from typing import Any
 
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
 from sglang_replayssm.radix.records.budget import (
-    DEFAULT_RECORD_SHARE,
+    MIN_DEFAULT_CAPACITY,
+    default_capacity,
     interval_state_bytes,
     record_bytes,
     record_bytes_per_token,
 )
+from sglang_replayssm.radix.records.pool import DEFAULT_CAPACITY
 
 GIB = 1 << 30
 #: SGLang 0.5.23's ``--mamba-full-memory-ratio`` fallback (arg_groups/fields/schedule.py): the mamba pool
@@ -45,8 +47,8 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 DEFAULT_RING_LEN = 16
 #: The record pool's default capacity (``radix/records/pool.py``'s DEFAULT_CAPACITY) and its floor (one
 #: chunk: below it the default turns records off), as ``radix/records/budget.py`` applies them.
-DEFAULT_RECORD_TOKENS = 16384
-MIN_RECORD_TOKENS = 64
+DEFAULT_RECORD_TOKENS = DEFAULT_CAPACITY
+MIN_RECORD_TOKENS = MIN_DEFAULT_CAPACITY
 #: The plugin's default spacing of interval states (``SGLANG_REPLAYSSM_STATE_INTERVAL``).
 DEFAULT_STATE_INTERVAL = 256
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
@@ -233,8 +235,7 @@ def default_record_tokens(rest: int, per_token: int) -> int:
     ``radix/records/budget.py``): :data:`DEFAULT_RECORD_TOKENS`, or :data:`DEFAULT_RECORD_SHARE` of the
     rest if less, and none below :data:`MIN_RECORD_TOKENS`. ``per_token`` includes the interval states'
     share."""
-    capacity = min(DEFAULT_RECORD_TOKENS, int(DEFAULT_RECORD_SHARE * rest) // per_token - 1)
-    return capacity if capacity >= MIN_RECORD_TOKENS else 0
+    return default_capacity(DEFAULT_RECORD_TOKENS, rest, per_token)
 
 
 def split(s: Sizes, budget: int, policy: str, *, record_tokens: int | None = None,

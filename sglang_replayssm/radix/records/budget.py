@@ -14,7 +14,7 @@ from typing import Any
 
 from sglang_replayssm import settings
 
-__all__ = ["interval_state_bytes", "record_bytes", "record_bytes_per_token", "reservation_gib"]
+__all__ = ["default_capacity", "interval_state_bytes", "record_bytes", "record_bytes_per_token", "reservation_gib"]
 logger = logging.getLogger(__name__)
 
 
@@ -42,6 +42,16 @@ def record_bytes(cache_params: Any, itemsize: int, capacity: int, interval: int 
 
 #: The default record pool takes at most this share of the memory left for the KV cache.
 DEFAULT_RECORD_SHARE = 0.5
+#: Below one chunk of tokens the default pool is not worth keeping: records off.
+MIN_DEFAULT_CAPACITY = 64
+
+
+def default_capacity(capacity: int, rest_bytes: float, per_token: int) -> int:
+    """The default record capacity: ``capacity`` tokens, or :data:`DEFAULT_RECORD_SHARE` of the
+    ``rest_bytes`` left for the KV cache if less (``per_token`` includes the interval states' share),
+    and 0 below :data:`MIN_DEFAULT_CAPACITY`."""
+    capacity = min(capacity, int(DEFAULT_RECORD_SHARE * rest_bytes) // per_token - 1)
+    return capacity if capacity >= MIN_DEFAULT_CAPACITY else 0
 
 
 def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
@@ -72,8 +82,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     explicit = settings.RECORD_TOKENS.is_set()
     capacity = capacity_from_env()
     if not explicit:
-        capacity = min(capacity, int(DEFAULT_RECORD_SHARE * rest_gib * (1 << 30)) // per_token - 1)
-        capacity = capacity if capacity >= 64 else 0
+        capacity = default_capacity(capacity, rest_gib * (1 << 30), per_token)
     nbytes = record_bytes(params, itemsize, capacity, interval) if capacity > 0 else 0
     if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
         raise ValueError(
