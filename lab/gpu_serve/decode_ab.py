@@ -41,6 +41,17 @@ def mem_fraction_for(static_gib: float) -> float:
     return round(min(0.9, static_gib / (float(out) / 1024)), 3)
 
 
+#: Lines a server log must not hold (counted per arm): a stacked-hook warning, a read copy that does not
+#: reach its layer, a traceback.
+LOG_FLAGS = {"multiple_around": "Multiple AROUND", "read_copy_unlinked": "reaches no copy of its layer",
+             "traceback": "Traceback (most recent call last)"}
+
+
+def log_flags(log: Path) -> dict[str, int]:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return {key: text.count(needle) for key, needle in LOG_FLAGS.items()}
+
+
 def write(doc: dict[str, Any], steps: dict[str, list[float]], concurrency: int, dirs: list[Path]) -> str:
     """Summary of the rounds so far (arms paired over the rounds all of them finished), to every dir."""
     n = min((len(v) for v in steps.values()), default=0)
@@ -106,14 +117,22 @@ def main(argv: list[str] | None = None) -> int:
             port = pick_port()
             cmd = server_command(ARMS[name], args.model_path, port, device="cuda", tp=1, extra_args=extra)
             log = args.out / "logs" / f"server-ab-{name}.log"
-            srv = stack.enter_context(ServerProcess(cmd, server_env(ARMS[name], "cuda"), log,
-                                                    f"http://127.0.0.1:{port}", 300.0))
+            try:
+                srv = stack.enter_context(ServerProcess(cmd, server_env(ARMS[name], "cuda"), log,
+                                                        f"http://127.0.0.1:{port}", 300.0))
+            except Exception as exc:  # one arm that does not start does not cost the others
+                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                doc["servers"][name] = {"mem_fraction_static": frac, "error": str(exc), "log_tail": tail}
+                print(f"[ab] {name} did not start: {exc}\n" + "\n".join(tail), flush=True)
+                del steps[name]
+                continue
             servers[name] = (srv.base_url, log)
             doc["servers"][name] = {"mem_fraction_static": frac, "startup_s": srv.startup_s}
             print(f"[ab] {name} healthy after {srv.startup_s:.0f} s (mem fraction {frac})", flush=True)
             run_decode(srv.base_url, args.concurrency, args.prompt_len, 24, seed=5)  # first-use costs
+        arms = [a for a in arms if a in servers]
         for r in range(args.rounds):
-            if time.monotonic() > t_end:
+            if time.monotonic() > t_end or not arms:
                 break
             order = arms[r % len(arms):] + arms[:r % len(arms)]
             row: dict[str, Any] = {}
@@ -126,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             doc["rounds"].append(row)
             print(f"[ab] round {r}: " + ", ".join(f"{n} {row[n]['step_ms_p50']:.2f} ms" for n in order), flush=True)
             write(doc, steps, args.concurrency, dirs)
+        doc["log_flags"] = {name: log_flags(log) for name, (_, log) in servers.items()}
     print(write(doc, steps, args.concurrency, dirs), flush=True)
+    print("[ab] server log flags: " + json.dumps(doc.get("log_flags", {})), flush=True)
     return 0
 
 

@@ -16,12 +16,15 @@ launch with no host sync (:mod:`sglang_replayssm.kernels.read_copy_refresh`): th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm.kernels.ring_decode import ring_decode
 from sglang_replayssm.radix.ring.pool import checkpoint_copies
 
+logger = logging.getLogger(__name__)
+_unlinked_warned: set[int] = set()
 _RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
 
 
@@ -70,6 +73,11 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
                     kwargs["replayssm_g"], out, kwargs["cache_indices"], kwargs["replayssm_write_pos"],
                     kwargs.get("replayssm_force_flush"), is_kda)  # fmt: skip
         return out.transpose(0, 1)
+    if checkpoint_copies() is not None and id(kernel) not in _unlinked_warned:
+        _unlinked_warned.add(id(kernel))
+        logger.warning("sglang-replayssm: the read copy is on but a %s decode kernel reaches no copy of its "
+                       "layer (kernel not linked to its pool): the fp32 ring decodes it",
+                       "KDA" if is_kda else "GDN")
     ring_decode(
         mixed_qkv, a, b.reshape(rows, hv).contiguous(), kwargs["A_log"].reshape(-1), dt_bias,
         kwargs["scale"], ssm_states, kwargs["replayssm_d"], kwargs["replayssm_k"], kwargs["replayssm_g"],
