@@ -61,7 +61,7 @@ def _layer_kinds(cfg: dict[str, Any]) -> list[str]:
 
 
 def test_real_shape_models_are_built_only_when_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert M.REAL_SHAPE_NAMES == REAL
+    assert M.REAL_SHAPE_NAMES == (*REAL, "qnext-gdn-24")
     assert all(name in M.SPECS for name in REAL) and not set(REAL) & set(M.MODEL_NAMES)
     asked: list[list[str]] = []
 
@@ -73,6 +73,14 @@ def test_real_shape_models_are_built_only_when_named(tmp_path: Path, monkeypatch
     assert M.main(["--out", str(tmp_path)]) == 0
     assert M.main(["--out", str(tmp_path), "--names", "qnext-gdn", "kimi-kda"]) == 0
     assert asked == [list(M.MODEL_NAMES), ["qnext-gdn", "kimi-kda"]]
+
+
+def test_the_deep_gdn_model_is_qnext_gdn_at_24_layers() -> None:
+    deep, base = M.SPECS["qnext-gdn-24"], M.SPECS["qnext-gdn"]
+    assert deep.shape == {**base.shape, "num_hidden_layers": 24} and deep.spec_hash() != base.spec_hash()
+    assert dataclasses.replace(deep, name=base.name, shape=base.shape) == base
+    kinds = _layer_kinds(M.model_config(deep, 2048))
+    assert kinds.count("linear") == 18 and kinds.count("full") == 6
 
 
 def test_existing_spec_hashes_are_unchanged() -> None:

@@ -52,11 +52,16 @@ def log_flags(log: Path) -> dict[str, int]:
     return {key: text.count(needle) for key, needle in LOG_FLAGS.items()}
 
 
-def write(doc: dict[str, Any], steps: dict[str, list[float]], concurrency: int, dirs: list[Path]) -> str:
-    """Summary of the rounds so far (arms paired over the rounds all of them finished), to every dir."""
-    n = min((len(v) for v in steps.values()), default=0)
-    doc["summary"] = summarize({a: v[:n] for a, v in steps.items()}, concurrency)
-    text = table(doc["summary"], concurrency)
+def write(doc: dict[str, Any], groups: list[dict[str, list[float]]], concurrency: int, dirs: list[Path]) -> str:
+    """Summary of the rounds so far, one table per group (arms paired over the rounds all of them
+    finished, ratios to the group's first arm), to every dir."""
+    doc["summary"], texts = [], []
+    for steps in groups:
+        n = min((len(v) for v in steps.values()), default=0)
+        summary = summarize({a: v[:n] for a, v in steps.items()}, concurrency) if steps else {}
+        doc["summary"].append(summary)
+        texts.append(table(summary, concurrency) if summary else "")
+    text = "\n".join(texts)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
         (d / "decode_ab.json").write_text(json.dumps(doc, indent=1))
@@ -89,31 +94,29 @@ def table(summary: dict[str, Any], concurrency: int) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-path", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--arms", default="baseline,plugin,plugin-fp8,bf16-state")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--concurrency", type=int, default=256)
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=512)
-    p.add_argument("--static-gib", type=float, default=26.0)
-    p.add_argument("--budget-s", type=float, default=480.0)
-    p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
-    args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    t_end = time.monotonic() + args.budget_s
-    arms = parse_arms(args.arms)
-    steps: dict[str, list[float]] = {a: [] for a in arms}
-    # $OUT too (the device call's folder): a call cut at its time limit still brings the rounds back
-    dirs = [args.out, *([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])]
-    doc: dict[str, Any] = {"argv": argv, "servers": {}, "rounds": []}
+def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
+    """``"26"`` or ``"26,plugin-fp8=32"``: the default GiB and per-arm overrides."""
+    default, per_arm = 26.0, {}
+    for part in filter(None, spec.split(",")):
+        if "=" in part:
+            arm, gib = part.split("=", 1)
+            per_arm[arm.strip()] = float(gib)
+        else:
+            default = float(part)
+    return default, per_arm
+
+
+def run_group(args: argparse.Namespace, arms: list[str], steps: dict[str, list[float]], doc: dict[str, Any],
+              write_all: Any, t_end: float) -> None:
+    """Start ``arms``' servers (one after another, each with its static GiB), then rounds of one burst per
+    arm in rotating order until ``--rounds`` or the budget; the servers stop at the end."""
+    default_gib, per_arm_gib = static_gib_of(args.static_gib)
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, Path]] = {}
         for name in arms:
-            frac = mem_fraction_for(args.static_gib)
-            extra = merge_flags(["--mem-fraction-static", str(frac)], shlex.split(LAB_FLAGS) + shlex.split(SERVE_FLAGS))
+            frac = mem_fraction_for(per_arm_gib.get(name, default_gib))
+            extra = merge_flags(["--mem-fraction-static", str(frac), *shlex.split(args.server_flags)],
+                                shlex.split(LAB_FLAGS) + shlex.split(SERVE_FLAGS))
             port = pick_port()
             cmd = server_command(ARMS[name], args.model_path, port, device="cuda", tp=1, extra_args=extra)
             log = args.out / "logs" / f"server-ab-{name}.log"
@@ -130,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             doc["servers"][name] = {"mem_fraction_static": frac, "startup_s": srv.startup_s}
             print(f"[ab] {name} healthy after {srv.startup_s:.0f} s (mem fraction {frac})", flush=True)
             run_decode(srv.base_url, args.concurrency, args.prompt_len, 24, seed=5)  # first-use costs
-        arms = [a for a in arms if a in servers]
+        live = [a for a in arms if a in servers]
         for r in range(args.rounds):
-            if time.monotonic() > t_end or not arms:
+            if time.monotonic() > t_end or not live:
                 break
-            order = arms[r % len(arms):] + arms[:r % len(arms)]
+            order = live[r % len(live):] + live[:r % len(live)]
             row: dict[str, Any] = {}
             for name in order:
                 url, log = servers[name]
@@ -144,10 +147,44 @@ def main(argv: list[str] | None = None) -> int:
                     steps[name].append(res["step_ms_p50"])
             doc["rounds"].append(row)
             print(f"[ab] round {r}: " + ", ".join(f"{n} {row[n]['step_ms_p50']:.2f} ms" for n in order), flush=True)
-            write(doc, steps, args.concurrency, dirs)
-        doc["log_flags"] = {name: log_flags(log) for name, (_, log) in servers.items()}
+            write_all()
+        for name, (_, log) in servers.items():
+            doc["servers"][name]["log_flags"] = log_flags(log)
+            doc["servers"][name]["pools"] = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace")
+                                             .splitlines() if "is allocated" in ln or "sglang-replayssm" in ln
+                                             and ("MiB" in ln or "records:" in ln)][:8]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--arms", default="baseline,plugin,plugin-fp8,bf16-state",
+                   help="arms up at once; ';' separates groups run one after another (ratios within a group)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--static-gib", default="26", help="GiB per server, e.g. 26 or 52,plugin-fp8=64")
+    p.add_argument("--server-flags", default="", help="flags every server gets (over the serving flags)")
+    p.add_argument("--budget-s", type=float, default=480.0)
+    p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_end = time.monotonic() + args.budget_s
+    groups = [parse_arms(g) for g in args.arms.split(";") if g.strip()]
+    steps: list[dict[str, list[float]]] = [{a: [] for a in g} for g in groups]
+    # $OUT too (the device call's folder): a call cut at its time limit still brings the rounds back
+    dirs = [args.out, *([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])]
+    doc: dict[str, Any] = {"argv": argv, "servers": {}, "rounds": []}
+    for arms, group_steps in zip(groups, steps, strict=True):
+        # a group gets its share of what is left, so a slow first group cannot starve the next
+        left = len(groups) - groups.index(arms)
+        share_end = time.monotonic() + (t_end - time.monotonic()) / left
+        run_group(args, arms, group_steps, doc, lambda: write(doc, steps, args.concurrency, dirs), share_end)
     print(write(doc, steps, args.concurrency, dirs), flush=True)
-    print("[ab] server log flags: " + json.dumps(doc.get("log_flags", {})), flush=True)
+    print("[ab] server log flags: " + json.dumps({a: s.get("log_flags") for a, s in doc["servers"].items()}),
+          flush=True)
     return 0
 
 
