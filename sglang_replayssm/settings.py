@@ -230,6 +230,8 @@ FIXES: tuple[Fix, ...] = (
     Fix("materialize_copy", "ring", "MambaPool.copy_from folds the source's pending ring records into the copy "
         "(only while cursor_reset is on: a record count is trusted only if every slot starts empty)"),
     Fix("materialize_track", "ring", "the decode track snapshot folds the working slot's pending records"),
+    Fix("track_flush_skip", "ring", "the decode track snapshot skips that fold (a launch per decode step) where the "
+        "step's force flush already emptied every tracked row's ring (GDN; KDA with kda_force_flush)"),
     Fix("finish_donation", "ring", "no_buffer finish: materialise the full state, donate at the real depth"),
     Fix("ring_budget", "ring", "charge the decode ring to the mamba memory budget"),
     Fix("lost_hit_metric", "metrics", "count prompt tokens whose KV hit was dropped for lack of a mamba state"),

@@ -72,6 +72,8 @@ KDA_FIXES = {
     "adapter-off": {},
     "force-flush-only": {"kda_force_flush": True, "cursor_reset": True},
     "materialize-only": {"materialize_track": True, "cursor_reset": True},
+    # the skip must not apply where nothing force-flushed (KDA without kda_force_flush)
+    "materialize-skip": {"materialize_track": True, "track_flush_skip": True, "cursor_reset": True},
     "adapter-on": dict.fromkeys(config.FIXES, True),
 }
 
@@ -115,6 +117,36 @@ def test_decode_track_with_sglang_triton_copy_kernel(kind, adapter_on):
             problems += sim.node_problems(TOL)
         broken = kind == "kda" and not adapter_on
         assert bool(problems) == broken, problems
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("skip", [False, True], ids=["fold", "skip"])
+def test_track_fold_skipped_where_the_force_flush_covers(kind, skip, monkeypatch):
+    """With every fix on, the step's force flush has emptied each tracked row's ring, so the track
+    snapshot's fold is skipped (``track_flush_skip``) and every tracked node stays exact; with the
+    skip off the fold runs on the track steps (and finds nothing to fold)."""
+    from sglang_replayssm.radix.ring.pool import RingPool
+
+    calls = []
+    original = RingPool.materialize
+
+    def counting(self, *args, **kwargs):
+        calls.append(kwargs.get("layers"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RingPool, "materialize", counting)
+    with config.override(True, track_flush_skip=skip):
+        sim = Sim(SimConfig(kind=kind, strategy="extra_buffer", track_interval=3))
+        sim.admit([1, 2, 3, 4, 5], [(3 * j + 1) % 10 for j in range(10)])
+        problems, folds = [], 0
+        while sim.running:
+            calls.clear()
+            sim.decode()
+            problems += sim.node_problems(TOL)
+            folds += len(calls)
+        assert problems == []
+        assert (folds == 0) if skip else (folds > 0)
+        assert [p for p, _ in sim.cached_nodes() if len(p) > 5], "no decode track snapshot was taken"
 
 
 @ADAPTER

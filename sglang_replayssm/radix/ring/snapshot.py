@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.radix import config
 from sglang_replayssm.radix.ring.pool import ring_pool, ring_pool_of
 
-__all__ = ["copy_from_exact", "track_decode_exact"]
+__all__ = ["copy_from_exact", "flush_covers_track", "track_decode_exact"]
 
 
 def copy_from_exact(
@@ -92,5 +93,25 @@ def track_decode_exact(
     src, dst = view.index(cache_indices[:bs]), view.index(track_dst[:bs])
     mask = track_mask[:bs].reshape(-1).to(device=src.device, dtype=torch.bool)
     counts = view.counts(src)
+    if flush_covers_track(view, forward_batch):
+        if getattr(view.pool, "debug_memory_pool", False) and bool((mask & (src >= 0) & (counts > 0)).any()):
+            raise AssertionError("sglang-replayssm: a tracked decode row kept ring records after its force flush")
+        return
     src = torch.where(mask & (src >= 0), src, torch.full_like(src, -1))
     view.materialize(src, dst, counts, layers=layers)
+
+
+def flush_covers_track(view: Any, forward_batch: Any) -> bool:
+    """Whether this decode step's force flush emptied the ring of every row the track snapshot copies,
+    so the fold has nothing to add (fix ``track_flush_skip``). SGLang force-flushes the rows with
+    ``seq_len % mamba_track_interval == 0`` (from the batch's host lengths, present on every decode
+    batch) and tracks those with ``seq_len % track_grid == 0``, a multiple of the interval: a subset.
+    It skips the flush for KDA unless ``kda_force_flush`` lowers the flag around the metadata."""
+    if not config.enabled("track_flush_skip"):
+        return False
+    if getattr(forward_batch, "seq_lens_cpu", None) is None:
+        return False  # no host lengths: SGLang's mask is all zeros, nothing was flushed
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None or not mode.is_decode_or_idle():
+        return False
+    return not view.is_kda or config.enabled("kda_force_flush")
