@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -94,6 +95,19 @@ def table(summary: dict[str, Any], concurrency: int) -> str:
     return "\n".join(rows) + "\n"
 
 
+def add_variant(spec: str) -> str:
+    """``NAME=BASE:VAR=VALUE[,VAR=VALUE]``: an arm ``NAME`` = arm ``BASE`` with those environment
+    variables added (e.g. a fix turned off), registered in ``ARMS`` for this run; returns ``NAME``."""
+    name, _, rest = spec.partition("=")
+    base, _, env = rest.partition(":")
+    if not name or base not in ARMS or not env:
+        raise SystemExit(f"--variant {spec!r}: want NAME=BASE:VAR=VALUE with BASE one of {', '.join(ARMS)}")
+    pairs = tuple(tuple(kv.split("=", 1)) for kv in env.split(","))
+    ARMS[name] = dataclasses.replace(ARMS[base], name=name, description=f"{ARMS[base].description} + {env}",
+                                     env=ARMS[base].env + pairs)  # type: ignore[arg-type]
+    return name
+
+
 def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
     """``"26"`` or ``"26,plugin-fp8=32"``: the default GiB and per-arm overrides."""
     default, per_arm = 26.0, {}
@@ -167,9 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--static-gib", default="26", help="GiB per server, e.g. 26 or 52,plugin-fp8=64")
     p.add_argument("--server-flags", default="", help="flags every server gets (over the serving flags)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=BASE:VAR=VALUE: an extra arm, BASE with those variables (repeatable)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)
+    for spec in args.variant:
+        add_variant(spec)
     args.out.mkdir(parents=True, exist_ok=True)
     t_end = time.monotonic() + args.budget_s
     groups = [parse_arms(g) for g in args.arms.split(";") if g.strip()]
