@@ -8,8 +8,9 @@ on an SGLang object. Which fields an object uses depends on its kind:
 * a linear-attention decode kernel (``TritonGDNKernel`` / ``TritonKDAKernel``): ``mamba_pool``, the pool
   its backend decodes into, linked when the backend is built (radix/read_copy/hooks.py); the decode step
   reaches the pool's read copy through it;
-* a ``KVCacheConfigurator``: ``record_capacity``, the record tokens its KV-budget reservation fixed
-  (radix/records/budget.py), read when its ``configure`` has built the pools (radix/records/startup.py);
+* a model (``ModelRunner.model``, the ``KVCacheConfigurator``'s ``model``): ``record_capacity``, the record
+  tokens the KV-budget reservation fixed for it (radix/records/budget.py), read when ``configure`` has
+  built the pools (radix/records/startup.py);
 * a ``HybridReqToTokenPool``: ``record_pool``, built once with the pools, and ``records_off``
   (radix/records/startup.py, radix/records/pool.py);
 * the KV allocator: ``record_pool`` (linked by radix/records/capture.py);

@@ -54,11 +54,14 @@ def test_ring_bytes_per_slot_match_the_real_pool(kind, ring_len):
 
 
 def _sizing(params, *, kda: bool):
-    """SGLang's configurator with just the fields its mamba sizing reads (no model, no GPU)."""
+    """SGLang's configurator (slots, as SGLang's: no attribute of ours fits on it) with just the fields its
+    mamba sizing reads, and a bare model module the record reservation is made for (no GPU)."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     class _Sizing(KVCacheConfigurator):
+        __slots__ = ()
+
         def fused_entry_bytes(self, sub_pool_name):  # no fused draft pool
             return None
 
@@ -72,6 +75,7 @@ def _sizing(params, *, kda: bool):
         "hybrid_gdn_config": None if kda else object(),
         "hybrid_kda_config": object() if kda else None,
         "extra_mamba_cache_bytes_per_req": 0,
+        "model": torch.nn.Module(),
     }
     for name, value in fields.items():
         setattr(c, name, value)
@@ -145,7 +149,7 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
     model = ToyModel(cfg)
     params = cache_params(cfg, model, list(range(cfg.mamba_layers)))
     configurator = SimpleNamespace(hybrid_gdn_config=object(), model_config=SimpleNamespace(dtype=torch.float32),
-                                   mambaish_config=SimpleNamespace(mamba2_cache_params=params))
+                                   mambaish_config=SimpleNamespace(mamba2_cache_params=params), model=torch.nn.Module())
     per_token = record_budget.record_bytes_per_token(params, 4)
     assert per_token == (model.qkv_dim + 2 * model.HV) * 4 * cfg.mamba_layers
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
@@ -153,15 +157,15 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
     state = record_budget.interval_state_bytes(params)
     assert state == model.HV * model.V * model.K * 4 * cfg.mamba_layers
     gib = record_budget._record_reservation_gib(configurator, 1.0)
-    assert peek(configurator).record_capacity == 16384 and gib * GIB == per_token * 16385 + (16384 // 256 + 3) * state
+    assert record_budget.reserved_capacity(configurator) == 16384 and gib * GIB == per_token * 16385 + (16384 // 256 + 3) * state
     monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")  # records only, from here
     # default: 16,384 tokens when they fit in half the rest ...
     gib = record_budget._record_reservation_gib(configurator, 1.0)
-    assert peek(configurator).record_capacity == 16384 and gib * GIB == per_token * 16385
+    assert record_budget.reserved_capacity(configurator) == 16384 and gib * GIB == per_token * 16385
     # ... else half the rest
     rest = 1000 * per_token / GIB
     gib = record_budget._record_reservation_gib(configurator, rest)
-    assert peek(configurator).record_capacity == 499 and gib <= rest / 2
+    assert record_budget.reserved_capacity(configurator) == 499 and gib <= rest / 2
     # explicit: kept, or refused in one line when it leaves nothing for the KV cache
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "900")
     assert record_budget._record_reservation_gib(configurator, rest) * GIB == per_token * 901
@@ -206,7 +210,7 @@ def test_record_pool_is_built_with_sglangs_pools(monkeypatch):
     sizing, result = configure(300)
     pool = pool_of(result.req_to_token_pool)
     kv = result.token_to_kv_pool
-    assert peek(sizing).record_capacity == 300 and pool is not None and pool.capacity == 300
+    assert record_budget.reserved_capacity(sizing) == 300 and pool is not None and pool.capacity == 300
     assert pool.kv_size == kv.size + kv.page_size + 1 and pool.states is None and pool.capture_decode
     assert pool.used == 0 and not pool.layers  # nothing captured before the first forward
     _, again = configure(100, req_pool=result.req_to_token_pool)  # a second configure of the same pool

@@ -1,7 +1,8 @@
 """The record pool, built once with SGLang's memory pools (after ``KVCacheConfigurator.configure``).
 
 ``configure`` sizes the pools (the KV-budget reservation of :mod:`budget` runs inside it and leaves the
-capacity it reserved in the configurator's state, ``record_capacity``) and builds them: when it returns,
+capacity it reserved on the configurator's model, :func:`~sglang_replayssm.radix.records.budget.reserved_capacity`)
+and builds them: when it returns,
 the ``HybridReqToTokenPool``, the token KV pool and its allocator all exist, and :func:`build_pool`
 attaches a :class:`~sglang_replayssm.radix.records.pool.RecordPool` to the ``HybridReqToTokenPool``
 (:func:`~sglang_replayssm.radix.records.pool.attach`), or turns records off for it for good.
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.radix.records.budget import reserved_capacity
 from sglang_replayssm.radix.records.capture import ring_captured
 from sglang_replayssm.radix.records.interval_states import INTERVAL_ENV, IntervalStates, interval_from_env
 from sglang_replayssm.radix.records.pool import CAPACITY_ENV, RecordPool, attach, capacity_from_env, detach
@@ -35,7 +37,7 @@ def build_pool(configurator: Any, pools: Any) -> RecordPool | None:
     record pool to ``pools.req_to_token_pool`` and return it; None where records are off.
 
     Capacity: :func:`~sglang_replayssm.radix.records.pool.capacity_from_env` with what the reservation
-    left on ``configurator``, at most one record per KV row (``size + page_size + 1`` rows); a capacity
+    fixed for ``configurator``'s model, at most one record per KV row (``size + page_size + 1`` rows); a capacity
     of 0 or no token KV pool turns records off for this pool."""
     if getattr(configurator, "is_draft_worker", False):
         return None
@@ -50,8 +52,7 @@ def build_pool(configurator: Any, pools: Any) -> RecordPool | None:
         detach(req_pool)
         return None
     kv_size = int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1  # KV rows: size + page
-    reserved = peek(configurator)
-    capacity = capacity_from_env(kv_size, None if reserved is None else reserved.record_capacity)
+    capacity = capacity_from_env(kv_size, reserved_capacity(configurator))
     if capacity <= 0:
         detach(req_pool)
         return None
