@@ -8,7 +8,11 @@ on an SGLang object. Which fields an object uses depends on its kind:
 * a linear-attention decode kernel (``TritonGDNKernel`` / ``TritonKDAKernel``): ``mamba_pool``, the pool
   its backend decodes into, linked when the backend is built (radix/read_copy/hooks.py); the decode step
   reaches the pool's read copy through it;
-* a ``HybridReqToTokenPool``: ``record_pool``, ``records_off`` (radix/records/pool.py);
+* a model (``ModelRunner.model``, the ``KVCacheConfigurator``'s ``model``): ``record_capacity``, the record
+  tokens the KV-budget reservation fixed for it (radix/records/budget.py), read when ``configure`` has
+  built the pools (radix/records/startup.py);
+* a ``HybridReqToTokenPool``: ``record_pool``, built once with the pools, and ``records_off``
+  (radix/records/startup.py, radix/records/pool.py);
 * the KV allocator: ``record_pool`` (linked by radix/records/capture.py);
 * the mamba slot allocator: ``write_pos`` (radix/ring/alloc_reset.py), ``read_copy``;
 * a host KV pool: ``host_records``; a tree core: ``planted_nodes`` (radix/records/hicache/);
@@ -39,6 +43,7 @@ class ReplaySSMState:
 
     read_copy: Any = None
     mamba_pool: Any = None
+    record_capacity: int | None = None
     record_pool: Any = None
     records_off: bool = False
     write_pos: Any = None

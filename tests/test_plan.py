@@ -76,13 +76,11 @@ def _sizing(params):
 def test_splits_agree_with_sglang_sizing_and_the_record_reservation(budget_mib, monkeypatch):
     """SGLang's real ``_handle_max_mamba_cache`` (with the plugin's ring charge and record reservation
     installed) gives the plan's slots, record capacity and the bytes left for the KV cache."""
-    from sglang_replayssm.radix.records import pool as records
     from tests.test_radix_budget import _publish
 
     hooks.install()
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
     monkeypatch.delenv("SGLANG_REPLAYSSM_STATE_INTERVAL", raising=False)
-    monkeypatch.setattr(records, "_budgeted", None)
     model = plan.preset("small-gdn")
     s = plan.sizes(model, 1)
     budget = budget_mib << 20
@@ -94,9 +92,8 @@ def test_splits_agree_with_sglang_sizing_and_the_record_reservation(budget_mib, 
         got = plan.split(s, budget, policy)
         assert got.state_slots == schedule.max_mamba_cache_size, policy
         if policy == "records":
-            assert got.record_tokens == records.capacity_from_env() and got.record_tokens > 0
+            assert got.record_tokens == record_budget.reserved_capacity(sizing) and got.record_tokens > 0
         assert abs(got.kv_tokens - left * GIB / s.kv_per_token) < 1, policy
-    monkeypatch.setattr(records, "_budgeted", None)
 
 
 @pytest.mark.parametrize("name", ["qwen3-next-80b", "kimi-linear-48b", "small-gdn", "qnext-gdn", "kimi-kda"])

@@ -16,6 +16,7 @@ import torch
 from sglang_replayssm.radix import config, hooks
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
 from sglang_replayssm.radix.records import budget as record_budget
+from sglang_replayssm.state import peek
 from tests.support.simulate import SimConfig, ToyModel, build_fixture
 from tests.support.simulate_fixture import cache_params
 
@@ -53,11 +54,14 @@ def test_ring_bytes_per_slot_match_the_real_pool(kind, ring_len):
 
 
 def _sizing(params, *, kda: bool):
-    """SGLang's configurator with just the fields its mamba sizing reads (no model, no GPU)."""
+    """SGLang's configurator (slots, as SGLang's: no attribute of ours fits on it) with just the fields its
+    mamba sizing reads, and a bare model module the record reservation is made for (no GPU)."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     class _Sizing(KVCacheConfigurator):
+        __slots__ = ()
+
         def fused_entry_bytes(self, sub_pool_name):  # no fused draft pool
             return None
 
@@ -71,6 +75,7 @@ def _sizing(params, *, kda: bool):
         "hybrid_gdn_config": None if kda else object(),
         "hybrid_kda_config": object() if kda else None,
         "extra_mamba_cache_bytes_per_req": 0,
+        "model": torch.nn.Module(),
     }
     for name, value in fields.items():
         setattr(c, name, value)
@@ -127,10 +132,7 @@ def test_spec_ring_sizing_is_left_to_sglang():
 @pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
 def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatch):
     """With records beside the spec ring (``record_spec_ring``) their pool comes out of the KV budget too."""
-    from sglang_replayssm.radix.records import pool as records
-
     params, _, _ = _pool_bytes_per_slot("gdn", 4)
-    monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "64")
     lefts = []
     for records_on in (True, False):
@@ -140,34 +142,30 @@ def test_spec_ring_reserves_the_record_pool_only_with_the_fix(fix_on, monkeypatc
         with config.override(True, record_hits=records_on, record_spec_ring=fix_on):
             lefts.append(sizing._handle_max_mamba_cache(0.02))
     assert (lefts[0] < lefts[1]) == fix_on
-    monkeypatch.setattr(records, "_budgeted", None)
 
 
 def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
-    from sglang_replayssm.radix.records import pool as records
-
     cfg = SimConfig(kind="gdn")
     model = ToyModel(cfg)
     params = cache_params(cfg, model, list(range(cfg.mamba_layers)))
     configurator = SimpleNamespace(hybrid_gdn_config=object(), model_config=SimpleNamespace(dtype=torch.float32),
-                                   mambaish_config=SimpleNamespace(mamba2_cache_params=params))
+                                   mambaish_config=SimpleNamespace(mamba2_cache_params=params), model=torch.nn.Module())
     per_token = record_budget.record_bytes_per_token(params, 4)
     assert per_token == (model.qkv_dim + 2 * model.HV) * 4 * cfg.mamba_layers
-    monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
     # with interval states (the default, one per 256 tokens): each costs every layer's fp32 state
     state = record_budget.interval_state_bytes(params)
     assert state == model.HV * model.V * model.K * 4 * cfg.mamba_layers
     gib = record_budget._record_reservation_gib(configurator, 1.0)
-    assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385 + (16384 // 256 + 3) * state
+    assert record_budget.reserved_capacity(configurator) == 16384 and gib * GIB == per_token * 16385 + (16384 // 256 + 3) * state
     monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")  # records only, from here
     # default: 16,384 tokens when they fit in half the rest ...
     gib = record_budget._record_reservation_gib(configurator, 1.0)
-    assert records.capacity_from_env() == 16384 and gib * GIB == per_token * 16385
+    assert record_budget.reserved_capacity(configurator) == 16384 and gib * GIB == per_token * 16385
     # ... else half the rest
     rest = 1000 * per_token / GIB
     gib = record_budget._record_reservation_gib(configurator, rest)
-    assert records.capacity_from_env() == 499 and gib <= rest / 2
+    assert record_budget.reserved_capacity(configurator) == 499 and gib <= rest / 2
     # explicit: kept, or refused in one line when it leaves nothing for the KV cache
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "900")
     assert record_budget._record_reservation_gib(configurator, rest) * GIB == per_token * 901
@@ -176,7 +174,53 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
         record_budget._record_reservation_gib(configurator, rest)
     with config.override(record_hits=False):
         assert record_budget._record_reservation_gib(configurator, rest) == 0.0
-    monkeypatch.setattr(records, "_budgeted", None)
+
+
+def test_record_pool_is_built_with_sglangs_pools(monkeypatch):
+    """After ``KVCacheConfigurator.configure`` (the records' AFTER hook): the record pool rides on the
+    ``HybridReqToTokenPool``, sized by what the reservation handed that configurator, built once; a draft
+    worker's configure builds none; a reservation of 0 tokens turns records off for good."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigResult
+
+    from sglang_replayssm.radix.records.hooks import RECORD_HOOKS
+    from sglang_replayssm.radix.records.pool import pool_of
+
+    monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
+    monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL", "0")
+    (hook,) = (h for h in RECORD_HOOKS if h.target.endswith("KVCacheConfigurator.configure"))
+    cfg = SimConfig(kind="gdn")
+    params = cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers)))
+    per_token = record_budget.record_bytes_per_token(params, 4)
+
+    def configure(reserved_tokens: int, *, draft: bool = False, req_pool=None):
+        """A configurator whose reservation fixed ``reserved_tokens`` (the default rule: half the rest),
+        and the pools its ``configure`` returns (SGLang's real ones, on CPU)."""
+        sizing = _sizing(params, kda=False)
+        sizing.model_config, sizing.is_draft_worker = SimpleNamespace(dtype=torch.float32), draft
+        record_budget._record_reservation_gib(sizing, 2 * per_token * (reserved_tokens + 1) / GIB)
+        _, allocator, fresh = build_fixture(cfg, ToyModel(cfg))
+        result = KVCacheConfigResult(
+            max_total_num_tokens=cfg.kv_size, max_running_requests=cfg.max_reqs, full_max_total_num_tokens=None,
+            swa_max_total_num_tokens=None, req_to_token_pool=fresh if req_pool is None else req_pool,
+            token_to_kv_pool=allocator.get_kvcache(), token_to_kv_pool_allocator=allocator, memory_pool_config=None)
+        with config.override(True, record_hits=True):
+            hook.fn(result, sizing, pre_model_load_memory=0)
+        return sizing, result
+
+    sizing, result = configure(300)
+    pool = pool_of(result.req_to_token_pool)
+    kv = result.token_to_kv_pool
+    assert record_budget.reserved_capacity(sizing) == 300 and pool is not None and pool.capacity == 300
+    assert pool.kv_size == kv.size + kv.page_size + 1 and pool.states is None and pool.capture_decode
+    assert pool.used == 0 and not pool.layers  # nothing captured before the first forward
+    _, again = configure(100, req_pool=result.req_to_token_pool)  # a second configure of the same pool
+    assert pool_of(again.req_to_token_pool) is pool
+    _, draft = configure(300, draft=True)
+    assert pool_of(draft.req_to_token_pool) is None
+    _, off = configure(10)  # below one chunk: the default rule reserves 0 tokens, records off
+    assert pool_of(off.req_to_token_pool) is None and peek(off.req_to_token_pool).records_off
+    _, still_off = configure(300, req_pool=off.req_to_token_pool)
+    assert pool_of(still_off.req_to_token_pool) is None
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp8"])

@@ -45,15 +45,14 @@ def test_assign_invalidate_and_first_in_first_out():
 
 
 def test_capacity_from_env(monkeypatch):
-    from sglang_replayssm.radix.records import pool as records
-
-    monkeypatch.setattr(records, "_budgeted", None)
     monkeypatch.delenv("SGLANG_REPLAYSSM_RECORD_TOKENS", raising=False)
     assert capacity_from_env(123) == 123 and capacity_from_env() == capacity_from_env(1 << 30) == 16384
+    assert capacity_from_env(1 << 30, reserved=700) == 700 and capacity_from_env(123, reserved=700) == 123
+    assert capacity_from_env(reserved=0) == 0  # the budget left no room: records off
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "0")
     assert capacity_from_env(123) == 0
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "500")
-    assert capacity_from_env(123) == 123 and capacity_from_env() == 500
+    assert capacity_from_env(123) == 123 and capacity_from_env() == 500 == capacity_from_env(reserved=700)
     for bad in ("-1", "many"):
         monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", bad)
         with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_RECORD_TOKENS"):

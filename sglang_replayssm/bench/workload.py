@@ -44,32 +44,33 @@ class Conversation:
 
 
 @dataclass(frozen=True)
-class GspSpec:
-    num_groups: int = 4
-    prompts_per_group: int = 4
-    system_prompt_len: int = 1024
+class TurnSpec:
+    """The turns of every conversation of a stream: questions, answers, their spread, send order."""
+
     question_len: int = 64
     output_len: int = 16
-    range_ratio: float = 1.0
+    range_ratio: float = 1.0  # each length is drawn from [range_ratio * full, full]
     num_turns: int = 1
-    group_distribution: str = "uniform"  # or "zipf"
     zipf_alpha: float | None = None
     ordered: bool = False
 
 
 @dataclass(frozen=True)
-class RagSpec:
+class GspSpec(TurnSpec):
+    num_groups: int = 4
+    prompts_per_group: int = 4
+    system_prompt_len: int = 1024
+    group_distribution: str = "uniform"  # or "zipf"
+
+
+@dataclass(frozen=True)
+class RagSpec(TurnSpec):
     num_docs: int = 4
     doc_len: int = 768
     system_prompt_len: int = 256
     num_conversations: int = 8
     num_turns: int = 2
-    question_len: int = 64
-    output_len: int = 16
-    range_ratio: float = 1.0
     doc_distribution: str = "uniform"  # or "zipf"
-    zipf_alpha: float | None = None
-    ordered: bool = False
 
 
 class WorkloadError(ValueError):
@@ -148,17 +149,7 @@ def generate_gsp(spec: GspSpec, vocab: Sequence[int], seed: int) -> list[Convers
     n_slots = spec.num_groups * spec.prompts_per_group
     assignment = _assign(n_slots, spec.num_groups, spec.prompts_per_group, spec.group_distribution,
                          spec.zipf_alpha, random.Random(seed + 1))
-    question_starts: list[set[int]] = [set() for _ in range(spec.num_groups)]
-    conversations = []
-    for slot, group in enumerate(assignment):
-        turns = []
-        for t in range(spec.num_turns):
-            q = draw.ids(draw.length(spec.question_len, spec.range_ratio),
-                         question_starts[group] if t == 0 else None)
-            new_ids = systems[group] + q if t == 0 else q
-            turns.append(Turn(new_ids, draw.length(spec.output_len, spec.range_ratio)))
-        conversations.append(Conversation(slot, group, len(systems[group]), tuple(turns)))
-    return _order(conversations, spec.ordered, seed)
+    return _conversations(spec, draw, assignment, systems, seed)
 
 
 def generate_rag(spec: RagSpec, vocab: Sequence[int], seed: int) -> list[Conversation]:
@@ -175,16 +166,23 @@ def generate_rag(spec: RagSpec, vocab: Sequence[int], seed: int) -> list[Convers
     per_doc = -(-spec.num_conversations // spec.num_docs)
     assignment = _assign(spec.num_conversations, spec.num_docs, per_doc, spec.doc_distribution,
                          spec.zipf_alpha, random.Random(seed + 1))
-    question_starts: list[set[int]] = [set() for _ in range(spec.num_docs)]
+    return _conversations(spec, draw, assignment, [system + doc for doc in docs], seed)
+
+
+def _conversations(spec: TurnSpec, draw: _Draw, assignment: list[int], prefixes: list[tuple[int, ...]],
+                   seed: int) -> list[Conversation]:
+    """One conversation per slot of ``assignment`` (its group), put in send order (:func:`_order`): turn 0
+    is the group's shared prefix and a question starting with a token no other question of the group
+    starts with; each later turn a new question."""
+    question_starts: list[set[int]] = [set() for _ in prefixes]
     conversations = []
-    for cid, doc in enumerate(assignment):
+    for cid, group in enumerate(assignment):
         turns = []
         for t in range(spec.num_turns):
-            q = draw.ids(draw.length(spec.question_len, spec.range_ratio),
-                         question_starts[doc] if t == 0 else None)
-            new_ids = system + docs[doc] + q if t == 0 else q
+            q = draw.ids(draw.length(spec.question_len, spec.range_ratio), question_starts[group] if t == 0 else None)
+            new_ids = prefixes[group] + q if t == 0 else q
             turns.append(Turn(new_ids, draw.length(spec.output_len, spec.range_ratio)))
-        conversations.append(Conversation(cid, doc, len(system) + len(docs[doc]), tuple(turns)))
+        conversations.append(Conversation(cid, group, len(prefixes[group]), tuple(turns)))
     return _order(conversations, spec.ordered, seed)
 
 

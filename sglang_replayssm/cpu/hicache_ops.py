@@ -34,9 +34,13 @@ def _index(indices: torch.Tensor) -> torch.Tensor:
     return indices.reshape(-1).to(device="cpu", dtype=torch.long)
 
 
-def _check_same_length(src_indices: torch.Tensor, dst_indices: torch.Tensor, op: str) -> None:
+def _indices(src_indices: torch.Tensor, dst_indices: torch.Tensor, op: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Both index sets as CPU int64 (of one length, else a ValueError); None when there is nothing to move."""
     if src_indices.numel() != dst_indices.numel():
         raise ValueError(f"{op}: {src_indices.numel()} source indices but {dst_indices.numel()} destination indices")
+    if src_indices.numel() == 0:
+        return None
+    return _index(src_indices), _index(dst_indices)
 
 
 # ----------------------------------------------------------------------------- byte addressing
@@ -126,11 +130,9 @@ _RowSet = _Rows | _PageHeadRows
 
 
 def _copy(src: _RowSet, dst: _RowSet, src_indices: torch.Tensor, dst_indices: torch.Tensor, op: str) -> None:
-    _check_same_length(src_indices, dst_indices, op)
-    if src_indices.numel() == 0:
-        return
-    src_idx, dst_idx = _index(src_indices), _index(dst_indices)
-    dst.write(dst_idx, src.read(src_idx))
+    indices = _indices(src_indices, dst_indices, op)
+    if indices is not None:
+        dst.write(indices[1], src.read(indices[0]))
 
 
 def _check_rows(t: torch.Tensor, row_bytes: int, op: str, name: str) -> None:
@@ -170,6 +172,24 @@ def _table(ptrs: torch.Tensor, num_layers: int, op: str, name: str) -> list[int]
 
 def _lf_tbl(address: int, item_size: int) -> _Rows:
     return _Rows(item=item_size, stride=item_size, address=address)
+
+
+def _tables_to_tables(src_tbl: torch.Tensor, dst_tbl: torch.Tensor, num_layers: int, item_size: int,
+                      src_indices: torch.Tensor, dst_indices: torch.Tensor, op: str, name: str) -> None:
+    """Each layer of pointer table ``src_{name}`` into the same layer of ``dst_{name}`` (layer-first rows)."""
+    pairs = zip(_table(src_tbl, num_layers, op, f"src_{name}"), _table(dst_tbl, num_layers, op, f"dst_{name}"))
+    for s_addr, d_addr in pairs:
+        _copy(_lf_tbl(s_addr, item_size), _lf_tbl(d_addr, item_size), src_indices, dst_indices, op)
+
+
+def _tables_to_page_first(src_tbl: torch.Tensor, dst: torch.Tensor, num_layers: int, item_size: int,
+                          layout_dim: int, src_indices: torch.Tensor, dst_indices: torch.Tensor, op: str,
+                          names: tuple[str, str]) -> None:
+    """Each layer of pointer table ``src_tbl`` (layer-first rows) into its layer of the page-first ``dst``;
+    ``names``: the two operands' names in error messages."""
+    for layer, s_addr in enumerate(_table(src_tbl, num_layers, op, names[0])):
+        _copy(_lf_tbl(s_addr, item_size), _pf(dst, item_size, layout_dim, layer, op, names[1]),
+              src_indices, dst_indices, op)
 
 
 # ----------------------------------------------------------------------------- sgl_kernel.kvcacheio, kernel backend
@@ -213,9 +233,7 @@ def transfer_kv_all_layer(src_k_layers: torch.Tensor, dst_k_layers: torch.Tensor
     """All layers, layer-first to layer-first; both sides are layer pointer tables."""
     op = "transfer_kv_all_layer"
     for s_tbl, d_tbl, n in ((src_k_layers, dst_k_layers, "k"), (src_v_layers, dst_v_layers, "v")):
-        pairs = zip(_table(s_tbl, num_layers, op, f"src_{n}_layers"), _table(d_tbl, num_layers, op, f"dst_{n}_layers"))
-        for s_addr, d_addr in pairs:
-            _copy(_lf_tbl(s_addr, item_size), _lf_tbl(d_addr, item_size), src_indices, dst_indices, op)
+        _tables_to_tables(s_tbl, d_tbl, num_layers, item_size, src_indices, dst_indices, op, f"{n}_layers")
 
 
 def transfer_kv_all_layer_lf_pf(src_k_layers: torch.Tensor, dst_k: torch.Tensor, src_v_layers: torch.Tensor,
@@ -225,9 +243,8 @@ def transfer_kv_all_layer_lf_pf(src_k_layers: torch.Tensor, dst_k: torch.Tensor,
     """All device layers (pointer table) into a page-first host buffer, K and V."""
     op = "transfer_kv_all_layer_lf_pf"
     for s_tbl, d, n in ((src_k_layers, dst_k, "k"), (src_v_layers, dst_v, "v")):
-        for layer, s_addr in enumerate(_table(s_tbl, num_layers, op, f"src_{n}_layers")):
-            _copy(_lf_tbl(s_addr, item_size), _pf(d, item_size, dst_layout_dim, layer, op, f"dst_{n}"),
-                  src_indices, dst_indices, op)
+        _tables_to_page_first(s_tbl, d, num_layers, item_size, dst_layout_dim, src_indices, dst_indices, op,
+                              (f"src_{n}_layers", f"dst_{n}"))
 
 
 def transfer_kv_all_layer_lf_ph(src_k_layers: torch.Tensor, dst_k: torch.Tensor, src_v_layers: torch.Tensor,
@@ -264,20 +281,16 @@ def transfer_kv_all_layer_mla(src_layers: torch.Tensor, dst_layers: torch.Tensor
                               dst_indices: torch.Tensor, item_size: int, num_layers: int, block_quota: int = 2,
                               num_warps_per_block: int = 32) -> None:
     """All layers of one buffer, layer-first to layer-first; both sides are layer pointer tables."""
-    op = "transfer_kv_all_layer_mla"
-    pairs = zip(_table(src_layers, num_layers, op, "src_layers"), _table(dst_layers, num_layers, op, "dst_layers"))
-    for s_addr, d_addr in pairs:
-        _copy(_lf_tbl(s_addr, item_size), _lf_tbl(d_addr, item_size), src_indices, dst_indices, op)
+    _tables_to_tables(src_layers, dst_layers, num_layers, item_size, src_indices, dst_indices,
+                      "transfer_kv_all_layer_mla", "layers")
 
 
 def transfer_kv_all_layer_mla_lf_pf(src_layers: torch.Tensor, dst: torch.Tensor, src_indices: torch.Tensor,
                                     dst_indices: torch.Tensor, item_size: int, dst_layout_dim: int,
                                     num_layers: int, block_quota: int = 2, num_warps_per_block: int = 32) -> None:
     """All device layers of one buffer (pointer table) into a page-first host buffer."""
-    op = "transfer_kv_all_layer_mla_lf_pf"
-    for layer, s_addr in enumerate(_table(src_layers, num_layers, op, "src_layers")):
-        _copy(_lf_tbl(s_addr, item_size), _pf(dst, item_size, dst_layout_dim, layer, op, "dst"),
-              src_indices, dst_indices, op)
+    _tables_to_page_first(src_layers, dst, num_layers, item_size, dst_layout_dim, src_indices, dst_indices,
+                          "transfer_kv_all_layer_mla_lf_pf", ("src_layers", "dst"))
 
 
 # ----------------------------------------------------------------------------- sglang.kernels.ops.mamba.transfer_mamba
@@ -296,10 +309,8 @@ def transfer_kv_mamba_lf_pf(src_ptrs: torch.Tensor, dst: torch.Tensor, src_indic
                             dst_indices: torch.Tensor, item_size: int, dst_layout_dim: int, num_layers: int,
                             num_warps_per_item: int = 32) -> None:
     """Backup: every device state layer (pointer table) into a page-first mamba host buffer."""
-    op = "transfer_kv_mamba_lf_pf"
-    for layer, s_addr in enumerate(_table(src_ptrs, num_layers, op, "src_ptrs")):
-        _copy(_lf_tbl(s_addr, item_size), _pf(dst, item_size, dst_layout_dim, layer, op, "dst"),
-              src_indices, dst_indices, op)
+    _tables_to_page_first(src_ptrs, dst, num_layers, item_size, dst_layout_dim, src_indices, dst_indices,
+                          "transfer_kv_mamba_lf_pf", ("src_ptrs", "dst"))
 
 
 # ----------------------------------------------------------------------------- sgl_kernel.kvcacheio, direct backend
@@ -309,21 +320,26 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
                        src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
     """Pairwise `dst_layers[i][dst_indices] = src_layers[i][src_indices]` (slot axis 0, any strides)."""
     op = "transfer_kv_direct"
-    _check_same_length(src_indices, dst_indices, op)
     if len(src_layers) != len(dst_layers):
         raise ValueError(f"{op}: {len(src_layers)} source layers but {len(dst_layers)} destination layers")
-    if src_indices.numel() == 0:
+    indices = _indices(src_indices, dst_indices, op)
+    if indices is None:
         return
-    src_idx, dst_idx = _index(src_indices), _index(dst_indices)
+    src_idx, dst_idx = indices
     for s, d in zip(src_layers, dst_layers):
         d.index_copy_(0, dst_idx.to(d.device), s.index_select(0, src_idx.to(s.device)).to(d.device))
 
 
-def _pfd_split(n_pf: int, n_lf: int, op: str) -> int:
-    """Layers per page-first-direct tensor: the lf list holds one entry per (tensor, layer)."""
+def _pfd_pairs(host_ptrs: Sequence[torch.Tensor], device_ptrs: Sequence[torch.Tensor],
+               op: str) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+    """``(host tensor t, its layer j, device tensor t * n + j)`` for every layer-first device tensor of a
+    page-first-direct op: the device list holds ``n`` layers per host tensor (K layers then V layers, or
+    one buffer's layers)."""
+    n_pf, n_lf = len(host_ptrs), len(device_ptrs)
     if n_pf not in (1, 2) or n_lf % n_pf:
         raise ValueError(f"{op}: {n_pf} page-first tensors and {n_lf} layer tensors do not pair up")
-    return n_lf // n_pf
+    n = n_lf // n_pf
+    return [(host, j, device_ptrs[t * n + j]) for t, host in enumerate(host_ptrs) for j in range(n)]
 
 
 def transfer_kv_per_layer_direct_pf_lf(src_ptrs: Sequence[torch.Tensor], dst_ptrs: Sequence[torch.Tensor],
@@ -332,17 +348,15 @@ def transfer_kv_per_layer_direct_pf_lf(src_ptrs: Sequence[torch.Tensor], dst_ptr
     """Load from page-first-direct host tensors `[page, layer, page_offset, ...]` (1: MLA/mamba, 2: K, V)
     into layer-first device tensors: `dst_ptrs[t * n + j][d] = src_ptrs[t][s // ps, layer_id + j, s % ps]`."""
     op = "transfer_kv_per_layer_direct_pf_lf"
-    _check_same_length(src_indices, dst_indices, op)
-    n = _pfd_split(len(src_ptrs), len(dst_ptrs), op)
-    if src_indices.numel() == 0:
+    pairs = _pfd_pairs(src_ptrs, dst_ptrs, op)
+    indices = _indices(src_indices, dst_indices, op)
+    if indices is None:
         return
-    src_idx, dst_idx = _index(src_indices), _index(dst_indices)
+    src_idx, dst_idx = indices
     page, offset = src_idx // page_size, src_idx % page_size
-    for t, host in enumerate(src_ptrs):
-        for j in range(n):
-            dst = dst_ptrs[t * n + j]
-            values = host.select(1, layer_id + j)[page.to(host.device), offset.to(host.device)]
-            dst.index_copy_(0, dst_idx.to(dst.device), values.to(dst.device))
+    for host, j, dst in pairs:
+        values = host.select(1, layer_id + j)[page.to(host.device), offset.to(host.device)]
+        dst.index_copy_(0, dst_idx.to(dst.device), values.to(dst.device))
 
 
 def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence[torch.Tensor], dst_ptrs: Sequence[torch.Tensor],
@@ -351,17 +365,15 @@ def transfer_kv_all_layer_direct_lf_pf(src_ptrs: Sequence[torch.Tensor], dst_ptr
     """Backup layer-first device tensors (K layers then V layers, or one buffer's layers) into
     page-first-direct host tensors: `dst_ptrs[t][d // ps, j, d % ps] = src_ptrs[t * n + j][s]`."""
     op = "transfer_kv_all_layer_direct_lf_pf"
-    _check_same_length(src_indices, dst_indices, op)
-    n = _pfd_split(len(dst_ptrs), len(src_ptrs), op)
-    if src_indices.numel() == 0:
+    pairs = _pfd_pairs(dst_ptrs, src_ptrs, op)
+    indices = _indices(src_indices, dst_indices, op)
+    if indices is None:
         return
-    src_idx, dst_idx = _index(src_indices), _index(dst_indices)
+    src_idx, dst_idx = indices
     page, offset = dst_idx // page_size, dst_idx % page_size
-    for t, host in enumerate(dst_ptrs):
-        for j in range(n):
-            src = src_ptrs[t * n + j]
-            values = src.index_select(0, src_idx.to(src.device)).to(host.device)
-            host.select(1, j)[page.to(host.device), offset.to(host.device)] = values
+    for host, j, src in pairs:
+        values = src.index_select(0, src_idx.to(src.device)).to(host.device)
+        host.select(1, j)[page.to(host.device), offset.to(host.device)] = values
 
 
 # ----------------------------------------------------------------------------- tables for hooks_hicache

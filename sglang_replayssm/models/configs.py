@@ -7,11 +7,14 @@ from typing import Any
 from sglang_replayssm.models.specs import ENDOFTEXT_ID, IM_END_ID, PAD_ID, ModelSpec
 
 
-def _common_config(vocab: int, dtype: str = "float32") -> dict[str, Any]:
+def _common_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
+    """What both families' config.json hold: vocabulary, dtype, special tokens, norm and activation, the
+    transformer dims every spec's shape names, no attention bias or dropout, the init std."""
+    s = spec.shape
     return {
         "vocab_size": vocab,
-        "torch_dtype": dtype,
-        "dtype": dtype,
+        "torch_dtype": spec.weight_dtype,
+        "dtype": spec.weight_dtype,
         "bos_token_id": ENDOFTEXT_ID,
         "eos_token_id": IM_END_ID,
         "pad_token_id": PAD_ID,
@@ -20,6 +23,13 @@ def _common_config(vocab: int, dtype: str = "float32") -> dict[str, Any]:
         "hidden_act": "silu",
         "use_cache": True,
         "max_position_embeddings": 32768,
+        "hidden_size": s["hidden_size"],
+        "intermediate_size": s["intermediate_size"],
+        "num_hidden_layers": s["num_hidden_layers"],
+        "num_attention_heads": s["num_attention_heads"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": spec.init_std,
     }
 
 
@@ -29,18 +39,12 @@ def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     n_layers = s["num_hidden_layers"]
     interval = s["full_attention_interval"]
     layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
-    cfg = _common_config(vocab, spec.weight_dtype)
+    cfg = _common_config(spec, vocab)
     cfg.update(
         architectures=["Qwen3_5ForCausalLM"],
         model_type="qwen3_5_text",
-        hidden_size=s["hidden_size"],
-        intermediate_size=s["intermediate_size"],
-        num_hidden_layers=n_layers,
-        num_attention_heads=s["num_attention_heads"],
         num_key_value_heads=s["num_key_value_heads"],
         head_dim=s["head_dim"],
-        attention_bias=False,
-        attention_dropout=0.0,
         full_attention_interval=interval,
         layer_types=layer_types,
         linear_conv_kernel_dim=s["linear_conv_kernel_dim"],
@@ -48,7 +52,6 @@ def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
         linear_value_head_dim=s["linear_value_head_dim"],
         linear_num_key_heads=s["linear_num_key_heads"],
         linear_num_value_heads=s["linear_num_value_heads"],
-        initializer_range=spec.init_std,
         partial_rotary_factor=0.25,
         rope_theta=10000.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
@@ -59,21 +62,15 @@ def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
 def kda_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     """config.json of a Kimi-Linear KDA hybrid, in the checkpoint layout both libraries read."""
     s = spec.shape
-    cfg = _common_config(vocab, spec.weight_dtype)
+    cfg = _common_config(spec, vocab)
     cfg.update(
         architectures=["KimiLinearForCausalLM"],
         model_type="kimi_linear",
         # SGLang 0.5.23's KimiDeltaAttention never passes config.rms_norm_eps to its o_norm (it keeps
         # its 1e-5 default); HF reads the config. Use 1e-5 so both libraries compute the same model.
         rms_norm_eps=1e-5,
-        hidden_size=s["hidden_size"],
-        intermediate_size=s["intermediate_size"],
-        num_hidden_layers=s["num_hidden_layers"],
-        num_attention_heads=s["num_attention_heads"],
         num_key_value_heads=s["num_attention_heads"],
         head_dim=s["qk_rope_head_dim"],
-        attention_bias=False,
-        attention_dropout=0.0,
         # MLA (no RoPE, as in Kimi-Linear)
         q_lora_rank=None,
         kv_lora_rank=s["kv_lora_rank"],
@@ -106,7 +103,6 @@ def kda_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
         topk_group=1,
         topk_method="noaux_tc",
         num_nextn_predict_layers=0,
-        initializer_range=spec.init_std,
         model_max_length=32768,
     )
     return cfg

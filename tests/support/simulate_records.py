@@ -93,7 +93,7 @@ def toy_layer(model: Any, layer_id: int) -> types.SimpleNamespace:
 
 
 def attach(sim: Any) -> RecordPool:
-    """Give the simulation's pool a record pool linked to its KV allocator, as a server's first forward."""
+    """Give the simulation's pool a record pool linked to its KV allocator, as a server builds it with its pools."""
     pool = RecordPool(kv_size=sim.allocator.size + 2, capacity=sim.cfg.record_tokens, device=torch.device("cpu"))
     if sim.cfg.state_interval > 0:
         pool.states = IntervalStates(kv_size=pool.kv_size, capacity=sim.cfg.record_tokens // sim.cfg.state_interval + 2,

@@ -13,8 +13,10 @@ import logging
 from typing import Any
 
 from sglang_replayssm import settings
+from sglang_replayssm.state import peek, state_of
 
-__all__ = ["default_capacity", "interval_state_bytes", "record_bytes", "record_bytes_per_token", "reservation_gib"]
+__all__ = ["default_capacity", "interval_state_bytes", "record_bytes", "record_bytes_per_token", "reservation_gib",
+           "reserved_capacity"]
 logger = logging.getLogger(__name__)
 
 
@@ -55,7 +57,8 @@ def default_capacity(capacity: int, rest_bytes: float, per_token: int) -> int:
 
 
 def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
-    """Reserve the record pool out of ``rest_gib`` and fix its capacity for this process.
+    """Reserve the record pool out of ``rest_gib`` and hand its capacity to the model ``configurator`` sizes
+    the pools for (its state's ``record_capacity``), which the record pool is built with (:mod:`startup`).
 
     An explicit ``SGLANG_REPLAYSSM_RECORD_TOKENS`` that leaves no memory for the KV cache is refused in
     one line; the default shrinks to :data:`DEFAULT_RECORD_SHARE` of ``rest_gib`` (records off below
@@ -63,7 +66,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     """
     from sglang_replayssm.radix import config
     from sglang_replayssm.radix.records.interval_states import interval_from_env
-    from sglang_replayssm.radix.records.pool import CAPACITY_ENV, capacity_from_env, set_budgeted_capacity
+    from sglang_replayssm.radix.records.pool import CAPACITY_ENV, capacity_from_env
     from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
 
     linear = getattr(configurator, "hybrid_gdn_config", None) or getattr(configurator, "hybrid_kda_config", None)
@@ -89,10 +92,16 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
             f"{CAPACITY_ENV}={capacity}: the record pool needs {nbytes / (1 << 30):.2f} GiB but only "
             f"{rest_gib:.2f} GiB are left for the KV cache; lower it (0 turns records off)"
         )
-    set_budgeted_capacity(capacity)
+    state_of(configurator.model).record_capacity = capacity
     logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget%s",
                 capacity, per_token, nbytes / (1 << 20), "" if explicit else " (default)")
     return nbytes / (1 << 30)
+
+
+def reserved_capacity(configurator: Any) -> int | None:
+    """The record tokens the reservation fixed for ``configurator``'s model, or None when none ran."""
+    state = peek(getattr(configurator, "model", None))
+    return None if state is None else state.record_capacity
 
 
 def reservation_gib(configurator: Any, rest_gib: float, *, spec_ring: bool) -> float:

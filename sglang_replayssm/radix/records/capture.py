@@ -22,41 +22,27 @@ forward left it, so a spec decode batch assigns nothing (fix ``record_spec_decod
 computed by target-verify forwards, which capture none.
 
 The pool exists only with a ReplaySSM ring (the decode ring, or the spec-verify ring with fix
-``record_spec_ring``) and a radix cache; it is created by the first
-GDN forward, which also assigns its own tokens. On CUDA only prefill tokens are captured (a decode
-step replayed from a CUDA graph could not be captured); decode tokens keep the deepest state.
+``record_spec_ring``, :func:`ring_captured`); it is built with SGLang's memory pools (:mod:`startup`).
+On CUDA only prefill tokens are captured (a decode step replayed from a CUDA graph could not be
+captured); decode tokens keep the deepest state. The CUDA graphs SGLang captures at startup hold no
+record operation (capture, invalidation, kept chunk states): graph-capture forwards touch no record.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.records.interval_states import (
-    INTERVAL_ENV,
-    IntervalStates,
-    interval_from_env,
-    kept_positions,
-)
-from sglang_replayssm.radix.records.pool import (
-    CAPACITY_ENV,
-    RecordPool,
-    attach,
-    capacity_from_env,
-    detach,
-    pool_of,
-)
-from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
+from sglang_replayssm.radix.records.interval_states import kept_positions
+from sglang_replayssm.radix.records.pool import RecordPool, detach, pool_of
 from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.radix.spec.ring import spec_ring
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states"]
+__all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states", "ring_captured"]
 
-logger = logging.getLogger(__name__)
 #: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/records/hooks.py``).
 _HOOKED_ALLOCATORS = frozenset({"TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"})
 
@@ -104,12 +90,10 @@ def _assign_states(pool: RecordPool, loc: Any, prefix_lens: Any, extend_lens: An
         states.assign(loc[torch.tensor(tokens, device=loc.device)])
 
 
-def _wanted(backend: Any, forward_batch: Any) -> bool:
-    mode = forward_batch.forward_mode
-    if mode.is_target_verify() or mode.is_draft_extend_v2() or getattr(forward_batch, "spec_info", None) is not None:
-        return False
-    req_pool = backend.req_to_token_pool
-    if getattr(req_pool, "mamba_ckpt_pool", None) is not None:  # int8 checkpoints: not supported
+def ring_captured(req_pool: Any) -> bool:
+    """Whether forwards over ``req_pool`` capture records: a ReplaySSM ring (the decode ring, or the
+    spec-verify ring with ``record_spec_ring``) and no int8 checkpoints (not supported)."""
+    if getattr(req_pool, "mamba_ckpt_pool", None) is not None:
         return False
     mamba_pool = getattr(req_pool, "mamba_pool", None)
     if ring_pool(mamba_pool) is not None:
@@ -117,8 +101,15 @@ def _wanted(backend: Any, forward_batch: Any) -> bool:
     return config.enabled("record_spec_ring") and spec_ring(mamba_pool) is not None
 
 
+def _wanted(backend: Any, forward_batch: Any) -> bool:
+    mode = forward_batch.forward_mode
+    if mode.is_target_verify() or mode.is_draft_extend_v2() or getattr(forward_batch, "spec_info", None) is not None:
+        return False
+    return ring_captured(backend.req_to_token_pool)
+
+
 def _graph_capturing() -> bool:
-    """A CUDA graph is being captured (startup): no pool is created inside a graph's memory."""
+    """A CUDA graph is being captured (startup): no record operation goes into a graph."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
@@ -128,55 +119,20 @@ def _speculative(batch: Any) -> bool:
     return spec is not None and not spec.is_none()
 
 
-def _new_pool(backend: Any, forward_batch: Any) -> RecordPool | None:
-    kv_pool = getattr(backend, "token_to_kv_pool", None)
-    if kv_pool is None or not hasattr(kv_pool, "size"):
-        return None
-    kv_size = int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1  # KV rows: size + page
-    capacity = capacity_from_env(kv_size)
-    if capacity <= 0:
-        return None
-    device = forward_batch.out_cache_loc.device
-    pool = RecordPool(kv_size=kv_size, capacity=capacity, device=device)
-    pool.capture_decode = device.type == "cpu"
-    # The CPU runtime's decode kernel takes one token per sequence: CPU rebuilds stay on the chunk path.
-    pool.sequential_tokens = sequential_tokens_from_env() if device.type == "cuda" else 0
-    interval = interval_from_env()
-    if interval > 0:
-        pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,
-                                     device=device)
-    attach(backend.req_to_token_pool, pool)
-    logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change), "
-                "a prefill state every %s (%s=N, 0 = none)", capacity, CAPACITY_ENV,
-                f"{interval} tokens" if interval else "- (off)", INTERVAL_ENV)
-    pool.assign(forward_batch.out_cache_loc)  # the first forward's own tokens
-    if forward_batch.forward_mode.is_extend():
-        _assign_states(pool, forward_batch.out_cache_loc, forward_batch.extend_prefix_lens_cpu,
-                       forward_batch.extend_seq_lens_cpu)
-    return pool
-
-
 def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any, b: Any) -> None:
     """Before a GDN layer's extend/decode: store its inputs for the forward's new tokens."""
-    req_pool = backend.req_to_token_pool
-    pool = pool_of(req_pool)
+    pool = pool_of(backend.req_to_token_pool)
     loc = getattr(forward_batch, "out_cache_loc", None)
-    if loc is None or loc.numel() == 0:
+    if pool is None or loc is None or loc.numel() == 0:
         return
     if not _wanted(backend, forward_batch):
-        if pool is not None:
+        if not _graph_capturing():
             pool.invalidate(loc)
         return
-    if pool is None:
-        off = peek(req_pool)
-        if (off is not None and off.records_off) or _graph_capturing():
-            return
-        pool = _new_pool(backend, forward_batch)
-        if pool is None:
-            detach(req_pool)
-            return
     if not pool.capture_decode and forward_batch.forward_mode.is_decode():
         return  # decode tokens were never assigned a slot (CUDA): nothing to write on the hot path
+    if _graph_capturing():
+        return
     n = loc.numel()
     rows = [_token_rows(t) for t in (mixed_qkv, a, b)]
     if any(r is None or r.shape[0] < n for r in rows):
@@ -205,7 +161,8 @@ class extending:  # noqa: N801 - a context manager named for what it marks
 
     def __init__(self, backend: Any, layer: Any, forward_batch: Any) -> None:
         pool = pool_of(backend.req_to_token_pool)
-        wanted = pool is not None and pool.states is not None and _wanted(backend, forward_batch)
+        wanted = (pool is not None and pool.states is not None and not _graph_capturing()
+                  and _wanted(backend, forward_batch))
         self.ctx = (pool, layer, forward_batch) if wanted and pool is not None else None
         self.dispatcher = getattr(backend, "kernel_dispatcher", None)
 

@@ -1,7 +1,7 @@
-"""The records room's hooks: prefix hits at any depth (fix ``record_hits``). Record slots for every
-batch's new tokens, none for a freshly allocated KV index, the layer inputs captured in every forward,
-the kept per-chunk states, the planted state of a records-only match and its rebuild before the next
-forward. :func:`install` puts the records' parts of core behaviours in place (memory budget, lost-hit
+"""The records room's hooks: prefix hits at any depth (fix ``record_hits``). The record pool built with
+SGLang's memory pools, record slots for every batch's new tokens, none for a freshly allocated KV index,
+the layer inputs captured in every forward, the kept per-chunk states, the planted state of a
+records-only match and its rebuild before the next forward. :func:`install` puts the records' parts of core behaviours in place (memory budget, lost-hit
 metric, extra_buffer end-state donation)."""
 
 from __future__ import annotations
@@ -81,6 +81,13 @@ def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: An
     return plant_and_match(original, component, params, result)
 
 
+def build_record_pool(result: Any, configurator: Any, *args: Any, **kwargs: Any) -> None:
+    """SGLang's memory pools exist: the record pool is built beside them, once."""
+    from sglang_replayssm.radix.records.startup import build_pool
+
+    build_pool(configurator, result)
+
+
 def rebuild_planted_states(runner: Any, *args: Any, **kwargs: Any) -> None:
     """Before a forward writes anything: rebuild the states planted since the last one."""
     if config.enabled("record_hits"):
@@ -146,6 +153,8 @@ _CAPTURE_HOOKS = (
 
 #: The records room's hooks, all behind ``record_hits``.
 RECORD_HOOKS: tuple[Hook, ...] = (
+    gated_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure", "AFTER",
+               build_record_pool, at="sglang/srt/mem_cache/kv_cache_configurator.py:457", fix="record_hits"),
     gated_hook(f"{_SCHEDULE_BATCH}.prepare_for_extend", "AFTER", assign_extend_records,
                at="sglang/srt/managers/schedule_batch.py:2847", fix="record_hits"),
     gated_hook(f"{_SCHEDULE_BATCH}.prepare_for_decode", "AFTER", assign_decode_records,

@@ -48,22 +48,13 @@ CAPACITY_ENV = settings.RECORD_TOKENS.name
 DEFAULT_CAPACITY = 16384
 
 
-_budgeted: int | None = None
-
-
-def set_budgeted_capacity(capacity: int) -> None:
-    """The capacity the memory budget reserved for this process (``radix/budget.py``)."""
-    global _budgeted
-    _budgeted = capacity
-
-
-def capacity_from_env(kv_size: int | None = None) -> int:
-    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else what the memory budget
-    reserved (:func:`set_budgeted_capacity`), else :data:`DEFAULT_CAPACITY`; at most ``kv_size`` (one
-    per KV slot) when given."""
+def capacity_from_env(kv_size: int | None = None, reserved: int | None = None) -> int:
+    """The record capacity: ``SGLANG_REPLAYSSM_RECORD_TOKENS`` if set, else ``reserved`` (what the memory
+    budget reserved, :mod:`budget`), else :data:`DEFAULT_CAPACITY`; at most ``kv_size`` (one per KV
+    slot) when given."""
     value = settings.RECORD_TOKENS.value()
     if value is None:
-        value = DEFAULT_CAPACITY if _budgeted is None else _budgeted
+        value = DEFAULT_CAPACITY if reserved is None else reserved
     return value if kv_size is None else min(value, kv_size)
 
 

@@ -1,0 +1,71 @@
+"""The record pool, built once with SGLang's memory pools (after ``KVCacheConfigurator.configure``).
+
+``configure`` sizes the pools (the KV-budget reservation of :mod:`budget` runs inside it and leaves the
+capacity it reserved on the configurator's model, :func:`~sglang_replayssm.radix.records.budget.reserved_capacity`)
+and builds them: when it returns,
+the ``HybridReqToTokenPool``, the token KV pool and its allocator all exist, and :func:`build_pool`
+attaches a :class:`~sglang_replayssm.radix.records.pool.RecordPool` to the ``HybridReqToTokenPool``
+(:func:`~sglang_replayssm.radix.records.pool.attach`), or turns records off for it for good.
+
+A pool is built only beside a ReplaySSM ring the forwards capture for
+(:func:`~sglang_replayssm.radix.records.capture.ring_captured`); a draft worker's configurator builds
+none (it shares the target's ``HybridReqToTokenPool``), nor does a second ``configure`` of a pool that
+already has one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from sglang_replayssm.radix.records.budget import reserved_capacity
+from sglang_replayssm.radix.records.capture import ring_captured
+from sglang_replayssm.radix.records.interval_states import INTERVAL_ENV, IntervalStates, interval_from_env
+from sglang_replayssm.radix.records.pool import CAPACITY_ENV, RecordPool, attach, capacity_from_env, detach
+from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
+from sglang_replayssm.state import peek
+
+__all__ = ["build_pool"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_pool(configurator: Any, pools: Any) -> RecordPool | None:
+    """After ``configurator.configure`` returned ``pools`` (its ``KVCacheConfigResult``): attach the
+    record pool to ``pools.req_to_token_pool`` and return it; None where records are off.
+
+    Capacity: :func:`~sglang_replayssm.radix.records.pool.capacity_from_env` with what the reservation
+    fixed for ``configurator``'s model, at most one record per KV row (``size + page_size + 1`` rows); a capacity
+    of 0 or no token KV pool turns records off for this pool."""
+    if getattr(configurator, "is_draft_worker", False):
+        return None
+    req_pool = getattr(pools, "req_to_token_pool", None)
+    state = peek(req_pool)
+    if state is not None and (state.record_pool is not None or state.records_off):
+        return state.record_pool
+    if req_pool is None or not ring_captured(req_pool):
+        return None
+    kv_pool = getattr(pools, "token_to_kv_pool", None)
+    if kv_pool is None or not hasattr(kv_pool, "size"):
+        detach(req_pool)
+        return None
+    kv_size = int(kv_pool.size) + int(getattr(kv_pool, "page_size", 1)) + 1  # KV rows: size + page
+    capacity = capacity_from_env(kv_size, reserved_capacity(configurator))
+    if capacity <= 0:
+        detach(req_pool)
+        return None
+    device: torch.device = req_pool.req_to_token.device
+    pool = RecordPool(kv_size=kv_size, capacity=capacity, device=device)
+    pool.capture_decode = device.type == "cpu"
+    # The CPU runtime's decode kernel takes one token per sequence: CPU rebuilds stay on the chunk path.
+    pool.sequential_tokens = sequential_tokens_from_env() if device.type == "cuda" else 0
+    interval = interval_from_env()
+    if interval > 0:
+        pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,
+                                     device=device)
+    logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change), "
+                "a prefill state every %s (%s=N, 0 = none)", capacity, CAPACITY_ENV,
+                f"{interval} tokens" if interval else "- (off)", INTERVAL_ENV)
+    return attach(req_pool, pool)
