@@ -29,7 +29,20 @@ import triton.language as tl
 
 from sglang_replayssm.kernels.materialize_ref import MaterializeCall
 
-__all__ = ["materialize_kernel", "materialize_triton", "rows_per_program"]
+__all__ = ["materialize_kernel", "materialize_triton", "rows_per_program", "vk_tile"]
+
+
+@triton.jit
+def vk_tile(i_hv, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """The ``[BV, BK]`` tile ``i_v`` of value head ``i_hv``'s ``[V, K]`` state: value / key offsets,
+    their masks, the tile mask and the element offsets within one slot's ``[HV, V, K]``."""
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_k = tl.arange(0, BK)
+    mask_v = o_v < V
+    mask_k = o_k < K
+    mask_vk = mask_v[:, None] & mask_k[None, :]
+    tile = (i_hv * V + o_v[:, None]) * K + o_k[None, :]
+    return o_v, o_k, mask_v, mask_k, mask_vk, tile
 
 
 @triton.jit
@@ -67,12 +80,7 @@ def materialize_kernel(
     i_block = pid_rl // n_layers
     i_layer = (pid_rl % n_layers).to(tl.int64)
     i_h = i_hv // (HV // H)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_k = tl.arange(0, BK)
-    mask_v = o_v < V
-    mask_k = o_k < K
-    mask_vk = mask_v[:, None] & mask_k[None, :]
-    tile = (i_hv * V + o_v[:, None]) * K + o_k[None, :]
+    o_v, o_k, mask_v, mask_k, mask_vk, tile = vk_tile(i_hv, i_v, K, V, BK, BV)
 
     for r in range(0, rows_per_program):
         i_row = i_block * rows_per_program + r

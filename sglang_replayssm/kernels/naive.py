@@ -161,10 +161,15 @@ def delta_fp64(
 
     Shapes as in :func:`recurrent_step_fp64`.
     """
-    HV = v.shape[-2]
-    _, kk = _prepare_qk(None, k, HV, use_qk_l2norm)
+    _, kk = _prepare_qk(None, k, v.shape[-2], use_qk_l2norm)
+    return _decayed_and_delta(state, kk, v, g, beta)[1]
+
+
+def _decayed_and_delta(state: torch.Tensor, kk: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                       beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S . Diag(exp g), beta * (v - (S . Diag(exp g)) @ kk))`` in float64 (``kk`` prepared)."""
     s_dec = _decay_state(state.to(_F64), g.to(_F64))
-    return beta.to(_F64)[..., None] * (v.to(_F64) - torch.einsum("...vk,...k->...v", s_dec, kk))
+    return s_dec, beta.to(_F64)[..., None] * (v.to(_F64) - torch.einsum("...vk,...k->...v", s_dec, kk))
 
 
 def recurrent_step_fp64(
@@ -198,8 +203,7 @@ def recurrent_step_fp64(
     qq, kk = _prepare_qk(q, k, HV, use_qk_l2norm)
     assert qq is not None
     qq = qq * scale
-    s_dec = _decay_state(state.to(_F64), g.to(_F64))
-    d = beta.to(_F64)[..., None] * (v.to(_F64) - torch.einsum("...vk,...k->...v", s_dec, kk))
+    s_dec, d = _decayed_and_delta(state, kk, v, g, beta)
     o = torch.einsum("...vk,...k->...v", s_dec, qq) + d * (kk * qq).sum(-1, keepdim=True)
     new_state = s_dec + d[..., :, None] * kk[..., None, :]
     return o, new_state

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_replayssm.kernels.materialize_triton import vk_tile
+
 __all__ = ["replay_exact_kernel", "replay_exact_triton"]
 
 
@@ -55,12 +57,7 @@ def replay_exact_kernel(
     dst = tl.load(dst_slots + i_row).to(tl.int64)
     count = tl.minimum(tl.load(counts + i_row).to(tl.int32), L)
     if (src >= 0) & (dst >= 0) & (count > 0):
-        o_v = i_v * BV + tl.arange(0, BV)
-        o_k = tl.arange(0, BK)
-        mask_v = o_v < V
-        mask_k = o_k < K
-        mask_vk = mask_v[:, None] & mask_k[None, :]
-        tile = (i_hv * V + o_v[:, None]) * K + o_k[None, :]
+        o_v, o_k, mask_v, mask_k, mask_vk, tile = vk_tile(i_hv, i_v, K, V, BK, BV)
         S = tl.load(temporal + src * stride_t_slot + tile, mask=mask_vk, other=0.0).to(tl.float32)
         base_k = ring_k + src * stride_k_slot + i_h * (L * K)
         base_g = ring_g + src * stride_g_slot
