@@ -19,11 +19,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.records import donation
+from sglang_replayssm.radix.records import donation, match
+from sglang_replayssm.radix.records.pool import pool_of
 from tests.support.simulate import Sim, SimConfig
 from tests.test_radix_property import MAX_RUNNING, _apply, _op, _run, ops, prompts, tokens
 
@@ -38,7 +40,10 @@ CONFIGS = [
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, record_tokens=24,
               state_interval=4),
 ]
-_counts = {"steps": 0, "kept": 0}
+_counts = {"steps": 0, "kept": 0, "refreshed": 0}
+#: The switch sets under test: the default (both on) and the earlier policy (both off).
+POLICIES = {"branch-refresh": {"end_state_branch": True, "record_refresh": True},
+            "end-state-all": {"end_state_branch": False, "record_refresh": False}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,15 +62,21 @@ def _apply_policy(sim: Sim, op: tuple) -> None:
 
 @pytest.fixture
 def count_kept(monkeypatch):
-    """Count the finishes where the branch state was kept (the path under test ran)."""
-    real = donation.keeps_branch_state
+    """Count the finishes where the branch state was kept and the refreshes (the paths under test ran)."""
+    real, real_refresh = donation.keeps_branch_state, match.refresh
 
     def counting(req):
         kept = real(req)
         _counts["kept"] += kept
         return kept
 
+    def counting_refresh(pool, kv):
+        moved = real_refresh(pool, kv)
+        _counts["refreshed"] += moved
+        return moved
+
     monkeypatch.setattr(donation, "keeps_branch_state", counting)
+    monkeypatch.setattr(match, "refresh", counting_refresh)
 
 
 def _branch_then_probe(fix_on: bool) -> tuple[int, int]:
@@ -93,14 +104,36 @@ def test_a_branch_state_is_kept_only_with_the_fix():
     assert swapped_depth < 8
 
 
-@pytest.mark.parametrize("fix_on", [True, False], ids=["end_state_branch", "end_state_all"])
+def test_refresh_moves_rows_to_the_young_end():
+    """``refresh``: the tokens keep their rows, now in the slots the pool hands out next (the oldest), and
+    those slots' former tokens lose their records, as for any new token."""
+    cfg = SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, record_tokens=16)
+    with config.override(True):
+        sim = Sim(cfg)
+        sim.admit([1, 2, 3, 4, 5, 6], [0])
+        sim.admit([7, 7, 7, 7, 7, 7, 7, 7], [0])
+        pool = pool_of(sim.req_pool)
+        kv = torch.nonzero(pool.slot_of[:-1] >= 0).reshape(-1)[:4]  # four tokens with records
+        old = pool.slots(kv).clone()
+        rows = {lid: rec.x[old].clone() for lid, rec in pool.layers.items()}
+        head = pool.head
+        assert match.refresh(pool, kv)
+        new = pool.slots(kv)
+        assert new.tolist() == [(head + i) % pool.capacity for i in range(4)]
+        for lid, rec in pool.layers.items():
+            assert torch.equal(rec.x[new], rows[lid])
+        with config.override(record_refresh=False):
+            assert not match.refresh(pool, kv)
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[f"records{c.record_tokens}-states{c.state_interval}" for c in CONFIGS])
-def test_streams_stay_exact(cfg, fix_on, count_kept):
+def test_streams_stay_exact(cfg, policy, count_kept):
     @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(policy_ops, min_size=STEPS, max_size=STEPS))
     def streams(stream):
-        with config.override(True, end_state_branch=fix_on):
+        with config.override(True, **POLICIES[policy]):
             _run(cfg, stream, apply=_apply_policy)
         _counts["steps"] += len(stream)
 
@@ -110,4 +143,4 @@ def test_streams_stay_exact(cfg, fix_on, count_kept):
 def test_the_streams_ran_and_reached_the_branch_path():
     """After the parametrised cases (file order)."""
     assert _counts["steps"] >= len(CONFIGS) * 2 * EXAMPLES * STEPS
-    assert _counts["kept"] >= 1, _counts
+    assert _counts["kept"] >= 1 and _counts["refreshed"] >= 1, _counts

@@ -79,9 +79,10 @@ def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, k
 #: Record policies to measure, each a set of fix switches (radix/config.py) on top of the plugin's defaults.
 VARIANTS: dict[str, dict[str, bool]] = {
     "fixes": {},  # the defaults as they are
-    "no-end-state": {"end_state": False},  # the tracked state is donated (SGLang's), never the end state
-    "end-state-all": {"end_state_branch": False},  # the end state replaces every tracked state
-    "end-state-branch": {"end_state_branch": True},  # ... except a branch point's (records/donation.py)
+    "end-state-all": {"end_state_branch": False, "record_refresh": False},  # end state replaces every tracked one
+    "no-end-state": {"end_state": False, "record_refresh": False},  # the tracked state is donated (SGLang's)
+    "end-state-branch": {"end_state_branch": True, "record_refresh": False},  # ... but a branch point's kept
+    "branch-refresh": {"end_state_branch": True, "record_refresh": True},  # + planted records move young
 }
 
 
