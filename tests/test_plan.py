@@ -25,11 +25,17 @@ def test_qwen3_next_matches_the_benchmarks_table():
     assert round(s.state / s.record_per_token) == 130
     fp32 = plan.sizes(plan.preset("qwen3-next-80b"), 1, record_dtype="float32")
     assert fp32.interval_state // fp32.interval == 294_912  # "294,912 B if it were fp32"
-    # The default pool: 16,384 tokens = 9.1 GiB on a whole Qwen3-Next, 1.1 GiB per rank at TP 8.
-    whole = plan.split(s, 40 * GIB, "records")
-    assert whole.record_tokens == 16_384 and round(whole.record_bytes / GIB, 1) == 9.1
-    tp8 = plan.split(plan.sizes(plan.preset("qwen3-next-80b"), 8), 40 * GIB, "records")
-    assert tp8.record_tokens == 16_384 and round(tp8.record_bytes / GIB, 1) == 1.1
+    # 16,384 tokens of records = 9.1 GiB on a whole Qwen3-Next, 1.1 GiB per rank at TP 8.
+    whole = plan.split(s, 40 * GIB, "records", record_tokens=16_384)
+    assert round(whole.record_bytes / GIB, 1) == 9.1
+    tp8 = plan.split(plan.sizes(plan.preset("qwen3-next-80b"), 8), 40 * GIB, "records", record_tokens=16_384)
+    assert round(tp8.record_bytes / GIB, 1) == 1.1
+    # The default (records/budget.default_record_policy): the small pool at TP 1 (a token of records costs 24
+    # tokens of KV), 65,536 tokens = 4.5 GiB per rank at TP 8 (6 tokens of KV)
+    default1 = plan.split(s, 40 * GIB, "records")
+    assert default1.record_tokens == 16_384 and "small pool" in default1.reason
+    default8 = plan.split(plan.sizes(plan.preset("qwen3-next-80b"), 8), 40 * GIB, "records")
+    assert default8.record_tokens == 65_536 and round(default8.record_bytes / GIB, 1) == 4.5
 
 
 def test_kimi_linear_by_hand():

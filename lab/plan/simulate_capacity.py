@@ -76,24 +76,41 @@ def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, k
     )
 
 
+#: Record policies to measure, each a set of fix switches (radix/config.py) on top of the plugin's defaults.
+VARIANTS: dict[str, dict[str, bool]] = {
+    "fixes": {},  # the defaults as they are
+    "end-state-all": {"end_state_branch": False, "record_refresh": False},  # end state replaces every tracked one
+    "no-end-state": {"end_state": False, "record_refresh": False},  # the tracked state is donated (SGLang's)
+    "end-state-branch": {"end_state_branch": True, "record_refresh": False},  # ... but a branch point's kept
+    "branch-refresh": {"end_state_branch": True, "record_refresh": True},  # + planted records move young
+}
+
+
 def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[list[int]],
-               disabled: tuple[str, ...] = (), kind: str = "gdn") -> dict[str, Any]:
+               disabled: tuple[str, ...] = (), kind: str = "gdn", variant: str = "fixes") -> dict[str, Any]:
+    """Replay ``prompts`` (each finishing at prefill) on one policy's pools; the ceiling is the KV depth
+    each admission's match reached (what every hit would be if a state were kept at every depth)."""
     from sglang_replayssm.radix import config
     from tests.support.simulate import Sim
 
     cfg = sim_config(policy, scale, trace, max(map(len, prompts)) + 1, kind)
     t0 = time.perf_counter()
     plugin = policy["policy"] != "sglang"
-    with config.override(plugin, **({name: False for name in disabled} if plugin else {})):
+    fixes = {**({name: False for name in disabled}), **VARIANTS[variant]} if plugin else {}
+    with config.override(plugin, **fixes):
         sim = Sim(cfg)
-        matched = total = 0
+        matched = total = ceiling = 0
         for i, prompt in enumerate(prompts):
+            probe = sim.match(prompt)
+            ceiling += min(int(probe.full_kv_hit_length or 0), len(prompt) - 1)
             sreq = sim.admit(prompt, [i % trace.vocab])
             matched += sreq.matched
             total += len(prompt)
-    return {"policy": policy["policy"], "kv_tokens": cfg.kv_size, "state_slots": cfg.mamba_slots,
+    name = policy["policy"] if not plugin or variant == "fixes" else f"{policy['policy']}/{variant}"
+    return {"policy": name, "kv_tokens": cfg.kv_size, "state_slots": cfg.mamba_slots,
             "record_tokens": policy["record_tokens"] // scale, "hit_rate": matched / total,
-            "prefill_tokens": total - matched, "seconds": round(time.perf_counter() - t0, 1)}
+            "ceiling": ceiling / total, "prefill_tokens": total - matched, "rebuilds": getattr(sim, "rebuilds", 0),
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,24 +128,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--doc-len", type=int, default=Trace.doc_len)
     p.add_argument("--policies", default="sglang,records-off,records-default,records-4096,records-16384")
     p.add_argument("--disable-fixes", default="", help="comma-separated fixes turned off in the plugin arms")
+    p.add_argument("--variants", default="fixes",
+                   help=f"comma-separated record policies run on every plugin arm: {', '.join(VARIANTS)}")
+    p.add_argument("--record-budgets", default="4096,16384,65536", help="record capacities planned (records-N arms)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()
-    doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB))
+    budgets = tuple(int(x) for x in args.record_budgets.split(",") if x)
+    doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB),
+                        record_budgets=budgets)
     trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len)
     prompts = trace.prompts()
     wanted = args.policies.split(",")
     disabled = tuple(x for x in args.disable_fixes.split(",") if x)
-    rows = [run_policy(pol, args.scale, trace, prompts, disabled, doc["model"]["family"])
-            for pol in doc["policies"] if pol["policy"] in wanted]
+    variants = [v for v in args.variants.split(",") if v]
+    rows = [run_policy(pol, args.scale, trace, prompts, disabled, doc["model"]["family"], variant)
+            for pol in doc["policies"] if pol["policy"] in wanted
+            for variant in (variants if pol["policy"].startswith("records-") and pol["policy"] != "records-off"
+                            else variants[:1])]
     working_set = len({tuple(x[: trace.system_len + trace.doc_len]) for x in prompts}) * trace.doc_len
     print(f"{args.model} TP {args.tp}, {args.cache_gib:g} GiB/rank, counts / {args.scale}; fixes off: "
           f"{', '.join(disabled) or 'none'}; trace {trace}; "
           f"distinct documents x doc_len = {working_set:,} tokens")
-    print(f"{'policy':<16} {'KV tok':>8} {'slots':>6} {'rec tok':>8} {'hit rate':>9} {'prefill tok':>12} {'s':>6}")
+    print(f"{'policy':<34} {'KV tok':>8} {'slots':>6} {'rec tok':>8} {'hit rate':>9} {'ceiling':>8} "
+          f"{'prefill tok':>12} {'rebuilds':>8} {'s':>6}")
     for r in rows:
-        print(f"{r['policy']:<16} {r['kv_tokens']:>8,} {r['state_slots']:>6} {r['record_tokens']:>8,} "
-              f"{r['hit_rate']:>9.1%} {r['prefill_tokens']:>12,} {r['seconds']:>6}")
+        print(f"{r['policy']:<34} {r['kv_tokens']:>8,} {r['state_slots']:>6} {r['record_tokens']:>8,} "
+              f"{r['hit_rate']:>9.1%} {r['ceiling']:>8.1%} {r['prefill_tokens']:>12,} {r['rebuilds']:>8} "
+              f"{r['seconds']:>6}")
     if args.json is not None:
         args.json.write_text(json.dumps({"plan": doc, "scale": args.scale, "trace": trace.__dict__, "rows": rows},
                                         indent=2) + "\n")

@@ -32,7 +32,7 @@ from typing import Any
 from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
 from sglang_replayssm.radix.records.budget import (
     MIN_DEFAULT_CAPACITY,
-    default_capacity,
+    default_record_policy,
     interval_state_bytes,
     record_bytes,
     record_bytes_per_token,
@@ -216,6 +216,7 @@ class Split:
     kv_tokens: int
     kv_bytes: int
     refused: str = ""
+    reason: str = ""  # the default rule's reason (records-default)
 
     @property
     def total_bytes(self) -> int:
@@ -230,12 +231,12 @@ def _mamba_pool(budget: int, per_slot: int, ratio: float) -> tuple[int, int]:
     return slots, (slots + 1) * per_slot if slots else 0
 
 
-def default_record_tokens(rest: int, per_token: int) -> int:
-    """The default record capacity out of ``rest`` bytes left for the KV cache (the rule of
-    ``radix/records/budget.py``): :data:`DEFAULT_RECORD_TOKENS`, or :data:`DEFAULT_RECORD_SHARE` of the
-    rest if less, and none below :data:`MIN_RECORD_TOKENS`. ``per_token`` includes the interval states'
-    share."""
-    return default_capacity(DEFAULT_RECORD_TOKENS, rest, per_token)
+def default_record_tokens(rest: int, per_token: int, kv_per_token: int = 0) -> tuple[int, str]:
+    """The default record capacity out of ``rest`` bytes left for the KV cache and why (the rule of
+    ``radix/records/budget.py``, :func:`default_record_policy`: off where a token of records costs too
+    many tokens of KV, else at least its paying capacity, at most :data:`DEFAULT_RECORD_SHARE` of the rest,
+    none below :data:`MIN_RECORD_TOKENS`). ``per_token`` includes the interval states' share."""
+    return default_record_policy(DEFAULT_RECORD_TOKENS, rest, per_token, kv_per_token)
 
 
 def split(s: Sizes, budget: int, policy: str, *, record_tokens: int | None = None,
@@ -246,11 +247,12 @@ def split(s: Sizes, budget: int, policy: str, *, record_tokens: int | None = Non
     ring = 0 if policy == "sglang" else s.ring
     slots, state_bytes = _mamba_pool(budget, s.state + ring, ratio)
     rest = budget - state_bytes
-    name, tokens, nbytes, refused = policy, 0, 0, ""
+    name, tokens, nbytes, refused, reason = policy, 0, 0, "", ""
     if policy == "records":
         per_token = s.record_per_token + (-(-s.interval_state // s.interval) if s.interval else 0)
         if record_tokens is None:
-            name, tokens = "records-default", default_record_tokens(rest, per_token)
+            name = "records-default"
+            tokens, reason = default_record_tokens(rest, per_token, s.kv_per_token)
         else:
             name, tokens = f"records-{record_tokens}", record_tokens
         nbytes = record_bytes(s.params, s.itemsize, tokens, s.interval) if tokens > 0 else 0
@@ -260,7 +262,7 @@ def split(s: Sizes, budget: int, policy: str, *, record_tokens: int | None = Non
     elif policy not in ("sglang", "records-off"):
         raise ValueError(f"unknown policy {policy!r}")
     kv_tokens = max(rest - nbytes, 0) // s.kv_per_token
-    return Split(name, slots, state_bytes, tokens, nbytes, kv_tokens, kv_tokens * s.kv_per_token, refused)
+    return Split(name, slots, state_bytes, tokens, nbytes, kv_tokens, kv_tokens * s.kv_per_token, refused, reason)
 
 
 DEFAULT_RECORD_BUDGETS = (4096, 16384, 65536)
@@ -310,7 +312,8 @@ def format_plan(doc: dict[str, Any]) -> str:
         lines.append(
             f"{p['policy']:<16} {p['state_slots']:>11,} {_gib(p['state_bytes']):>7} {p['record_tokens']:>10,} "
             f"{_gib(p['record_bytes']):>7} {p['kv_tokens']:>11,} {_gib(p['kv_bytes']):>7} {_gib(p['total_bytes']):>9}"
-            + (f"  refused: {p['refused']}" if p["refused"] else ""))
+            + (f"  refused: {p['refused']}" if p["refused"] else "")
+            + (f"  ({p['reason']})" if p.get("reason") else ""))
     return "\n".join(lines)
 
 

@@ -15,8 +15,8 @@ from typing import Any
 from sglang_replayssm import settings
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["default_capacity", "interval_state_bytes", "record_bytes", "record_bytes_per_token", "reservation_gib",
-           "reserved_capacity"]
+__all__ = ["default_capacity", "default_record_policy", "interval_state_bytes", "record_bytes", "record_bytes_per_token",
+           "reservation_gib", "reserved_capacity"]
 logger = logging.getLogger(__name__)
 
 
@@ -56,13 +56,55 @@ def default_capacity(capacity: int, rest_bytes: float, per_token: int) -> int:
     return capacity if capacity >= MIN_DEFAULT_CAPACITY else 0
 
 
+#: The large default pool only where one token of records costs at most this many tokens of KV: measured
+#: with SGLang's tree at equal HBM (lab/plan/RESULTS.md), 65,536 records beat extra_buffer at Qwen3-Next TP8
+#: (6 KV tokens a record token) and TP4 (12); at Qwen3-Next TP1 (24) and Kimi-Linear TP1 (81) no record
+#: pool beats extra_buffer (the ring's slot charge), and the small pool still hits more than none.
+MAX_KV_TOKENS_PER_RECORD = 16
+#: Where records pay, the default pool's capacity (at most :data:`DEFAULT_RECORD_SHARE` of the KV budget):
+#: 65,536 tokens hit more than 16,384 and 4,096 there (same measurement).
+PAYING_CAPACITY = 65536
+
+
+def default_record_policy(capacity: int, rest_bytes: float, per_token: int, kv_per_token: int) -> tuple[int, str]:
+    """The default record capacity and why, from the bytes of one token of records (``per_token``, the
+    interval states' share included) and of KV (``kv_per_token``, one rank; 0: unknown) and ``rest_bytes``
+    left for the KV cache: :func:`default_capacity` of ``capacity`` where a token of records costs more
+    than :data:`MAX_KV_TOKENS_PER_RECORD` tokens of KV or the KV bytes are unknown, else of at least
+    :data:`PAYING_CAPACITY` tokens.
+    ``sglang-replayssm plan`` and the startup reservation both apply it."""
+    if kv_per_token <= 0:
+        tokens = default_capacity(capacity, rest_bytes, per_token)
+        return tokens, "default: KV bytes per token unknown" + ("" if tokens else ", too little memory: records off")
+    ratio = per_token / kv_per_token
+    if ratio > MAX_KV_TOKENS_PER_RECORD:
+        tokens = default_capacity(capacity, rest_bytes, per_token)
+        return tokens, (f"default: a token of records costs {ratio:.0f} tokens of KV (> {MAX_KV_TOKENS_PER_RECORD}): "
+                        f"the small pool, which hits more than none at equal memory" + (
+                            "" if tokens else f", < {MIN_DEFAULT_CAPACITY} tokens fit: records off"))
+    tokens = default_capacity(max(capacity, PAYING_CAPACITY), rest_bytes, per_token)
+    return tokens, f"default: a token of records costs {ratio:.0f} tokens of KV" + (
+        "" if tokens else f", < {MIN_DEFAULT_CAPACITY} tokens fit: records off")
+
+
+def _kv_bytes_per_token(configurator: Any) -> int:
+    """One token's KV cache bytes on this rank, as SGLang's pool configurator sizes a cell (0 if it cannot
+    say: the policy then does not turn records off)."""
+    try:
+        from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+        return int(DefaultPoolConfigurator(configurator)._cell_size)
+    except Exception:  # noqa: BLE001 - a configurator SGLang's default pool cannot size: no verdict
+        return 0
+
+
 def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     """Reserve the record pool out of ``rest_gib`` and hand its capacity to the model ``configurator`` sizes
     the pools for (its state's ``record_capacity``), which the record pool is built with (:mod:`startup`).
 
     An explicit ``SGLANG_REPLAYSSM_RECORD_TOKENS`` that leaves no memory for the KV cache is refused in
-    one line; the default shrinks to :data:`DEFAULT_RECORD_SHARE` of ``rest_gib`` (records off below
-    one chunk of 64 tokens), logged either way.
+    one line; the default is :func:`default_record_policy`'s (records off where they do not pay at equal
+    memory, else at most :data:`DEFAULT_RECORD_SHARE` of ``rest_gib``), logged either way with its reason.
     """
     from sglang_replayssm.radix import config
     from sglang_replayssm.radix.records.interval_states import interval_from_env
@@ -84,8 +126,10 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
         per_token += -(-interval_state_bytes(params) // interval)
     explicit = settings.RECORD_TOKENS.is_set()
     capacity = capacity_from_env()
+    reason = "set"
     if not explicit:
-        capacity = default_capacity(capacity, rest_gib * (1 << 30), per_token)
+        capacity, reason = default_record_policy(capacity, rest_gib * (1 << 30), per_token,
+                                                 _kv_bytes_per_token(configurator))
     nbytes = record_bytes(params, itemsize, capacity, interval) if capacity > 0 else 0
     if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
         raise ValueError(
@@ -93,8 +137,8 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
             f"{rest_gib:.2f} GiB are left for the KV cache; lower it (0 turns records off)"
         )
     state_of(configurator.model).record_capacity = capacity
-    logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget%s",
-                capacity, per_token, nbytes / (1 << 20), "" if explicit else " (default)")
+    logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget (%s)",
+                capacity, per_token, nbytes / (1 << 20), reason)
     return nbytes / (1 << 30)
 
 

@@ -12,7 +12,19 @@ from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records.pool import pool_of
 from sglang_replayssm.radix.spec.ring import fold_before_copy
 
-__all__ = ["end_state_before_finish_donation"]
+__all__ = ["end_state_before_finish_donation", "keeps_branch_state"]
+
+
+def keeps_branch_state(req: Any) -> bool:
+    """Whether the last tracked state of ``req`` is its branch point's (fix ``end_state_branch``): the
+    admission match found KV deeper than any state (SGLang's ``mamba_branching_seqlen``, a depth where
+    another path already leaves this one, no records planted there), so the prefill tracked the state at
+    that depth for the next request that leaves there too. That state serves every later branch; the end
+    state only this conversation's next turn, so it is kept and the end state is not swapped in."""
+    if not config.enabled("end_state_branch"):
+        return False
+    branch = getattr(req, "mamba_branching_seqlen", None)
+    return branch is not None and int(branch) > 0 and req.kv.mamba_last_track_seqlen == int(branch)
 
 
 def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: int, is_finished: bool) -> None:
@@ -28,7 +40,8 @@ def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: in
 
     Only with records on (:mod:`records`, which need the decode ring): the donated state replaces
     the tracked one, so a later prompt that leaves this path between the two depths resumes from
-    records, not from the tracked state. No-op unless finished, extra_buffer, no int8 checkpoints,
+    records, not from the tracked state. With ``end_state_branch`` on, a tracked state at the request's
+    branch point is kept (:func:`keeps_branch_state`). No-op unless finished, extra_buffer, no int8 checkpoints,
     a page-aligned depth, and a live working slot and keep slot.
     """
     cache = component.cache
@@ -43,7 +56,7 @@ def end_state_before_finish_donation(component: Any, req: Any, token_ids_len: in
     keep = req_pool.get_mamba_ping_pong_keep_idx(req)
     if slot is None or track is None or keep is None or int(track[keep]) < 0:
         return
-    if (req.kv.mamba_last_track_seqlen or 0) >= token_ids_len:
+    if (req.kv.mamba_last_track_seqlen or 0) >= token_ids_len or keeps_branch_state(req):
         return
     if config.enabled("record_spec_ring"):  # the spec ring's pending accepted records, folded first
         fold_before_copy(req_pool, req)

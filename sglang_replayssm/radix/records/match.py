@@ -29,7 +29,7 @@ import torch
 from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 from sglang_replayssm.state import state_of, take
 
-__all__ = ["Rebuild", "plant_and_match", "rebuild_of", "rebuilt_tokens"]
+__all__ = ["Rebuild", "plant_and_match", "rebuild_of", "rebuilt_tokens", "refresh"]
 
 
 
@@ -106,6 +106,41 @@ def _from_interval_state(pool: RecordPool, span: torch.Tensor) -> tuple[int, int
     return state, lead, pool.slots(tail).clone()
 
 
+def refresh(pool: RecordPool, kv: torch.Tensor) -> bool:
+    """Move the records of the tokens of ``kv`` that have one to the young end of the first-in-first-out
+    pool (fix ``record_refresh``): new slots through :meth:`RecordPool.assign` (the oldest records go, as
+    for any new token), every layer's rows copied there. A path that keeps being hit keeps its records; one
+    that is not ages out. Returns whether it moved them.
+
+    Skipped (False) where the slots it would take hold a queued rebuild's records (they are read at the
+    next forward), with HiCache (queued record loads), or for more than half the pool. Exact: the rows
+    are copied, not recomputed."""
+    from sglang_replayssm.radix import config
+
+    if not config.enabled("record_refresh") or pool.hicache is not None or not pool.layers:
+        return False
+    kv = kv.reshape(-1).to(pool.slot_of.device, torch.int64)
+    old = pool.slots(kv)
+    keep = old >= 0
+    kv, old = kv[keep], old[keep]
+    n = int(kv.numel())
+    if n == 0 or 2 * n > pool.capacity:
+        return False
+    taken = (pool.head + torch.arange(n, device=pool.device)) % pool.capacity
+    busy = [job.slots for job in pool.pending if isinstance(job, Rebuild)]
+    if busy and bool(torch.isin(taken, torch.cat(busy).to(taken.device)).any()):
+        return False
+    rows = {lid: (rec.x[old], rec.a[old], rec.b[old]) for lid, rec in pool.layers.items()}
+    pool.assign(kv)
+    new = pool.slots(kv)
+    for lid, (x, a, b) in rows.items():
+        rec = pool.layers[lid]
+        rec.x.index_copy_(0, new, x)
+        rec.a.index_copy_(0, new, a)
+        rec.b.index_copy_(0, new, b)
+    return True
+
+
 def rebuild_job(pool: RecordPool, slot: torch.Tensor, span: torch.Tensor,
                 start: tuple[int, int, torch.Tensor] | None, src: torch.Tensor | None) -> Rebuild:
     """The rebuild of ``slot`` over ``span``: from the interval state ``start`` (:func:`_from_interval_state`)
@@ -141,6 +176,8 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         full = depth + span.numel()  # planted above the host-only nodes
     if span.numel() == 0 or depth + span.numel() != full:
         return original(component, params, result)
+    if pool.covered(span) or _from_interval_state(pool, span) is not None:
+        refresh(pool, span)  # the slots of the job built below are read after the move
     start = _from_interval_state(pool, span)
     src = None
     if start is None:
