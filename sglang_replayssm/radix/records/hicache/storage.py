@@ -174,6 +174,7 @@ def read_pages(storage: Any, keys: list[str], page_bytes: int) -> dict[int, torc
         if not storage.exists(key):
             continue
         buf = torch.empty(store_integrity.HEADER.size + page_bytes, dtype=torch.uint8)
+        kind: str | None
         try:
             got = storage.get(key, buf)
         except OSError:  # a short file: cut off, or written for a smaller page

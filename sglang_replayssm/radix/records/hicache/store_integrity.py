@@ -81,7 +81,7 @@ def _header(model: str, layout: str, page: str, payload: memoryview | bytes) -> 
 
 
 def _bytes_of(value: torch.Tensor) -> memoryview:
-    return memoryview(value.detach().contiguous().view(torch.uint8).reshape(-1).numpy())
+    return memoryview(value.detach().contiguous().view(torch.uint8).reshape(-1).numpy().data)
 
 
 def seal(payload: torch.Tensor, *, model: str, layout: str, page: str) -> torch.Tensor:
