@@ -219,3 +219,65 @@ def test_one_warning_line_per_kind_per_interval(caplog):
     lines = [r for r in caplog.records if "L3 store" in r.getMessage()]
     assert len(lines) == 1 and "corrupt" in lines[0].getMessage()
     assert _delta(before) == {"corrupt": 5}
+
+
+def test_a_flipped_records_file_is_never_folded_into_a_state(tmp_path, monkeypatch):
+    """The worst case: a records file of a page inside the hit, bit-flipped at rest. Backed up, read back
+    by another backend at a prefetch and hit inside the node, as in ``tests/test_radix_records_storage.py``:
+    the flipped page has no records, so the hit inside is SGLang's miss or a state equal to the oracle,
+    never a state rebuilt from the flipped bytes."""
+    import types
+
+    from sglang.srt.mem_cache.pool_host import common
+
+    from tests.support.simulate import rel_err
+    from tests.test_radix_records_storage import PROMPT, SPLIT, _registered
+
+    monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)
+    with config.override(True):
+        sim = _sim()
+        try:
+            _, host_kv, hashes = _node_on_host(sim)
+            controller = sim.cache.cache_controller
+            host = pool_of(sim.req_pool).hicache.host
+            monkeypatch.setattr(controller, "storage_backend", _file_backend(tmp_path), raising=False)
+            _registered("stage_records_for_storage")(lambda *a, **k: 7, controller, host_kv, PROMPT, hashes)
+
+            def sglang_pages(_controller, operation):
+                operation.completed_tokens = len(hashes)
+
+            op = types.SimpleNamespace(host_indices=host_kv, hash_value=hashes, completed_tokens=0)
+            _registered("store_records_beside_pages")(sglang_pages, controller, op)
+            storage = _file_backend(tmp_path)
+            keys = record_storage.page_keys(hashes, host, 1, 0, 1)
+            path = _file(storage, keys[SPLIT - 3])
+            data = bytearray(path.read_bytes())
+            for i in range(store_integrity.HEADER.size + 3, len(data), 4):
+                data[i] ^= 0x40  # the high byte of every value: a big change in each
+            path.write_bytes(bytes(data))
+            host.invalidate(host_kv)
+
+            before = store_integrity.damage_counts()
+            monkeypatch.setattr(controller, "storage_backend", storage, raising=False)
+            fetch = types.SimpleNamespace(hash_value=hashes, host_indices=host_kv, completed_tokens=len(PROMPT))
+            _registered("read_records_with_pages")(lambda *a: None, controller, fetch)
+            _registered("prefetched_records_to_host")(lambda *a: None, sim.cache, fetch)
+            assert _delta(before) == {"corrupt": 1}
+            assert SPLIT - 3 not in [p for p, _ in record_storage.snapshot(host, host_kv, 1)]
+
+            match = sim.match(PROMPT)
+            assert sim.cache.load_back(match.best_match_node)
+            sim.cache.ready_to_load_host_cache()
+            for ack in list(controller.ack_load_queue):
+                ack.finish_event.synchronize()
+            sim.cache.loading_check()
+            q = sim.admit(PROMPT[:SPLIT] + [0, 0], [1])
+            sim.check()
+            planted = [slot for p, slot in sim.cached_nodes() if p == PROMPT[:SPLIT]]
+            if q.matched == SPLIT:  # a hit inside: only from whole records
+                want = sim.model.oracle(PROMPT[:SPLIT])
+                assert max(rel_err(g, w) for g, w in zip(sim.slot_state(planted[0]), want)) <= 1e-5
+            else:
+                assert q.matched == 0
+        finally:
+            sim.cache.release_host_resources()
