@@ -36,7 +36,7 @@ def models() -> dict[str, Path]:
 
 
 def _files_by_page(store: Path) -> dict[str, dict[str, Path]]:
-    """Each page hash's files by tag: '' (KV), '.replayssm-sum' (its twin), '.mamba', '.mamba.replayssm-sum',
+    """Each page hash's files by tag: '' (KV), '.replayssm-sum' (its twin), '.mamba', '.replayssm-sum.mamba',
     '.replayssm-rec' (records)."""
     out: dict[str, dict[str, Path]] = {}
     for path in store.glob("*.bin"):
@@ -66,7 +66,7 @@ def _damage(store: Path, hashes: list[list[str]]) -> dict[str, int]:
     _truncate(files[0][100][""])  # prompt 0: KV page 101 short
     kv = files[1][150][""]
     _flip(kv, kv.stat().st_size // 2)  # prompt 1: KV page 151 flipped
-    _flip(files[2][-1][".mamba.replayssm-sum"], 8)  # prompt 2: its state's twin names another model
+    _flip(files[2][-1][".replayssm-sum.mamba"], 8)  # prompt 2: its state's twin names another model
     files[3][0][".replayssm-sum"].unlink()  # prompt 3: KV page 1 without its twin
     # two whole prompts with records (records are best effort: a page whose host records were not ready yet
     # at its backup has none): one names another layout, one is short
@@ -99,7 +99,7 @@ def test_a_damaged_store_serves_its_whole_pages_and_nothing_damaged(models, tmp_
     with cpu_server(model, STORAGE_FLAGS, tmp_path / "server1.log", env=env, timeout_s=600) as url:
         first = [generate(url, p, NEW_TOKENS) for p in prompts]
         hashes = [get_storage_hash_str(p[:STORED], None, page_size=1) for p in prompts]
-        whole = {"", ".replayssm-sum", ".mamba", ".mamba.replayssm-sum"}
+        whole = {"", ".replayssm-sum", ".mamba", ".replayssm-sum.mamba"}
         deadline = time.monotonic() + 60
         while not all(set(_files_by_page(store).get(h[-1], ())) >= whole for h in hashes):  # backups are async
             assert time.monotonic() < deadline, "the store was not filled"

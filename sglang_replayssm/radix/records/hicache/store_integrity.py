@@ -3,14 +3,15 @@
 Three kinds of file live in the store (``--hicache-storage-backend file``, one file per key):
 
 * SGLang's KV page ``<hash>`` and mamba sidecar ``<hash>.mamba``: raw bytes, SGLang's format, no
-  header. Each gets a *twin* key ``<key>.replayssm-sum`` written after it (AROUND
-  ``HiCacheFile.set``): a :data:`HEADER` alone, whose length and crc32 describe the page file;
+  header. Each gets a *twin* key (:func:`twin_of`) written after it (AROUND ``HiCacheFile.set``):
+  a :data:`HEADER` alone, whose length and crc32 describe the page file;
 * our records ``<hash>.replayssm-rec-...`` (:mod:`storage`): a :data:`HEADER` followed by the
   payload, written and checked by :func:`seal` / :func:`unseal`.
 
 The header binds a file to what its key claims: ``magic``, ``version``, the model identity (the
-backend's model / rank suffix, :func:`model_identity`), the records' layout digest (empty for a
-twin), the digest of the key's page hash, the payload length and the payload's ``zlib.crc32``.
+backend's model / rank suffix: :func:`model_identity` for records, the page file's own suffix for a
+twin), the records' layout digest (empty for a twin), the digest of the key (page hash), the
+payload length and the payload's ``zlib.crc32``.
 
 A file is *damaged* of one :data:`KINDS`: ``truncated`` (shorter than its header says),
 ``corrupt`` (bad magic / version / page digest, or crc mismatch: a bit flip), ``other_model``,
@@ -150,9 +151,21 @@ def damage_counts() -> dict[str, int]:
 # ---- SGLang's page files: a twin per page ------------------------------------------------------
 
 
+_MAMBA = ".mamba"  # the file backend names a mamba page per TP rank (its key ends so)
+
+
 def twin_of(key: str) -> str:
-    """The twin key of a page key (``<hash>`` or ``<hash>.mamba``)."""
+    """The twin key of a page key: ``<hash>`` -> ``<hash>.replayssm-sum``, ``<hash>.mamba`` ->
+    ``<hash>.replayssm-sum.mamba`` (so the backend gives the twin its page's model / rank suffix)."""
+    if key.endswith(_MAMBA):
+        return key[: -len(_MAMBA)] + TWIN_TAG + _MAMBA
     return key + TWIN_TAG
+
+
+def _page_identity(storage: Any, key: str) -> str:
+    """A page's model identity: the suffix the file backend names it with (model, and the TP rank
+    where the page is per rank; an MLA KV page is shared by the ranks)."""
+    return str(storage._get_suffixed_key(key))[len(key):]
 
 
 def _ours(key: str) -> bool:
@@ -166,7 +179,7 @@ def set_hook(original: Callable[..., Any], storage: Any, key: str, value: Any = 
     ok = original(storage, key, value, *args, **kwargs)
     if ok and isinstance(value, torch.Tensor) and not _ours(key) and not storage.exists(twin_of(key)):
         data = _bytes_of(value)
-        head = torch.frombuffer(bytearray(_header(model_identity(storage), "", key, data)), dtype=torch.uint8)
+        head = torch.frombuffer(bytearray(_header(_page_identity(storage, key), "", key, data)), dtype=torch.uint8)
         original(storage, twin_of(key), head)
     return ok
 
@@ -192,7 +205,7 @@ def page_damage(storage: Any, key: str) -> str | None:
             data = f.read()
     except FileNotFoundError:
         return None  # gone since the query: SGLang's read fails on its own (no damage of ours to report)
-    return unseal(_bytes_of(head), model=model_identity(storage), layout="", page=key, data=data)
+    return unseal(_bytes_of(head), model=_page_identity(storage, key), layout="", page=key, data=data)
 
 
 def _checked(storage: Any, key: str) -> bool:
