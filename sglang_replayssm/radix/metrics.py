@@ -41,6 +41,7 @@ __all__ = [
     "REBUILT_LOG_KEY",
     "REBUILT_PROMETHEUS_NAME",
     "collect_for_prefill",
+    "count_store_damage",
     "lost_hit_tokens",
     "pop_lost_hit",
     "process_total",
@@ -58,6 +59,7 @@ HITS_PROMETHEUS_NAME = "sglang:replayssm_record_rebuilt_hits_total"
 FOLDED_PROMETHEUS_NAME = "sglang:replayssm_record_folded_total"
 POOL_BYTES_PROMETHEUS_NAME = "sglang:replayssm_record_pool_bytes"
 EVICTED_PROMETHEUS_NAME = "sglang:replayssm_record_evicted_tokens_total"
+STORE_DAMAGED_PROMETHEUS_NAME = "sglang:replayssm_store_damaged_files_total"
 _STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
 _REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"  # (tokens, hits, folded records)
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
@@ -144,6 +146,8 @@ _DOCS = {
     FOLDED_PROMETHEUS_NAME: "Records folded by those rebuilds (from the deepest kept state), sglang-replayssm.",
     POOL_BYTES_PROMETHEUS_NAME: "Bytes held by the record pool (records, interval states, maps), sglang-replayssm.",
     EVICTED_PROMETHEUS_NAME: "Records dropped, oldest first, to make room for newer tokens, sglang-replayssm.",
+    STORE_DAMAGED_PROMETHEUS_NAME: "Damaged files found in the HiCache L3 store (label kind: truncated, corrupt, "
+    "other_model, other_layout, missing_twin), skipped and never served, sglang-replayssm.",
 }
 
 
@@ -166,6 +170,13 @@ def _record_pool_values(reporter: Any) -> tuple[int, int] | None:
         new = pool.evicted - _evicted_reported.get(id(pool), 0)
         _evicted_reported[id(pool)] = pool.evicted
     return pool.nbytes, new
+
+
+def count_store_damage(kind: str) -> None:
+    """One damaged L3 store file of ``kind`` (radix/records/hicache/store_integrity.py), counted in
+    ``sglang:replayssm_store_damaged_files_total{kind}`` (the storage threads have no collector
+    labels; the scheduler process exports it with the others)."""
+    _prometheus_counter(STORE_DAMAGED_PROMETHEUS_NAME, ["kind"]).labels(kind=kind).inc()
 
 
 def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:

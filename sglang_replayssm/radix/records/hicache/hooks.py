@@ -1,6 +1,6 @@
 """The hooks of records with HiCache: :data:`HICACHE_HOOKS` (:mod:`host_records`, behind
 ``record_hicache``), :data:`HOST_HIT_HOOKS` (:mod:`host_hits`, behind ``record_host_hits``),
-:data:`STORAGE_HOOKS` (:mod:`storage`, behind ``record_storage``). Each body lives in its module,
+:data:`STORAGE_HOOKS` (:mod:`storage` and :mod:`store_integrity`, behind ``record_storage``). Each body lives in its module,
 imported on first use (:func:`sglang_replayssm.radix.gated.lazy`); each ``at`` is checked against SGLang
 by ``tests/test_hook_table.py``. Their order on a shared target is in :mod:`sglang_replayssm.hook_order`."""
 
@@ -70,6 +70,16 @@ _STORAGE_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
      "A completed prefetch: the fetched pages' records become host records of its host KV."),
 )
 
+_HF = f"{_MEM}.hicache_storage.HiCacheFile"
+_INTEGRITY_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+    ("checksum_twin_beside_page", "set_hook", f"{_HF}.set", "AROUND", f"{_AT}/hicache_storage.py:883",
+     "A page SGLang stores in the file backend gets a twin file: header with its length and crc32."),
+    ("damaged_pages_end_the_hit", "exists_hook", f"{_HF}.batch_exists_v2", "AROUND",
+     f"{_AT}/hicache_storage.py:981",
+     "A prefetch's storage query ends the KV prefix before the first damaged page and drops the "
+     "restorable prefixes whose state file is damaged (counted, warned, never served)."),
+)
+
 
 def _hooks(rows: tuple[tuple[str, str, str, HookKind, str, str], ...], module: str, fix: str) -> tuple[Hook, ...]:
     """One gated :class:`Hook` per row ``(name, body in module, target, kind, SGLang file:line, doc)``
@@ -86,4 +96,5 @@ HICACHE_HOOKS: tuple[Hook, ...] = _hooks(_HICACHE_ROWS, "host_records", "record_
 #: Hits on host-only nodes covered by records.
 HOST_HIT_HOOKS: tuple[Hook, ...] = _hooks(_HOST_HIT_ROWS, "host_hits", "record_host_hits")
 #: Records beside L3 pages.
-STORAGE_HOOKS: tuple[Hook, ...] = _hooks(_STORAGE_ROWS, "storage", "record_storage")
+STORAGE_HOOKS: tuple[Hook, ...] = (_hooks(_STORAGE_ROWS, "storage", "record_storage")
+                                   + _hooks(_INTEGRITY_ROWS, "store_integrity", "record_storage"))

@@ -8,7 +8,7 @@ travel *beside* the pages, through the same backend's ``set`` / ``get`` (the fil
 per page in its directory, under its own LRU and size budget):
 
 * key ``<page hash>.replayssm-rec-tp<rank>of<size>-<layout>``: the page's records, every linear
-  layer's ``x``, ``a``, ``b`` rows of the page's tokens in layer order, as raw bytes; ``layout`` is a
+  layer's ``x``, ``a``, ``b`` rows of the page's tokens in layer order, as raw bytes after a header; ``layout`` is a
   digest of the layer ids, row widths, dtypes and the page size, so a server with another model
   shard or dtype never reads them (the backend adds its own model / rank suffix);
 * **backup** (AROUND ``HybridCacheController.write_storage``, scheduler thread): the host records
@@ -22,8 +22,11 @@ per page in its directory, under its own LRU and size budget):
   a load-back (:mod:`record_hicache`) and serve hits inside the prefetched span
   (:mod:`record_match`, :mod:`record_host_hits`).
 
-A page without its records file, with a short file, or written under another layout has no
-record: hits there are SGLang's. A process whose record pool has not seen a forward yet (no layer
+Each records file starts with :mod:`store_integrity`'s header (magic, version, model, layout, page
+hash, payload length, crc32 of the payload), written on backup and checked on prefetch. A page
+without its records file has no record; one whose file is short, bit-flipped, or names another
+model, layout or page is skipped, counted and warned about (:func:`store_integrity.report`): no
+records, its hits are SGLang's. A process whose record pool has not seen a forward yet (no layer
 shapes) restores nothing (its next prefetches do). The hit of the prefetch itself stays SGLang's:
 the prefetched span ends at the deepest stored state (``_sync_prefetch_hit_query``,
 ``PoolHitPolicy.TRAILING_PAGES``), and going past it would need the mamba sidecar read of an inner
@@ -40,6 +43,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.radix.records.hicache import store_integrity
 from sglang_replayssm.radix.records.pool import RecordPool
 from sglang_replayssm.state import peek, state_of, take
 
@@ -102,12 +106,22 @@ def snapshot(host: Any, host_kv: torch.Tensor, page_size: int) -> list[tuple[int
     return out
 
 
+def _claims(key: str) -> tuple[str, str]:
+    """``(page hash, layout digest)`` a records key names (:func:`page_keys`)."""
+    return key.split(".", 1)[0], key.rsplit("-", 1)[1]
+
+
 def write_pages(storage: Any, keys: list[str], pages: list[tuple[int, torch.Tensor]], done_pages: int) -> int:
-    """``storage.set`` each staged page below ``done_pages``; returns the pages written."""
+    """``storage.set`` each staged page below ``done_pages``, sealed with the header of its key's
+    page hash and layout and the backend's model (:func:`store_integrity.seal`); returns the pages
+    written."""
+    model = store_integrity.model_identity(storage)
     written = 0
     for page, value in pages:
-        if page < done_pages and storage.set(keys[page], value):
-            written += 1
+        if page < done_pages:
+            hash_, layout = _claims(keys[page])
+            if storage.set(keys[page], store_integrity.seal(value, model=model, layout=layout, page=hash_)):
+                written += 1
     return written
 
 
@@ -151,18 +165,28 @@ def backup_hook(original: Callable[..., Any], controller: Any, operation: Any) -
 
 
 def read_pages(storage: Any, keys: list[str], page_bytes: int) -> dict[int, torch.Tensor]:
-    """``{page index: bytes}`` of the pages whose records ``storage.get`` returns in full."""
+    """``{page index: bytes}`` of the pages whose records ``storage.get`` returns whole: header
+    and checksum good for this key, this model and ``page_bytes``; a damaged one is skipped and
+    reported (:func:`store_integrity.report`), a missing one is no records."""
+    model = store_integrity.model_identity(storage)
     out: dict[int, torch.Tensor] = {}
     for page, key in enumerate(keys):
         if not storage.exists(key):
             continue
-        buf = torch.empty(page_bytes, dtype=torch.uint8)
+        buf = torch.empty(store_integrity.HEADER.size + page_bytes, dtype=torch.uint8)
+        kind: str | None
         try:
             got = storage.get(key, buf)
-        except OSError:  # a short file: written by another layout or cut off
-            got = None
-        if got is not None:
-            out[page] = buf
+        except OSError:  # a short file: cut off, or written for a smaller page
+            got, kind = None, "truncated"
+        else:
+            hash_, layout = _claims(key)
+            kind = None if got is None else store_integrity.unseal(
+                buf.numpy().data, model=model, layout=layout, page=hash_, payload_bytes=page_bytes)
+        if kind is not None:
+            store_integrity.report(kind, key)
+        elif got is not None:
+            out[page] = buf[store_integrity.HEADER.size:]
     return out
 
 
