@@ -10,14 +10,10 @@ them with keywords) and its addressing, in bytes:
 
 * "kernel" ops address rows by byte arithmetic, like the CUDA kernels: a layer-first (lf) row is
   `base + index * item_size`; a page-first (pf) row is `base + index * layout_dim + layer * item_size`;
-  page-head (ph) splits a row per head (`[page, head, page_size, layer, head_dim]`). The all-layer ops
-  take their layer-first side as a table of raw addresses (uint64 tensor of `data_ptr()`s), which on
-  CPU are ordinary host addresses: the rows are read and written through a byte view of that memory.
-  Tensor operands are viewed through their own storage, so an out-of-range index raises instead of
-  touching foreign memory.
-* "direct" ops index tensors (`tensor[index]`, page-first-direct `tensor[page, layer, offset]`), so
-  they honour whatever strides the tensors have.
-
+  page-head (ph) splits a row per head (`[page, head, page_size, layer, head_dim]`). All-layer ops take
+  their layer-first side as a table of raw (host, on CPU) addresses, read and written through a byte view.
+  Tensor operands are viewed through their own storage: an out-of-range index raises.
+* "direct" ops index tensors (`tensor[index]`, page-first-direct `tensor[page, layer, offset]`), any strides.
 Index tensors may live on any device and have any integer dtype; they are read on CPU as int64.
 """
 
