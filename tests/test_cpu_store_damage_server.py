@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from sglang_replayssm.bench.server_metrics import metric_sum
+from tests.support.store_damage import flip as _flip
+from tests.support.store_damage import truncate as _truncate
 from tests.test_cpu_hicache_server import NEW_TOKENS, STORAGE_FLAGS
 
 PROMPTS = 8
@@ -45,16 +47,6 @@ def _files_by_page(store: Path) -> dict[str, dict[str, Path]]:
         tag = dot + tag
         out.setdefault(page_hash, {})[".replayssm-rec" if tag.startswith(".replayssm-rec") else tag] = path
     return out
-
-
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
-    path.write_bytes(bytes(data))
-
-
-def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 def _damage(store: Path, hashes: list[list[str]]) -> dict[str, int]:

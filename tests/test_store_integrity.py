@@ -19,6 +19,8 @@ from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records.hicache import storage as record_storage
 from sglang_replayssm.radix.records.hicache import store_integrity
 from sglang_replayssm.radix.records.pool import pool_of
+from tests.support.store_damage import flip as _flip
+from tests.support.store_damage import truncate as _truncate
 from tests.test_radix_records_storage import _file_backend, _node_on_host, _sim
 
 
@@ -59,16 +61,6 @@ def _own_store_dir(monkeypatch):
 
 def _file(storage, key: str) -> Path:
     return Path(storage.file_path) / f"{storage._get_suffixed_key(key)}.bin"
-
-
-def _flip(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0x10
-    path.write_bytes(bytes(data))
-
-
-def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 def _delta(before: dict[str, int]) -> dict[str, int]:
