@@ -16,6 +16,7 @@ launch with no host sync (:mod:`sglang_replayssm.kernels.read_copy_refresh`): th
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,15 @@ from sglang_replayssm.kernels.ring_decode import ring_decode
 from sglang_replayssm.radix.ring.pool import checkpoint_copies
 
 logger = logging.getLogger(__name__)
-_unlinked_warned: set[int] = set()
+
+
+@functools.cache
+def _warn_unlinked(kind: str) -> None:
+    """Once per kind and process: a read copy is installed but a decode kernel reaches none."""
+    logger.warning("sglang-replayssm: the read copy is on but a %s decode kernel reaches no copy of its layer "
+                   "(kernel not linked to its pool): the fp32 ring decodes it", kind)
+
+
 _RING_KEYS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_write_pos")
 
 
@@ -73,11 +82,8 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
                     kwargs["replayssm_g"], out, kwargs["cache_indices"], kwargs["replayssm_write_pos"],
                     kwargs.get("replayssm_force_flush"), is_kda)  # fmt: skip
         return out.transpose(0, 1)
-    if checkpoint_copies() is not None and id(kernel) not in _unlinked_warned:
-        _unlinked_warned.add(id(kernel))
-        logger.warning("sglang-replayssm: the read copy is on but a %s decode kernel reaches no copy of its "
-                       "layer (kernel not linked to its pool): the fp32 ring decodes it",
-                       "KDA" if is_kda else "GDN")
+    if checkpoint_copies() is not None:
+        _warn_unlinked("KDA" if is_kda else "GDN")
     ring_decode(
         mixed_qkv, a, b.reshape(rows, hv).contiguous(), kwargs["A_log"].reshape(-1), dt_bias,
         kwargs["scale"], ssm_states, kwargs["replayssm_d"], kwargs["replayssm_k"], kwargs["replayssm_g"],

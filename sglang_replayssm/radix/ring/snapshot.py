@@ -89,12 +89,16 @@ def track_decode_exact(
         layers = None
     else:
         layers = slice(layer_idx, layer_idx + 1)
+    covered = flush_covers_track(view, forward_batch)
+    debug = bool(getattr(view.pool, "debug_memory_pool", False))
+    if covered and not debug:
+        return  # before any tensor op: nothing of the fold is launched (or captured)
     bs = int(forward_batch.batch_size)
     src, dst = view.index(cache_indices[:bs]), view.index(track_dst[:bs])
     mask = track_mask[:bs].reshape(-1).to(device=src.device, dtype=torch.bool)
     counts = view.counts(src)
-    if flush_covers_track(view, forward_batch):
-        if getattr(view.pool, "debug_memory_pool", False) and bool((mask & (src >= 0) & (counts > 0)).any()):
+    if covered:  # debug memory pool: check the claim (a host sync, as SGLang's own debug checks)
+        if bool((mask & (src >= 0) & (counts > 0)).any()):
             raise AssertionError("sglang-replayssm: a tracked decode row kept ring records after its force flush")
         return
     src = torch.where(mask & (src >= 0), src, torch.full_like(src, -1))
