@@ -31,12 +31,14 @@ def test_tables_show_each_stage() -> None:
           "replayssm_record_rebuilt_hits_total": 2.0}
     dec = {"concurrency": 64, "output_tok_s": 1000.0, "step_ms_p50": 3.0, "step_ms_p90": 4.0, "step_lines": 5}
     doc = {"model_path": "/m", "skipped": ["bf16-state"], "arms": {
-        "baseline": {"stages": {"main": {"gsp": {**main, "ttft_p50_s": 0.08}}, "decode": [dec]}},
-        "plugin": {"stages": {"main": {"gsp": main}, "kl": {"rebuilt": kl},
+        "baseline": {"stages": {"main": {"gsp": {**main, "ttft_p50_s": 0.08}, "ttft_floor": {"ttft_p50_s": 0.03}},
+                                "decode": [dec]}},
+        "plugin": {"stages": {"main": {"gsp": main, "ttft_floor": {"ttft_p50_s": 0.02}}, "kl": {"rebuilt": kl},
                               "decode": [{**dec, "output_tok_s": 1500.0}]}},
         "plugin-fp8": {"stages": {}, "error": "Capture cuda graph failed\nmore"}}}
     text = tables(doc)
-    assert "| plugin | 0.5000 | 0.5000 | 40.0 | 50.0 | 100.0 | 0.50x | 0 |" in text
+    # TTFT above each arm's own floor: (40 - 20) / (80 - 30) = 0.40x
+    assert "| plugin | 0.5000 | 0.5000 | 40.0 | 50.0 | 100.0 | 0.50x | 20.0 | 0.40x | 0 |" in text
     assert "| plugin | rebuilt | 8 | 0.001 |" in text and text.count("| 2 |") >= 1
     assert "| plugin | 64 | 1500 | 1.50x |" in text
     assert "- plugin-fp8 failed: Capture cuda graph failed" in text and "skipped (budget): bf16-state" in text

@@ -18,6 +18,11 @@ Scenarios (each starts from an empty cache: ``/flush_cache``):
 * ``rebuilt``: a first branch is sent whole, so later branches share the prefix only up to an
   unaligned token that no request ended at: the plugin rebuilds that state from its records,
   SGLang without records falls back to its last 64-token state.
+* ``pressure``: as ``rebuilt``, but a burst of filler requests (``filler_count`` prompts of
+  ``filler_len`` tokens decoding ``filler_tokens``) runs after the seed and beside the branches, so that
+  on a server with a small KV / mamba pool (and HiCache) the prefix is evicted and loaded back and
+  running requests are retracted; SGLang's counters of both are read around it
+  (:data:`PRESSURE_COUNTERS`), so a row says whether they happened.
 """
 
 from __future__ import annotations
@@ -133,6 +138,9 @@ class KlSpec:
     vocab_high: int = 2000
     seed: int = 7
     concurrency: int = 4
+    filler_count: int = 32  # pressure scenario
+    filler_len: int = 1200
+    filler_tokens: int = 256
 
 
 def _ids(rng: random.Random, n: int, spec: KlSpec) -> list[int]:
@@ -142,6 +150,9 @@ def _ids(rng: random.Random, n: int, spec: KlSpec) -> list[int]:
 # The plugin's Prometheus counters of record-rebuilt hits (radix/metrics.py), read around each scenario
 # so a row says whether its hits were rebuilt or found exact (absent without the plugin's records).
 REBUILT_COUNTERS = ("sglang:replayssm_record_rebuilt_hits_total", "sglang:replayssm_record_rebuilt_tokens_total")
+# SGLang's own counters of host load-back and retraction (metrics_collector.py), for the pressure scenario.
+PRESSURE_COUNTERS = ("sglang:load_back_tokens_total", "sglang:num_retracted_requests_total",
+                     "sglang:hicache_backup_tokens_total")
 
 
 async def _counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -152,7 +163,7 @@ async def _counters(session: aiohttp.ClientSession, url: str) -> dict[str, float
             sums = metric_sums(await resp.text()) if resp.status == 200 else {}
     except (aiohttp.ClientError, asyncio.TimeoutError):
         sums = {}
-    return {k: sums[k] for k in REBUILT_COUNTERS if k in sums}
+    return {k: sums[k] for k in REBUILT_COUNTERS + PRESSURE_COUNTERS if k in sums}
 
 
 async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult], dict[str, Any]]:
@@ -177,7 +188,13 @@ async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult
             # make_mamba_decode_assert); branches go one at a time, each seeing the tree the last left.
             await serve(session, url, seed_ids, 0)
             prompts = prompts[1:]
-            probes = [await serve(session, url, p, spec.branch_tokens, spec.prefix_len) for p in prompts]
+            if name == "pressure":
+                await _fillers(session, url, rng, spec)  # evicts the prefix (to host, with HiCache)
+                fill = asyncio.ensure_future(_fillers(session, url, rng, spec))  # retraction beside the branches
+                probes = [await serve(session, url, p, spec.branch_tokens, spec.prefix_len) for p in prompts]
+                await fill
+            else:
+                probes = [await serve(session, url, p, spec.branch_tokens, spec.prefix_len) for p in prompts]
         after = await _counters(session, url)
         # References only after every probe: their cold prefills insert into the tree too.
         await asyncio.gather(*(bounded(reference(session, url, pr, p)) for pr, p in zip(probes, prompts)))
@@ -186,7 +203,13 @@ async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult
     return list(probes), summary
 
 
-SCENARIOS: tuple[str, ...] = ("decode", "exact", "rebuilt")
+async def _fillers(session: aiohttp.ClientSession, url: str, rng: random.Random, spec: KlSpec) -> None:
+    """``filler_count`` distinct prompts served at once (their outputs are not compared)."""
+    fillers = [_ids(rng, spec.filler_len, spec) for _ in range(spec.filler_count)]
+    await asyncio.gather(*(serve(session, url, f, spec.filler_tokens) for f in fillers))
+
+
+SCENARIOS: tuple[str, ...] = ("decode", "exact", "rebuilt", "pressure")
 
 
 def run_kl(url: str, spec: KlSpec, scenarios: Sequence[str] = SCENARIOS) -> dict[str, Any]:
