@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 __all__ = [
     "FIXES", "SETTINGS", "Fix", "Setting", "by_name", "main", "markdown_table", "validate",
     "ADAPTER", "CPU_RUNTIME", "CUDA_CACHE", "CUDA_KERNELS", "DISABLE_FIXES", "HOST_RECORD_TOKENS", "READ_COPY",
+    "STATE_INTERVAL_ROUNDED",
     "READ_COPY_MODES", "REBUILD_SEQUENTIAL_TOKENS", "RECORD_TOKENS", "RING_TRACE", "STATE_INTERVAL",
 ]  # fmt: skip
 
@@ -154,6 +155,9 @@ RECORD_TOKENS = Setting(f"{PREFIX}RECORD_TOKENS", "tokens", None, _tokens("0 tur
 STATE_INTERVAL = Setting(f"{PREFIX}STATE_INTERVAL", "tokens", 256, _interval, "keep a prefill state every N tokens "
                          "(a multiple of 64; 0 none; GDN served in the state dtype), so a rebuild folds < N + 64 "
                          "records", "records")
+STATE_INTERVAL_ROUNDED = Setting(f"{PREFIX}STATE_INTERVAL_ROUNDED", "bool", False, _flag, "also keep the prefill "
+                                 "states SGLang's extend kernel rounds to the activation dtype (bf16 serving), widened: "
+                                 "rebuilds fold < N + 64 records there too, from a state rounded once", "records")
 HOST_RECORD_TOKENS = Setting(f"{PREFIX}HOST_RECORD_TOKENS", "tokens", None, _tokens("0: no host records"),
                              "HiCache: the host record pool's capacity (at most the host KV pool's; 0 none)",
                              "records", "the device pool's")
@@ -195,7 +199,8 @@ _OUTSIDE = (
 
 #: Every variable, in table order.
 SETTINGS: tuple[Setting[Any], ...] = (
-    ADAPTER, DISABLE_FIXES, CUDA_KERNELS, CUDA_CACHE, RECORD_TOKENS, STATE_INTERVAL, HOST_RECORD_TOKENS,
+    ADAPTER, DISABLE_FIXES, CUDA_KERNELS, CUDA_CACHE, RECORD_TOKENS, STATE_INTERVAL, STATE_INTERVAL_ROUNDED,
+    HOST_RECORD_TOKENS,
     REBUILD_SEQUENTIAL_TOKENS, READ_COPY, CPU_RUNTIME, RING_TRACE, LAB_GPU, *_OUTSIDE,
 )  # fmt: skip
 

@@ -167,6 +167,29 @@ def test_interval_states_first_in_first_out_and_invalidate():
     assert 1 in st.skipped and not st.usable([0, 1]) and 1 not in st.ssm
 
 
+def test_rounded_interval_states_keep_the_activation_dtype_widened():
+    """With ``rounded``, a bf16 ``h`` (bf16 serving) is kept widened to the state dtype: the kept state is
+    the bf16 value exactly (one rounding), and the layer stays usable; without it the layer keeps nothing."""
+    from sglang_replayssm.radix.records.interval_states import IntervalStates
+
+    h = (torch.arange(6.0) / 3).view(2, 3, 1, 1).to(torch.bfloat16)
+    for rounded in (False, True):
+        st = IntervalStates(kv_size=8, capacity=2, interval=64, device=torch.device("cpu"), rounded=rounded)
+        st.assign(torch.tensor([5]))
+        st.write(0, torch.tensor([5]), h.view(2, 3, 1), torch.tensor([1]), torch.float32)
+        assert st.usable([0]) is rounded
+        if rounded:
+            assert st.ssm[0].dtype == torch.float32 and torch.equal(st.ssm[0][0], h.view(2, 3, 1)[1].float())
+
+
+def test_rounded_interval_states_follow_the_setting(monkeypatch):
+    from sglang_replayssm import settings
+
+    assert settings.STATE_INTERVAL_ROUNDED.value() is False  # default: exact states only
+    monkeypatch.setenv(settings.STATE_INTERVAL_ROUNDED.name, "1")
+    assert settings.STATE_INTERVAL_ROUNDED.value() is True
+
+
 def _setup_rebuild(T: int, seed: int = 7, kind: str = "gdn"):
     """SGLang's real pools for a 2-layer toy model, and a record pool holding ``T`` tokens' random
     inputs at scattered KV indices (KDA: the gate as the extend passes it, ``[1, T, H, K]``)."""

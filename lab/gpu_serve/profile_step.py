@@ -173,3 +173,73 @@ def profile_decode(url: str, out_dir: Path, log_path: Path, concurrency: int, pr
         return {"error": f"no trace under {out_dir}", "burst": result}
     time.sleep(2.0)
     return {"burst": result, **summarize_trace(traces[-1], num_steps)}
+
+
+def _generate(url: str, ids: list[int], new: int) -> dict[str, Any]:
+    body = json.dumps({"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new,
+                                                             "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/generate", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        out = json.loads(resp.read())
+    out["client_s"] = time.perf_counter() - t0
+    return out
+
+
+def _post_json(url: str, path: str, payload: dict[str, Any]) -> None:
+    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        resp.read()
+
+
+def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int = 150, reps: int = 5,
+               profile: bool = True) -> dict[str, Any]:
+    """Where a prefix hit's TTFT goes, one request at a time (max_new_tokens 1: the request's time is its
+    prefill). Per repetition, on a fresh prefix: a seed (prefix + suffix A, cold), a branch (prefix + suffix B:
+    a hit at ``prefix_len``, which the plugin rebuilds from records and SGLang resumes from its last state)
+    and a cold prompt of the branch's length; beside them a 32-token cold prompt (the fixed floor).
+    Medians of the client's request time. With ``profile``, one more branch and one more cold prompt are
+    traced (SGLang's /start_profile, one forward each, with stacks) and summarized like a decode step."""
+    import random
+
+    rng = random.Random(5)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, 2000) for _ in range(n)]
+
+    times: dict[str, list[float]] = defaultdict(list)
+    cached: dict[str, list[int]] = defaultdict(list)
+    for rep in range(reps + 1):
+        prefix = ids(prefix_len)
+        got = {"seed": _generate(url, prefix + ids(suffix_len), 1),
+               "branch": _generate(url, prefix + ids(suffix_len), 1),
+               "cold": _generate(url, ids(prefix_len + suffix_len), 1),
+               "floor": _generate(url, ids(32), 1)}
+        if rep == 0:
+            continue  # first-use costs
+        for k, v in got.items():
+            times[k].append(v["client_s"])
+            cached[k].append(int(v.get("meta_info", {}).get("cached_tokens", 0)))
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    res: dict[str, Any] = {"prefix_len": prefix_len, "suffix_len": suffix_len, "reps": reps,
+                           "median_ms": {k: 1e3 * v for k, v in med.items()}, "cached_tokens": dict(cached),
+                           "all_ms": {k: [round(1e3 * x, 2) for x in v] for k, v in times.items()}}
+    if profile:
+        for kind in ("branch", "cold"):
+            d = out_dir / f"prefill-{kind}"
+            d.mkdir(parents=True, exist_ok=True)
+            prefix = ids(prefix_len)
+            _generate(url, prefix + ids(suffix_len), 1)
+            _post_json(url, "/start_profile", {"output_dir": str(d), "num_steps": 1, "activities": ["CPU", "GPU"],
+                                               "with_stack": True})
+            _generate(url, (prefix if kind == "branch" else ids(prefix_len)) + ids(suffix_len), 1)
+            traces: list[Path] = []
+            for _ in range(60):
+                traces = sorted(d.glob("*.trace.json*"))
+                if traces:
+                    break
+                time.sleep(1.0)
+            time.sleep(2.0)
+            res[f"profile_{kind}"] = summarize_trace(traces[-1], 1) if traces else {"error": f"no trace under {d}"}
+    return res

@@ -8,6 +8,7 @@ Stages, each against the arm's one server (``sglang_replayssm.bench``; ``profile
   kl      teacher-forced KL / |delta logprob| of served continuations (bench/kl.py)
   decode  output tokens/s and SGLang's per-step time at each --decode-concurrency (bench/decode.py)
   profile a torch-profiler trace of full-batch decode steps summed by kernel family (not by default)
+  ttft    a prefix hit's TTFT in parts: seed, branch (a hit), cold, floor; one branch and one cold traced
 Writes DIR/serve_check.json after every arm, DIR/tables.md at the end, server logs in DIR/logs/.
 Arms are skipped (and said so) once less than --min-arm-s of --budget-s is left.
 ``--lab`` adds the lab H200's flags (its torch cannot load the real sgl_kernel: Triton attention,
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rag-args", default=RAG_ARGS)
     p.add_argument("--gsp-long-args", default=GSP_LONG_ARGS)
     p.add_argument("--main-workloads", default="gsp,rag", help="of gsp, rag, gsp-long")
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=BASE:VAR=VALUE[,VAR=VALUE]: an arm BASE with environment variables added (decode_ab.py)")
     p.add_argument("--budget-s", type=float, default=540.0)
     p.add_argument("--min-arm-s", type=float, default=110.0)
     p.add_argument("--start-timeout-s", type=float, default=300.0)
@@ -196,6 +199,11 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
                         run_decode(url, int(c), args.decode_prompt_len, 24, seed=5)
                         entry["stages"]["decode"].append(
                             run_decode(url, int(c), args.decode_prompt_len, args.decode_output_len, log_path=log))
+            if "ttft" in stages and time.monotonic() < t_end:
+                from profile_step import ttft_parts
+
+                entry["stages"]["ttft"] = ttft_parts(url, args.out / "profiles" / name)
+                print(f"[{name}] ttft parts (ms): {entry['stages']['ttft']['median_ms']}", flush=True)
             if "profile" in stages and name in _csv(args.profile_arms) and time.monotonic() < t_end:
                 from profile_step import profile_decode
 
@@ -225,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t_end = time.monotonic() + args.budget_s
+    from decode_ab import add_variant  # beside this file
+
+    for spec in args.variant:
+        add_variant(spec)
     doc: dict[str, Any] = {"model_path": str(args.model_path), "argv": sys.argv[1:], "arms": {}, "skipped": []}
     for name in parse_arms(args.arms):
         left = t_end - time.monotonic()

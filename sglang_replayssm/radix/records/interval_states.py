@@ -22,7 +22,8 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 Exactness: only per-chunk states in the pool's own state dtype are kept (fp32 on the CPU runtime's
 fp32 models). SGLang's kernels round ``h`` to the activation dtype (bf16 serving), which would make
 a rebuild inexact; there the layer keeps no interval state and a rebuild folds from the tree's
-deepest state (exact, longer).
+deepest state (exact, longer), unless ``SGLANG_REPLAYSSM_STATE_INTERVAL_ROUNDED`` keeps the rounded ``h``
+widened (one rounding of the state at the kept depth; its KL is measured on the GPU).
 
 Which chunk states a prefill keeps (:func:`kept_positions`): for a sequence with ``p`` cached and
 ``L`` new tokens, the extend kernel's chunk ``c`` starts at depth ``p + 64 c``; the first chunk start
@@ -92,6 +93,7 @@ class IntervalStates:
     interval: int
     device: torch.device
     chunk: int = CHUNK  # the extend kernel's chunk length (the grid of its per-chunk states)
+    rounded: bool = False  # also keep ``h`` rounded to the activation dtype, widened to the state dtype
     state_of: torch.Tensor = field(init=False)
     owner: torch.Tensor = field(init=False)
     head: int = 0
@@ -143,8 +145,9 @@ class IntervalStates:
               state_dtype: torch.dtype) -> None:
         """Store ``h[chunks]`` (per-chunk states ``[NT, *state]``) as the states of ``keys`` (KV
         indices); keys without a slot go to the sink row. A layer whose ``h`` is not in the pool's
-        state dtype keeps nothing (not exact). No host sync."""
-        if h.dtype != state_dtype:
+        state dtype keeps nothing (not exact) unless ``rounded``: then ``h`` is widened to the state
+        dtype, a state rounded once to the activation dtype. No host sync."""
+        if h.dtype != state_dtype and not (self.rounded and h.is_floating_point()):
             self.skipped.add(layer_id)
             return
         ssm = self.ssm.get(layer_id)
@@ -153,7 +156,7 @@ class IntervalStates:
                                                    device=h.device)
         slots = self.state_of[keys.to(self.state_of.device, torch.int64)]
         dest = torch.where(slots >= 0, slots, self.capacity).to(ssm.device)
-        ssm.index_copy_(0, dest, h.index_select(0, chunks.to(h.device)))
+        ssm.index_copy_(0, dest, h.index_select(0, chunks.to(h.device)).to(state_dtype))
 
     def usable(self, layer_ids: list[int]) -> bool:
         """Every GDN layer keeps states (one that does not makes a rebuild from a state impossible)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm import settings
 from sglang_replayssm.radix.records.budget import reserved_capacity
 from sglang_replayssm.radix.records.capture import ring_captured
 from sglang_replayssm.radix.records.interval_states import INTERVAL_ENV, IntervalStates, interval_from_env
@@ -64,7 +65,7 @@ def build_pool(configurator: Any, pools: Any) -> RecordPool | None:
     interval = interval_from_env()
     if interval > 0:
         pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,
-                                     device=device)
+                                     device=device, rounded=settings.STATE_INTERVAL_ROUNDED.value())
     logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change), "
                 "a prefill state every %s (%s=N, 0 = none)", capacity, CAPACITY_ENV,
                 f"{interval} tokens" if interval else "- (off)", INTERVAL_ENV)
