@@ -202,8 +202,12 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
             if "ttft" in stages and time.monotonic() < t_end:
                 from profile_step import ttft_parts
 
-                entry["stages"]["ttft"] = ttft_parts(url, args.out / "profiles" / name)
-                print(f"[{name}] ttft parts (ms): {entry['stages']['ttft']['median_ms']}", flush=True)
+                try:
+                    entry["stages"]["ttft"] = ttft_parts(url, args.out / "profiles" / name)
+                    print(f"[{name}] ttft parts (ms): {entry['stages']['ttft']['median_ms']} cached "
+                          f"{entry['stages']['ttft']['cached_tokens'].get('branch')}", flush=True)
+                except (OSError, RuntimeError, ValueError) as exc:  # urllib's errors are OSErrors
+                    entry["stages"]["ttft"] = {"error": str(exc)[-500:]}
             if "profile" in stages and name in _csv(args.profile_arms) and time.monotonic() < t_end:
                 from profile_step import profile_decode
 
