@@ -185,9 +185,9 @@ def test_rounded_interval_states_keep_the_activation_dtype_widened():
 def test_rounded_interval_states_follow_the_setting(monkeypatch):
     from sglang_replayssm import settings
 
-    assert settings.STATE_INTERVAL_ROUNDED.value() is False  # default: exact states only
-    monkeypatch.setenv(settings.STATE_INTERVAL_ROUNDED.name, "1")
-    assert settings.STATE_INTERVAL_ROUNDED.value() is True
+    assert settings.STATE_INTERVAL_ROUNDED.value() is True  # default: rounded states kept (KL measured)
+    monkeypatch.setenv(settings.STATE_INTERVAL_ROUNDED.name, "0")
+    assert settings.STATE_INTERVAL_ROUNDED.value() is False
 
 
 def _setup_rebuild(T: int, seed: int = 7, kind: str = "gdn"):

@@ -19,11 +19,12 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 * ``owner [M + 1]`` int64: the KV index a state slot was assigned to;
 * per GDN layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink.
 
-Exactness: only per-chunk states in the pool's own state dtype are kept (fp32 on the CPU runtime's
-fp32 models). SGLang's kernels round ``h`` to the activation dtype (bf16 serving), which would make
-a rebuild inexact; there the layer keeps no interval state and a rebuild folds from the tree's
-deepest state (exact, longer), unless ``SGLANG_REPLAYSSM_STATE_INTERVAL_ROUNDED`` keeps the rounded ``h``
-widened (one rounding of the state at the kept depth; its KL is measured on the GPU).
+Exactness: per-chunk states in the pool's own state dtype are exact (fp32 on the CPU runtime's fp32
+models). SGLang's kernels round ``h`` to the activation dtype (bf16 serving): there a kept state is
+a state rounded once to the activation dtype. ``SGLANG_REPLAYSSM_STATE_INTERVAL_ROUNDED`` (on) keeps that
+``h`` widened to the state dtype: a rebuild folds < ``interval + 64`` records from it (measured on the H200:
+a rebuilt hit's KL to a cold prefill at or below an exact state's, docs/BENCHMARKS.md); off, such a layer
+keeps no interval state and a rebuild folds from the tree's deepest state (exact, up to a whole prefix).
 
 Which chunk states a prefill keeps (:func:`kept_positions`): for a sequence with ``p`` cached and
 ``L`` new tokens, the extend kernel's chunk ``c`` starts at depth ``p + 64 c``; the first chunk start
