@@ -42,6 +42,7 @@ from tests.support.serving_protocol import ARMS, Shape, Stack, arm_step, replay_
 MODELS = {"gdn": {"H": 16, "HV": 32, "K": 128, "V": 128, "is_kda": False},
           "kda": {"H": 32, "HV": 32, "K": 128, "V": 128, "is_kda": True}}  # fmt: skip
 T0 = time.monotonic()
+DEVICE = "cuda"  # the CPU smoke of main() sets "cpu"
 
 
 def log(msg: str) -> None:
@@ -114,7 +115,7 @@ def run_arm(shape: Shape, arm: str, kernels: dict[str, Callable[..., Any]], args
     if need not in kernels:
         return {"error": f"kernel {need} not loaded"}
     entry: dict[str, Any] = {}
-    stack = Stack(shape, spec, "cuda", seed=args.seed)
+    stack = Stack(shape, spec, DEVICE, seed=args.seed)
     start_wp = stack.write_pos.clone()
     step = arm_step(stack, kernels)
     if spec.kernel == "ours":
@@ -187,7 +188,8 @@ def markdown(res: dict) -> str:
         for row in (r for r in res["rows"] if r["model"] == model):
             for a, e in row["arms"].items():
                 if "median" not in e:
-                    lines.append(f"| {row['B']} | {a} | {e.get('error') or e.get('skipped', '')} ||||||".replace("\n", " "))
+                    why = str(e.get("error") or e.get("skipped", "")).replace("\n", " ").replace("|", "/")[:100]
+                    lines.append(f"| {row['B']} | {a} | {why} ||||||")
                     continue
                 f = lambda k, e=e: f"{e[k]:.1f}" if isinstance(e.get(k), float) else ""  # noqa: E731
                 lines.append(f"| {row['B']} | {a} | {e['median']:.1f} | {e['p90']:.1f} | {e['p90_over_median']:.3f} | "

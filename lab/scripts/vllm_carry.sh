@@ -80,12 +80,16 @@ class _Platform:
         return False
 
     def get_device_name(self, device_id=0) -> str:
-        return torch.cuda.get_device_name(device_id or 0) if torch.cuda.is_available() else "cpu"
+        try:
+            return torch.cuda.get_device_name(device_id or 0)
+        except Exception:
+            return "cpu"
 
     def get_device_capability(self, device_id=0):
-        if not torch.cuda.is_available():
+        try:
+            return DeviceCapability(*torch.cuda.get_device_capability(device_id or 0))
+        except Exception:
             return None
-        return DeviceCapability(*torch.cuda.get_device_capability(device_id or 0))
 
     def is_device_capability(self, capability, device_id=0) -> bool:
         cap = self.get_device_capability(device_id)

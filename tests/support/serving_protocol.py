@@ -72,6 +72,8 @@ class ArmSpec:
 
 
 _F32, _BF16 = torch.float32, torch.bfloat16
+#: in the order a run takes them (a run out of time loses the last); SGLang's KDA CUDA kernel takes an fp32
+#: state only
 ARMS: dict[str, ArmSpec] = {
     "ours_fp32": ArmSpec(_F32, _F32, "ours", "ours_fp32"),
     "copy_bf16": ArmSpec(_F32, _F32, "copy", "copy_bf16", copy="bf16"),
@@ -83,7 +85,6 @@ ARMS: dict[str, ArmSpec] = {
     "sglang_packed_bf16": ArmSpec(_BF16, None, "sglang_packed", "sglang_packed_bf16"),
     "sglang_rs_fp32": ArmSpec(_F32, _F32, "sglang_rs", "sglang_rs_fp32"),
     "vllm_packed_bf16": ArmSpec(_BF16, None, "vllm_packed", "sglang_packed_bf16", models=("gdn",)),
-    "sglang_packed_cuda_bf16": ArmSpec(_BF16, None, "sglang_packed_cuda", "sglang_packed_bf16", models=("kda",)),
 }
 
 
