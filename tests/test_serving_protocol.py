@@ -91,19 +91,23 @@ def test_interleaved_read_copy_equals_each_layer_alone(fmt: str) -> None:
     rows = torch.arange(s.B, device=DEV)
     assert ref.copy is not None
     for i in range(s.layers):
-        c, sc, d, v, beta, stale = (x[i] if x is not None else None for x in ref.copy)
+        lay = ref.copy_layer(i)
         for t in range(s.L):
             wp = ((rows + t) % s.L).to(torch.int32)
-            refresh_stale_torch(ref.state[i], c, sc, stale, ref.slots)
+            refresh_stale_torch(ref.state[i], lay.copy, lay.scales, lay.stale, ref.slots)
             read_copy_decode_torch(ref.qkv[i], ref.a[i], ref.b[i], ref.A_log[i], ref.dt_bias[i], ref.scale,
-                                   ref.state[i], c, sc, d, ref.k[i], ref.g[i], v, beta, ref.out[i], ref.slots, wp,
-                                   torch.zeros_like(wp), use_qk_l2norm_in_kernel=True, is_kda=False)  # fmt: skip
+                                   ref.state[i], lay.copy, lay.scales, lay.d, ref.k[i], ref.g[i], lay.v, lay.beta,
+                                   ref.out[i], ref.slots, wp, torch.zeros_like(wp), use_qk_l2norm_in_kernel=True,
+                                   is_kda=False)  # fmt: skip
             assert torch.equal(seen[t * s.layers + i][1], ref.out[i]), (i, t)
     assert not bool(st.copy[5][:, 1:].any())  # every row refreshed once, then read
     for name in ("state", "d", "k", "g"):
         assert torch.equal(getattr(st, name), getattr(ref, name)), name
     for a, b in zip(st.copy, ref.copy, strict=True):
-        assert (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # type: ignore[union-attr]
+        if a is None or b is None:
+            assert a is None and b is None
+        else:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 @pytest.mark.skipif(not (CARRY / "MODULE").is_file(), reason="no vLLM carry (bash lab/scripts/vllm_carry.sh)")

@@ -42,6 +42,11 @@ from tests.support.serving_protocol import ARMS, Shape, Stack, arm_step, replay_
 MODELS = {"gdn": {"H": 16, "HV": 32, "K": 128, "V": 128, "is_kda": False},
           "kda": {"H": 32, "HV": 32, "K": 128, "V": 128, "is_kda": True}}  # fmt: skip
 T0 = time.monotonic()
+PROTOCOL = ("per arm: `layers` layers with distinct pools and inputs, one CUDA graph of a 16-step window, row r at cursor "
+            "(r + t) mod 16 (the device cursor step once per step, shared by the layers, in the graph; ring arms only), "
+            "every launch the product's decode makes per layer (fp32 ring: ring_decode's CUDA passes; read copy: stale "
+            "refresh + flush and non-flush passes via radix/read_copy/store.decode_step); a batch = one replay, "
+            "us per layer-step = replay / (16 * layers); median and p90 over the batches (back-to-back replays)")
 DEVICE = "cuda"  # the CPU smoke of main() sets "cpu"
 
 
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    res: dict[str, Any] = {"protocol": PROTOCOL, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                            "python": sys.version.split()[0], "L": 16, "layers": args.layers, "samples": args.samples,
                            "models": args.models, "batches": args.batches, "budget_s": args.budget_s,
                            "cuda_cache": os.environ.get("SGLANG_REPLAYSSM_CUDA_CACHE"), "rows": []}  # fmt: skip
@@ -273,16 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                                                               if "fn" in box else "build still running")
                 t = time.monotonic()
                 try:
-                    row["arms"][arm] = e = run_arm(shape, arm, ks, args)
+                    row["arms"][arm] = got = run_arm(shape, arm, ks, args)
                 except Exception as ex:
-                    row["arms"][arm] = e = {"error": _err(ex)}
+                    row["arms"][arm] = got = {"error": _err(ex)}
                 finally:
                     gc.collect()
                     torch.cuda.empty_cache()
                 last = time.monotonic() - t
-                msg = e.get("error") or (f"median {e['median']:.1f} p90 {e['p90']:.1f} us/layer-step "
-                                         f"(p90/med {e['p90_over_median']:.3f}, {e['method']}, single "
-                                         f"{e.get('single_layer_us', float('nan')):.1f})")  # fmt: skip
+                msg = got.get("error") or (f"median {got['median']:.1f} p90 {got['p90']:.1f} us/layer-step "
+                                         f"(p90/med {got['p90_over_median']:.3f}, {got['method']}, single "
+                                         f"{got.get('single_layer_us', float('nan')):.1f})")  # fmt: skip
                 log(f"{model} B={B} {arm}: {msg} [{last:.1f}s]")
                 ratios(row, res.get("copy_TBps"))
                 save()

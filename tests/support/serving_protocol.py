@@ -88,6 +88,10 @@ ARMS: dict[str, ArmSpec] = {
 }
 
 
+#: a stack's read copy: copy, fp8 scales (None for bf16), d~ and v records, beta, stale flags (layer dim first)
+CopyBuffers = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 class Stack:
     """``shape.layers`` layers of one arm's pools and inputs on ``device`` (module docstring).
 
@@ -121,7 +125,7 @@ class Stack:
         self.seq_lens = torch.ones(s.B, dtype=torch.int32, device=device)
         self.wp = torch.zeros(s.B, dtype=torch.int32, device=device)
         self.ff = torch.zeros(s.B, dtype=torch.int32, device=device)
-        self.copy: tuple[torch.Tensor, ...] | None = None
+        self.copy: CopyBuffers | None = None
         if spec.ring is None:
             return
         self.d = rnd(nl, n, s.HV, s.L, s.V, scale=0.01, dtype=spec.ring)
