@@ -7,6 +7,7 @@ built) against the fp64 recurrence; the batch statistics."""
 from __future__ import annotations
 
 import copy as copymod
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 from tests.support.serving_protocol import ARMS, Shape, Stack, arm_step, stats, window
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-CARRY = Path(__file__).resolve().parents[1] / ".gpucarry" / "vllm_fla"
+ROOT = Path(__file__).resolve().parents[1]
+CARRY = ROOT / ".gpucarry" / "vllm_fla"
 
 
 def _shape(is_kda: bool, layers: int = 2) -> Shape:
@@ -134,3 +136,9 @@ def test_stats_by_hand() -> None:
     got = stats([float(x) for x in range(1, 11)], per=2)
     assert got["median"] == 2.75 and got["p90"] == 4.5 and got["min"] == 0.5 and got["max"] == 5.0
     assert got["p90_over_median"] == pytest.approx(4.5 / 2.75) and got["n"] == 10
+
+
+@pytest.mark.parametrize("script", ["lab/scripts/gpu_serving_protocol.sh", "lab/scripts/vllm_carry.sh",
+                                    "lab/gpu_serve/install_carry.sh"])
+def test_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(ROOT / script)], check=True)

@@ -28,6 +28,6 @@ echo "nvcc: $(command -v nvcc || echo none); rrcache: $(ls /tmp/rrcache | tr '\n
 } >> $OUT/setup.log 2>&1
 cat $OUT/setup.log
 python3 lab/scripts/bench_serving_protocol.py --sglang-root $S --vllm-carry $C/vllm_fla --kda-build-dir /tmp/kda_build \
-  --out $OUT/serving_protocol --budget-s $(( BUDGET - $(el) - 15 )) "$@" 2>&1 | tee $OUT/bench.log
+  --out $OUT/serving_protocol --budget-s $(( BUDGET - $(el) - 20 )) "$@" 2>&1 | tee $OUT/bench.log
 (cd /tmp && tar cf - $(ls -d triton jit 2>/dev/null) | xz -T0 -3 > $OUT/caches.tar.xz)
 ls -la $OUT; echo "[$(el)s] done"
