@@ -20,22 +20,7 @@ BUDGET=${BUDGET:-570}; MODEL=${MODEL:-qnext-gdn}; C=.gpucarry; S=/tmp/site
 # A second check in the same device call finds the carry installed (the marker) and the model built.
 if [ ! -f $S/.carry-installed ]; then
 {
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S $C/whl/*.whl 2>&1 | tail -3
-tar xJf $C/sglang.tar.xz -C $S
-mkdir -p /tmp/rrcache && cp -r $C/cuda/. /tmp/rrcache/
-for f in $C/caches.tar.*; do [ -f "$f" ] && tar xf "$f" -C /tmp; done
-python3 - "$S" <<'PY'
-import sys, tomllib
-from pathlib import Path
-p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-d = Path(sys.argv[1]) / f"sglang_replayssm-{p['version']}.dist-info"
-d.mkdir(parents=True, exist_ok=True)
-(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {p['name']}\nVersion: {p['version']}\n")
-(d / "top_level.txt").write_text("sglang_replayssm\n")
-(d / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n"
-                                            for g, eps in p["entry-points"].items()))
-PY
-touch $S/.carry-installed
+. lab/gpu_serve/install_carry.sh
 echo "[$(el)s] installed the carry"
 } > $OUT/setup.log 2>&1
 fi

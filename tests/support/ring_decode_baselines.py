@@ -149,8 +149,9 @@ def _load_file(name: str, path: Path) -> types.ModuleType:
     return mod
 
 
-def load_sglang_kernels(root: Path, build_dir: Path | None = None) -> SGLangKernels:
-    """Import SGLang's decode kernels from ``root`` (a folder holding ``sglang/...`` files)."""
+def load_sglang_kernels(root: Path, build_dir: Path | None = None, *, build_cuda: bool = True) -> SGLangKernels:
+    """Import SGLang's decode kernels from ``root`` (a folder holding ``sglang/...`` files); ``build_cuda=False``
+    leaves the KDA CUDA kernel out (``kda_packed_cuda`` None; the caller may :func:`build_kda_packed_cuda` it)."""
     root = Path(root).resolve()
     _install_stubs(root)
     base = root / "sglang/kernels/ops/attention"
@@ -159,9 +160,10 @@ def load_sglang_kernels(root: Path, build_dir: Path | None = None) -> SGLangKern
     fr = _load_file(f"{_FLA}.fused_recurrent", base / "fla/fused_recurrent.py")
     rs = _load_file(f"{_LINEAR}.fused_recurrent_linear_replayssm", base / "linear/fused_recurrent_linear_replayssm.py")
     cuda_fn: Callable | None = None
-    err: str | None = None
+    err: str | None = None if build_cuda else "not built here"
     try:
-        cuda_fn = build_kda_packed_cuda(root, build_dir or Path("/tmp/kda_packed_build"))
+        if build_cuda:
+            cuda_fn = build_kda_packed_cuda(root, build_dir or Path("/tmp/kda_packed_build"))
     except subprocess.CalledProcessError as e:  # pragma: no cover - GPU box only
         err = f"nvcc failed: {(e.stderr or '')[-400:]}"
     except Exception as e:  # pragma: no cover - GPU box only
