@@ -33,6 +33,11 @@ def _common_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     }
 
 
+def _copied(shape: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """The config fields that take a spec's shape entry of the same name unchanged."""
+    return {k: shape[k] for k in keys}
+
+
 def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     """config.json of a Qwen3.5 text GDN hybrid (read by transformers and SGLang alike)."""
     s = spec.shape
@@ -43,15 +48,10 @@ def gdn_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
     cfg.update(
         architectures=["Qwen3_5ForCausalLM"],
         model_type="qwen3_5_text",
-        num_key_value_heads=s["num_key_value_heads"],
-        head_dim=s["head_dim"],
         full_attention_interval=interval,
         layer_types=layer_types,
-        linear_conv_kernel_dim=s["linear_conv_kernel_dim"],
-        linear_key_head_dim=s["linear_key_head_dim"],
-        linear_value_head_dim=s["linear_value_head_dim"],
-        linear_num_key_heads=s["linear_num_key_heads"],
-        linear_num_value_heads=s["linear_num_value_heads"],
+        **_copied(s, "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads"),
         partial_rotary_factor=0.25,
         rope_theta=10000.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
@@ -89,11 +89,8 @@ def kda_config(spec: ModelSpec, vocab: int) -> dict[str, Any]:
             "short_conv_kernel_size": s["linear_conv_kernel_dim"],
         },
         # MoE
-        num_experts=s["num_experts"],
-        num_experts_per_token=s["num_experts_per_token"],
-        num_shared_experts=s["num_shared_experts"],
-        moe_intermediate_size=s["moe_intermediate_size"],
-        first_k_dense_replace=s["first_k_dense_replace"],
+        **_copied(s, "num_experts", "num_experts_per_token", "num_shared_experts", "moe_intermediate_size",
+                  "first_k_dense_replace"),
         moe_layer_freq=1,
         moe_renormalize=True,
         moe_router_activation_func="sigmoid",
