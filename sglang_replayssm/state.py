@@ -16,7 +16,8 @@ on an SGLang object. Which fields an object uses depends on its kind:
 * the KV allocator: ``record_pool`` (linked by radix/records/capture.py);
 * the mamba slot allocator: ``write_pos`` (radix/ring/alloc_reset.py), ``read_copy``;
 * a host KV pool: ``host_records``; a tree core: ``planted_nodes`` (radix/records/hicache/);
-* a ``ForwardBatch``: ``kept_chunk_states`` (radix/records/capture.py);
+* a ``ForwardBatch``: ``kept_chunk_states``, ``record_dest`` (``(out_cache_loc, record rows)``), both computed at
+  the forward's first GDN layer for all (radix/records/capture.py);
 * a GDN kernel dispatcher: ``extending``, ``(record pool, layer, forward batch)`` while a forward's own
   ``forward_extend`` runs (radix/records/capture.py);
 * a ``Req``: ``lost_hit_tokens`` (radix/metrics.py), ``rebuilt_tokens`` (radix/records/match.py),
@@ -50,6 +51,7 @@ class ReplaySSMState:
     host_records: Any = None
     planted_nodes: dict[Any, Any] | None = None
     kept_chunk_states: Any = None
+    record_dest: Any = None
     extending: tuple[Any, Any, Any] | None = None
     lost_hit_tokens: int | None = None
     rebuilt_tokens: tuple[int, int] | None = None

@@ -422,3 +422,30 @@ def test_a_forwards_extend_context_rides_on_its_dispatcher(monkeypatch):
     monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: False)
     with record_capture.extending(backend, layer, fb):
         assert state.extending is None
+
+
+def test_capture_finds_the_record_rows_once_per_forward(monkeypatch):
+    """Every GDN layer of one forward writes its tokens to the same record rows: they are gathered at the
+    forward's first layer only, and a new forward (a new ``out_cache_loc``) gathers again."""
+    from sglang_replayssm.radix.records import capture as cap
+
+    pool = RecordPool(kv_size=32, capacity=8, device=torch.device("cpu"))
+    calls = []
+    real = pool.dest_of
+    monkeypatch.setattr(pool, "dest_of", lambda kv: calls.append(kv) or real(kv))
+    monkeypatch.setattr(cap, "pool_of", lambda _: pool)
+    monkeypatch.setattr(cap, "_wanted", lambda *_: True)
+    backend = types.SimpleNamespace(req_to_token_pool=None)
+    mode = types.SimpleNamespace(is_decode=lambda: False)
+    for step in range(2):
+        loc = torch.tensor([3, 7, 11]) + step
+        pool.assign(loc)
+        batch = types.SimpleNamespace(out_cache_loc=loc, forward_mode=mode)
+        for layer_id in range(3):
+            x = torch.full((3, 4), float(10 * step + layer_id))
+            cap.capture(backend, types.SimpleNamespace(layer_id=layer_id), batch, x, torch.zeros(3, 2),
+                        torch.zeros(3, 2))
+        assert len(calls) == step + 1  # one gather per forward, not per layer
+        rows = real(loc)
+        for layer_id in range(3):
+            assert torch.equal(pool.layers[layer_id].x[rows], torch.full((3, 4), float(10 * step + layer_id)))

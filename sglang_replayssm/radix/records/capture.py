@@ -139,7 +139,11 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
         pool.invalidate(loc)
         return
     x, ra, rb = (r[:n] for r in rows if r is not None)
-    pool.write(layer, backend, loc, x, ra, rb)
+    batch_state = state_of(forward_batch)
+    cached = batch_state.record_dest
+    if cached is None or cached[0] is not loc:  # the forward's first layer: one gather for every layer
+        cached = batch_state.record_dest = (loc, pool.dest_of(loc))
+    pool.write(layer, backend, loc, x, ra, rb, cached[1])
 
 
 def _token_rows(t: Any) -> torch.Tensor | None:
@@ -197,15 +201,16 @@ def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any) -> None:
             list(prefix), list(lens), states.interval, states.chunk)
         loc = forward_batch.out_cache_loc
         total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
-        kept = (loc[torch.tensor(tokens, device=loc.device, dtype=torch.int64)],
-                torch.tensor(chunk_ids, dtype=torch.int64), total) if tokens else ()
+        # Once per forward, on the device: the kept chunks' state rows and their chunk indices.
+        kept = (states.dest_of(loc[torch.tensor(tokens, device=loc.device, dtype=torch.int64)]),
+                torch.tensor(chunk_ids, dtype=torch.int64).to(result[2].device), total) if tokens else ()
         state_of(forward_batch).kept_chunk_states = kept
     if not kept:
         return
-    keys, chunks, total = kept
+    dest, chunks, total = kept
     shape = tuple(ssm_states.shape[1:])
     h = result[2]
     if h.numel() != total * ssm_states[0].numel() or tuple(h.shape[-len(shape):]) != shape:
         states.skipped.add(layer.layer_id)  # not the per-chunk states of this batch: keep none
         return
-    states.write(layer.layer_id, keys, h.reshape(total, *shape), chunks, ssm_states.dtype)
+    states.write_rows(layer.layer_id, dest, h.reshape(total, *shape), chunks, ssm_states.dtype)

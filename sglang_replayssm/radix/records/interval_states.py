@@ -142,12 +142,22 @@ class IntervalStates:
 
     # ---- data (forward side) -------------------------------------------------------------------
 
+    def dest_of(self, keys: torch.Tensor) -> torch.Tensor:
+        """The state rows of ``keys`` (KV indices): their slots, the sink row for keys without one."""
+        slots = self.state_of[keys.to(self.state_of.device, torch.int64)]
+        return torch.where(slots >= 0, slots, self.capacity)
+
     def write(self, layer_id: int, keys: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
               state_dtype: torch.dtype) -> None:
         """Store ``h[chunks]`` (per-chunk states ``[NT, *state]``) as the states of ``keys`` (KV
-        indices); keys without a slot go to the sink row. A layer whose ``h`` is not in the pool's
-        state dtype keeps nothing (not exact) unless ``rounded``: then ``h`` is widened to the state
-        dtype, a state rounded once to the activation dtype. No host sync."""
+        indices); keys without a slot go to the sink row (:meth:`write_rows` with :meth:`dest_of`)."""
+        self.write_rows(layer_id, self.dest_of(keys), h, chunks, state_dtype)
+
+    def write_rows(self, layer_id: int, dest: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
+                   state_dtype: torch.dtype) -> None:
+        """Store ``h[chunks]`` in state rows ``dest`` (:meth:`dest_of`, computed once per forward). A
+        layer whose ``h`` is not in the pool's state dtype keeps nothing (not exact) unless ``rounded``:
+        then ``h`` is widened to the state dtype, a state rounded once to the activation dtype. No host sync."""
         if h.dtype != state_dtype and not (self.rounded and h.is_floating_point()):
             self.skipped.add(layer_id)
             return
@@ -155,9 +165,7 @@ class IntervalStates:
         if ssm is None:
             ssm = self.ssm[layer_id] = torch.zeros((self.capacity + 1, *h.shape[1:]), dtype=state_dtype,
                                                    device=h.device)
-        slots = self.state_of[keys.to(self.state_of.device, torch.int64)]
-        dest = torch.where(slots >= 0, slots, self.capacity).to(ssm.device)
-        ssm.index_copy_(0, dest, h.index_select(0, chunks.to(h.device)).to(state_dtype))
+        ssm.index_copy_(0, dest.to(ssm.device), h.index_select(0, chunks.to(h.device)).to(state_dtype))
 
     def usable(self, layer_ids: list[int]) -> bool:
         """Every GDN layer keeps states (one that does not makes a rebuild from a state impossible)."""

@@ -148,15 +148,23 @@ class RecordPool:
 
     # ---- data (forward side) -------------------------------------------------------------------
 
+    def dest_of(self, kv: torch.Tensor) -> torch.Tensor:
+        """The record rows of the tokens at KV indices ``kv [T]``: their slots, the sink row for tokens
+        without one. Every layer of a forward writes its tokens to the same rows (:func:`capture`
+        computes them once per forward). No host sync."""
+        slots = self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)]
+        return torch.where(slots >= 0, slots, self.capacity)
+
     def write(self, layer: Any, backend: Any, kv: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
-              b: torch.Tensor) -> None:
+              b: torch.Tensor, dest: torch.Tensor | None = None) -> None:
         """Store one layer's inputs ``x [T, conv_dim]``, ``a``/``b`` ``[T, *]`` for the tokens at KV
-        indices ``kv [T]`` (tokens without a slot go to the sink row). No host sync."""
+        indices ``kv [T]`` (tokens without a slot go to the sink row; ``dest``: :meth:`dest_of` of ``kv``,
+        when the caller has it). No host sync."""
         rec = self.layers.get(layer.layer_id)
         if rec is None:
             rec = self._new_layer(layer, backend, x, a, b)
-        slots = self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)]
-        dest = torch.where(slots >= 0, slots, self.capacity)
+        if dest is None:
+            dest = self.dest_of(kv)
         rec.x.index_copy_(0, dest, x.to(rec.x.dtype))
         rec.a.index_copy_(0, dest, a.reshape(dest.numel(), -1).to(rec.a.dtype))
         rec.b.index_copy_(0, dest, b.reshape(dest.numel(), -1).to(rec.b.dtype))

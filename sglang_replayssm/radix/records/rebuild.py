@@ -120,6 +120,7 @@ class _Plan:
         self.keep, self.ext_cu, self.ext_lens, self.ext_init = keep, ext_cu, ext_lens, ext_init
         self.ext_rows = ext_rows  # the extended jobs' positions in the batch (rows of ``dst``)
         self.ext_dst = dst[ext_rows.long()]
+        self.ext_prefix = ext_init.to(torch.int32)  # the extend's ``extend_prefix_lens`` flag, once per step
         self.sequential = bool(ext_lens) and max(ext_lens) <= sequential_tokens
 
     @classmethod
@@ -207,7 +208,7 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
             state_checkpoint_every_n_tokens=0,
             output=None,
             layer_id=layer.layer_id,
-            extend_prefix_lens=plan.ext_init.to(torch.int32),
+            extend_prefix_lens=plan.ext_prefix,
             track_state=None,
             track_chunk_idx=None,
         )
@@ -272,7 +273,7 @@ def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
         lower_bound=getattr(layer, "lower_bound", None),
         beta_is_raw=True,
         extend_seq_lens_cpu=plan.ext_lens,
-        extend_prefix_lens=plan.ext_init.to(torch.int32),
+        extend_prefix_lens=plan.ext_prefix,
         layer_id=layer.layer_id,
         is_spec_decode=False,
         return_intermediate_states=False,
