@@ -19,12 +19,13 @@ from sglang_replayssm.bench.memory import (
     spent_from_log,
     working_set_tokens,
 )
+from sglang_replayssm.bench.plan import Sizes
 from sglang_replayssm.bench.workload import Conversation, Turn
 
 ARM_NAMES = ("baseline", "upstream", "plugin")
 
 
-def small_gdn() -> object:
+def small_gdn() -> Sizes:
     return model_sizes("small-gdn", "float32", 256)[1]
 
 
