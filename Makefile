@@ -8,7 +8,7 @@ BENCH_ARGS ?= --json out/bench.json --plot-dir out
 RAG_ARGS ?= --dataset-name rag --gsp-range-ratio 0.5 --rag-system-prompt-len 200 \
 	--rag-num-conversations 16 --rag-num-turns 2 --json out/bench-rag.json --plot-dir out/rag
 
-.PHONY: env test test-matrix bench lint models lock
+.PHONY: env test test-matrix bench bench-mem lint models lock
 
 env:
 	@scripts/ensure_env.sh
@@ -27,6 +27,10 @@ test-matrix: env
 bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)
 	@$(PY) -m sglang_replayssm.cli bench $(RAG_ARGS)
+
+# The memory-bound workload (rag-mem) at equal memory, 36 MiB of cache per arm: docs/BENCHMARKS.md.
+bench-mem: env
+	@$(PY) -m sglang_replayssm.cli bench --dataset-name rag-mem --json out/bench-mem.json --plot-dir out/mem
 
 lint: env
 	@$(PY) -m ruff check sglang_replayssm tests scripts lab

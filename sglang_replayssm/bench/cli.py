@@ -23,6 +23,14 @@ from sglang_replayssm.bench.arms import (
     server_env,
 )
 from sglang_replayssm.bench.ceiling import ceiling_hit_rate, ceiling_tokens
+from sglang_replayssm.bench.memory import (
+    RAG_MEM_MIB,
+    EqualMemoryError,
+    equal_memory,
+    format_spent,
+    resolve_defaults,
+    spent_bytes,
+)
 from sglang_replayssm.bench.metrics import agreement
 from sglang_replayssm.bench.model import (
     DEFAULT_MODEL,
@@ -84,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="server logs and commands (default: next to --json, else ./sglang-replayssm-bench-logs)")
 
     w = p.add_argument_group("workload")
-    w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag", "mtp-fit"),
+    w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag", "rag-mem", "mtp-fit"),
                    default="generated-shared-prefix",
-                   help="generated-shared-prefix (SGLang's shape), rag (multi-turn, documents reused) or mtp-fit "
+                   help="generated-shared-prefix (SGLang's shape), rag (multi-turn, documents reused), rag-mem (rag over "
+                        "many zipf-reused documents, a working set >= 2x the cache: equal memory by default) or mtp-fit "
                         "(the prompts an embedded model's MTP layer was fitted to, --gsp-output-len tokens each: "
                         "the workload for the nextn arms)")
     w.add_argument("--gsp-num-groups", type=int, default=4)
@@ -94,19 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--gsp-system-prompt-len", type=int, default=1024)
     w.add_argument("--gsp-question-len", type=int, default=64)
     w.add_argument("--gsp-output-len", type=int, default=16)
-    w.add_argument("--gsp-range-ratio", type=float, default=1.0,
-                   help="lengths drawn uniformly from [ratio*len, len] (also for rag)")
+    w.add_argument("--gsp-range-ratio", type=float, default=None,
+                   help="lengths drawn uniformly from [ratio*len, len] (also for rag; default 1.0, rag-mem 0.5)")
     w.add_argument("--gsp-num-turns", type=int, default=1,
                    help="turns per prompt; a later turn appends the answer and a new question")
     w.add_argument("--gsp-ordered", action="store_true", help="send in generation order (default shuffled; also rag)")
-    w.add_argument("--gsp-group-distribution", choices=("uniform", "zipf"), default="uniform",
-                   help="prompts per group (rag: conversations per document)")
+    w.add_argument("--gsp-group-distribution", choices=("uniform", "zipf"), default=None,
+                   help="prompts per group (rag: conversations per document; default uniform, rag-mem zipf 0.8)")
     w.add_argument("--gsp-zipf-alpha", type=float, default=None, help="zipf exponent, > 0")
-    w.add_argument("--rag-num-docs", type=int, default=4, help="documents in the corpus")
+    w.add_argument("--rag-num-docs", type=int, default=None, help="documents in the corpus (default 4, rag-mem 32)")
     w.add_argument("--rag-doc-len", type=int, default=768)
-    w.add_argument("--rag-system-prompt-len", type=int, default=256, help="shared by every conversation")
-    w.add_argument("--rag-num-conversations", type=int, default=8)
-    w.add_argument("--rag-num-turns", type=int, default=2)
+    w.add_argument("--rag-system-prompt-len", type=int, default=None,
+                   help="shared by every conversation (default 256, rag-mem 200)")
+    w.add_argument("--rag-num-conversations", type=int, default=None, help="(default 8, rag-mem 48)")
+    w.add_argument("--rag-num-turns", type=int, default=None, help="(default 2, rag-mem 3)")
     w.add_argument("--rag-question-len", type=int, default=64)
     w.add_argument("--rag-output-len", type=int, default=16)
     w.add_argument("--request-rate", type=float, default=float("inf"),
@@ -116,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--warmup-requests", type=int, default=1, help="short unrelated requests before measuring")
     w.add_argument("--flush-cache", action="store_true", help="POST /flush_cache after warmup")
     w.add_argument("--seed", type=int, default=1)
+
+    m = p.add_argument_group("equal memory (launched arms baseline, upstream, plugin)")
+    m.add_argument("--equal-memory-mib", type=float, default=None,
+                   help="every arm gets this many MiB of cache (KV + mamba states + ring + records), split as "
+                        "`sglang-replayssm plan` does and pinned by --max-mamba-cache-size / --max-total-tokens / "
+                        f"SGLANG_REPLAYSSM_RECORD_TOKENS (default: off; rag-mem {RAG_MEM_MIB:g})")
+    m.add_argument("--equal-memory-state-ratio", type=float, default=0.9,
+                   help="state slots get ratio / (1 + ratio) of it, SGLang's --mamba-full-memory-ratio rule "
+                        "(default %(default)s)")
+    m.add_argument("--equal-memory-record-tokens", type=int, default=None,
+                   help="the plugin arm's record tokens (default: the default_record_policy rule; 0: none)")
 
     o = p.add_argument_group("output")
     o.add_argument("--json", "--output-file", dest="json", type=Path, default=None,
@@ -137,7 +158,7 @@ def _workload(args: argparse.Namespace, vocab: list[int], model_dir: Path) -> li
                              f"{FIT_NEW_TOKENS} tokens; ask for fewer")
         return fitted_conversations(prompts, group_size, shared_len, args.gsp_output_len, args.gsp_ordered,
                                     args.seed)
-    if args.dataset_name == "rag":
+    if args.dataset_name in ("rag", "rag-mem"):
         return generate_rag(RagSpec(
             num_docs=args.rag_num_docs, doc_len=args.rag_doc_len, system_prompt_len=args.rag_system_prompt_len,
             num_conversations=args.rag_num_conversations, num_turns=args.rag_num_turns,
@@ -187,6 +208,8 @@ class Bench:
         }
         self.records: dict[str, list[RequestRecord]] = {}
         self.conversations: list[Conversation] = []  # the workload, for the attention-only ceiling
+        self.sizes: Any = None  # memory.Sizes of the served model (None: cannot price its caches)
+        self.budgets: dict[str, Any] = {}  # equal memory: arm -> memory.ArmBudget
 
     def save(self) -> None:
         if self.args.json is not None:
@@ -243,8 +266,10 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
         arm = ARMS[name]
         bench.doc["arm_order"].append(name)
         port = pick_port()
-        cmd = server_command(arm, model_dir, port, device=device, tp=args.tp, extra_args=extra)
-        env = server_env(arm, device)
+        budget = bench.budgets.get(name)
+        cmd = server_command(arm, model_dir, port, device=device, tp=args.tp,
+                             extra_args=[*(budget.flags if budget else ()), *extra])
+        env = {**server_env(arm, device), **dict(budget.env if budget else ())}
         cmd_str = command_line(cmd, env)
         log_path = log_dir / f"server-{name}.log"
         (log_dir / f"server-{name}.cmd").write_text(cmd_str + "\n")
@@ -259,13 +284,15 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
                     run = run_arm(srv.base_url, conversations, warmup, label=name, **run_kw)
                 except ArmRunError as exc:
                     raise ArmRunError(f"{exc}\n{srv.diagnosis()}") from exc
+                spent = spent_bytes(bench.sizes, log_path, srv.base_url)
         except (ServerStartError, ArmRunError, OSError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"error: arm {name} failed: {exc}", file=sys.stderr, flush=True)
             bench.add_failure(name, str(exc), cmd_str, log=str(log_path), summary=first)
             continue
         bench.add_arm(name, run, cmd_str, log=str(log_path), arm_wall_s=time.monotonic() - t0,
-                      startup_s=srv.startup_s)
+                      startup_s=srv.startup_s, cache_bytes=spent,
+                      equal_memory=budget.as_dict() if budget else None)
 
 
 def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int], Path]:
@@ -301,6 +328,7 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    resolve_defaults(args)
     bench = Bench(args, list(argv))
     try:
         names, model_dir, vocab, local_model = _prepare(args)
@@ -310,7 +338,13 @@ def main(argv: list[str]) -> int:
         first_len = max((len(c.turns[0].new_ids) for c in conversations if c.turns), default=16)
         warmup = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations),
                                  input_len=first_len)
-    except (BenchError, ModelError, WorkloadError) as exc:
+        bench.conversations = conversations
+        if model_dir is not None:
+            bench.sizes, bench.budgets, doc, text = equal_memory(args, names, model_dir.name, conversations)
+            if doc is not None:
+                bench.doc["equal_memory"] = doc
+                print(text, flush=True)
+    except (BenchError, ModelError, WorkloadError, EqualMemoryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         bench.fail(str(exc))
         return 2
@@ -329,6 +363,10 @@ def main(argv: list[str]) -> int:
     bench.save()
     print()
     print(format_table(bench.doc["arms"], bench.doc["failed_arms"]))
+    spent_table = format_spent(bench.doc["arms"])
+    if spent_table:
+        print("\ncache bytes each server allocated (startup log counts x the model's unit bytes; records: "
+              "/metrics)\n" + spent_table)
     if args.plot_dir is not None and bench.doc["arms"]:
         from sglang_replayssm.bench.plots import write_plots
 

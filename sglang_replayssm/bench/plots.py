@@ -47,6 +47,12 @@ def plot_hit_rate(arms: dict[str, dict[str, Any]], path: Path) -> Path:
     ax.bar([x + width / 2 for x in xs], server, width, label="server /metrics")
     for x, v in zip(xs, client):
         ax.annotate(f"{v:.1f}%", (x - width / 2, v), ha="center", va="bottom", fontsize=8)
+    # The attention-only ceiling of each arm's own run (bench/ceiling.py): a line across its bars.
+    ceilings = [(x, 100 * arms[n]["ceiling_hit_rate"]) for x, n in zip(xs, names)
+                if arms[n].get("ceiling_hit_rate") is not None]
+    for i, (x, c) in enumerate(ceilings):
+        ax.hlines(c, x - width, x + width, colors="black", linestyles="dashed",
+                  label="attention-only ceiling" if i == 0 else None)
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("prefix hit rate (%)")
     ax.set_ylim(0, 105)
