@@ -2,7 +2,7 @@
 tiny-gdn and tiny-kda (fp32), ``SGLANG_REPLAYSSM_READ_COPY=bf16|fp8`` against ``off``, long greedy
 generations through the radix cache (extra_buffer, a shared 100-token prefix): the copy is attached, the
 greedy tokens agree with the fp32 ring above a threshold per format, and every request's cached tokens
-(hit rates) equal ``off``'s exactly. (Measured margins: notes/read-copy-e2e-cpu.json, docs/BENCHMARKS.md.)
+(hit rates) equal ``off``'s exactly. (Measured margins: 9125eb1:notes/read-copy-e2e-cpu.json, docs/history.md.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 #: Per model and copy format: (least greedy agreement with the fp32 ring, largest mean top-k KL), 4 prompts
-#: x 128 tokens. The 8 x 256 run (notes/read-copy-e2e-cpu.json): tiny-gdn bf16 0.88 / 1.3e-8 (7 of 8 prompts
+#: x 128 tokens. The 8 x 256 run (9125eb1:notes/read-copy-e2e-cpu.json): tiny-gdn bf16 0.88 / 1.3e-8 (7 of 8 prompts
 #: equal to the end; the 8th at a near-tie the bf16 state also flips), fp8 0.45 / 2.3e-6; tiny-kda (a
 #: sensitive random model, where SGLang's bf16 state does no better) bf16 0.40 / 1.7e-4, fp8 0.08 / 1.4e-3.
 THRESHOLDS = {
