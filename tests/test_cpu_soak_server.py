@@ -1,6 +1,6 @@
 """The short soak on the CPU runtime with a real server (slow, `server` marker): ``tests/support/soak.py`` for
-75 s of mixed traffic (RAG, multi-turn sessions, client disconnects; retraction, HiCache eviction and load-back,
-the L3 file store, records) with a probe every 30 s, then the drain. The same acceptance as ``make soak``'s
+60 s of mixed traffic (RAG, multi-turn sessions, client disconnects; retraction, HiCache eviction and load-back,
+the L3 file store, records) with a probe every 25 s, then the drain. The same acceptance as ``make soak``'s
 30 minutes: no failed request (client aborts aside), every probe equal to HF's greedy tokens, every
 ``sglang:replayssm_*`` gauge back to idle, the scheduler's RSS growth over the second half under 2%.
 """
@@ -24,6 +24,6 @@ def models() -> dict[str, Path]:
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_a_short_soak_serves_right_and_leaves_nothing_behind(models, tmp_path):
-    report = soak.run(models["tiny-gdn"], tmp_path, seconds=75, workers=3, probe_every_s=30, sample_every_s=5)
+    report = soak.run(models["tiny-gdn"], tmp_path, seconds=60, workers=3, probe_every_s=25, sample_every_s=5)
     assert report["ok"] > 0 and report["aborted"] > 0 and len(report["probes"]) >= 3, report
     assert soak.problems(report) == []

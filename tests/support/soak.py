@@ -7,7 +7,8 @@ until the deadline, a mix of (:func:`_worker`):
 * RAG: a shared system prompt, one of a few documents, a question; a second turn on the answer (shared
   depths off SGLang's state grid: record hits, HiCache host and L3 load-backs as documents get evicted);
 * multi-turn sessions: three turns, each on the full history;
-* client disconnects: a long answer whose stream the client closes after a few chunks (SGLang aborts it).
+* client disconnects: a long answer whose stream the client closes after a few chunks (SGLang aborts it);
+* long answers (150-300 tokens): decodes that outgrow what admission reserved in the small pool (retraction).
 
 Every ``probe_every_s`` a probe set (:func:`probe_prompts`: a RAG query, a query leaving a document inside it,
 a fresh prompt) is sent beside the traffic; its greedy tokens must equal HF's (``hf_reference``: a fresh
@@ -17,7 +18,7 @@ and the queued record jobs must be 0 at once, and after ``/flush_cache`` every g
 pool's size aside) must be 0. :func:`problems` lists what failed: failed requests (client aborts excluded),
 probes that differ, gauges not back to idle, RSS growth over the second half of 2% or more.
 
-``python -m tests.support.soak --minutes 30`` (``make soak``); ``tests/test_cpu_soak_server.py`` runs 90 s.
+``python -m tests.support.soak --minutes 30`` (``make soak``); ``tests/test_cpu_soak_server.py`` runs 60 s (``make test``).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ async def _worker(session: aiohttp.ClientSession, url: str, corpus: Corpus, seed
                   tally: Tally) -> None:
     rng = random.Random(seed)
     while time.monotonic() < stop_at:
-        kind = rng.choices(("rag", "session", "abort"), weights=(5, 3, 2))[0]
+        kind = rng.choices(("rag", "session", "abort", "long"), weights=(5, 3, 2, 1))[0]
         if kind == "abort":
             ids = corpus.system + rng.choice(corpus.docs) + [rng.randrange(10, 2000) for _ in range(20)]
             try:
@@ -145,6 +146,10 @@ async def _worker(session: aiohttp.ClientSession, url: str, corpus: Corpus, seed
                 tally.aborted += 1
             except Exception as exc:  # noqa: BLE001
                 tally.failed.append(f"abort: {type(exc).__name__}: {exc}"[:300])
+            continue
+        if kind == "long":  # a long answer: the decode outgrows what admission reserved (retraction)
+            ids = corpus.system + [rng.randrange(10, 2000) for _ in range(rng.randrange(20, 80))]
+            await _request(session, url, ids, rng.randrange(150, 300), tally)
             continue
         history = corpus.system + (rng.choice(corpus.docs) if kind == "rag" else
                                    [rng.randrange(10, 2000) for _ in range(rng.randrange(40, 120))])
@@ -269,9 +274,18 @@ def problems(report: dict[str, Any], max_rss_growth: float = 0.02) -> list[str]:
     return out
 
 
+#: Extra server flags per arm: ``nextn`` adds speculative decoding (the tiny GDN's MTP layer, chain drafts).
+ARMS: dict[str, list[str]] = {
+    "records": [],
+    "nextn": ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+              "--speculative-num-draft-tokens", "4"],
+}
+
+
 def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, probe_every_s: float = 180.0,
-        sample_every_s: float = 10.0, seed: int = 0) -> dict[str, Any]:
-    """Start the server, run :func:`traffic`, drain; returns the report (:func:`problems` judges it)."""
+        sample_every_s: float = 10.0, seed: int = 0, arm: str = "records") -> dict[str, Any]:
+    """Start the server (:data:`SERVER_FLAGS` plus the ``arm``'s), run :func:`traffic`, drain; returns the
+    report (:func:`problems` judges it)."""
     from tests.support.hf_reference import hf_greedy
     from tests.support.serve import cpu_server_process
 
@@ -279,7 +293,8 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
     expected = hf_greedy(model_dir, probe_prompts(corpus), PROBE_NEW_TOKENS, ignore_eos=True)
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(workdir / "l3")}
     t0 = time.monotonic()
-    with cpu_server_process(model_dir, SERVER_FLAGS, workdir / "server.log", env=env, timeout_s=600) as srv:
+    flags = [*SERVER_FLAGS, *ARMS[arm]]
+    with cpu_server_process(model_dir, flags, workdir / "server.log", env=env, timeout_s=600) as srv:
         assert srv.proc is not None
         pid = scheduler_pid(srv.proc.pid)
         tally = asyncio.run(traffic(srv.base_url, corpus, expected, seconds=seconds, workers=workers,
@@ -289,12 +304,12 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
         metrics = urllib.request.urlopen(srv.base_url + "/metrics", timeout=30).read().decode()
     busy = {k: max(s["gauges"][k] for s in tally.samples) for k in GAUGE_NAMES} if tally.samples else {}
     report = asdict(tally)
-    report.update(seconds=seconds, wall_s=round(time.monotonic() - t0, 1), scheduler_pid=pid,
+    report.update(arm=arm, seconds=seconds, wall_s=round(time.monotonic() - t0, 1), scheduler_pid=pid,
                   busy_gauges=busy, drained_gauges=drained, flushed_gauges=flushed,
                   rss_growth=rss_growth(tally.samples),
                   storage_hit_tokens=metric_sum(metrics, "sglang:cached_tokens_total", cache_source="storage"),
                   host_hit_tokens=metric_sum(metrics, "sglang:cached_tokens_total", cache_source="host"),
-                  retractions=metric_sum(metrics, "sglang:num_retracted_reqs_total"),
+                  retractions=metric_sum(metrics, "sglang:num_retracted_requests_total"),
                   rebuilt_tokens=metric_sum(metrics, "sglang:replayssm_record_rebuilt_tokens_total"))
     return report
 
@@ -303,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="traffic time (default 30)")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--arm", choices=sorted(ARMS), default="records", help="records (default) or nextn")
     parser.add_argument("--probe-every", type=float, default=180.0, help="seconds between probes (default 180)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/gauge samples")
     parser.add_argument("--workdir", type=Path, default=Path("out/soak"))
@@ -313,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     model = make_models(names=("tiny-gdn",), log=lambda *a: None)["tiny-gdn"]
     args.workdir.mkdir(parents=True, exist_ok=True)
     report = run(model, args.workdir, seconds=args.minutes * 60, workers=args.workers,
-                 probe_every_s=args.probe_every, sample_every_s=args.sample_every)
+                 probe_every_s=args.probe_every, sample_every_s=args.sample_every, arm=args.arm)
     found = problems(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**report, "problems": found}, indent=1))
