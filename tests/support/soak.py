@@ -40,9 +40,9 @@ import aiohttp
 from sglang_replayssm.bench.client import generate_payload, iter_sse_events, merge_output_ids
 from sglang_replayssm.bench.server_metrics import metric_sum
 
-#: Pools small enough for retraction (4 running requests of up to ~600 tokens in 1,024 KV slots, 8 mamba
+#: Pools small enough for KV pressure (up to 3 running requests of up to ~580 tokens in 640 KV slots, 12 mamba
 #: slots) and for HiCache eviction to host and to the L3 file store (host 2x device).
-SERVER_FLAGS = ["--max-total-tokens", "1024", "--max-mamba-cache-size", "8", "--max-running-requests", "4",
+SERVER_FLAGS = ["--max-total-tokens", "640", "--max-mamba-cache-size", "12", "--max-running-requests", "4",
                 "--hicache-ratio", "2", "--enable-hierarchical-cache", "--enable-metrics",
                 "--hicache-storage-backend", "file", "--hicache-write-policy", "write_through",
                 "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 16}',
@@ -197,9 +197,13 @@ async def _probe(session: aiohttp.ClientSession, url: str, prompts: list[list[in
 async def _sampler(url: str, pid: int | None, start: float, stop_at: float, every_s: float, tally: Tally) -> None:
     while time.monotonic() < stop_at:
         sample: dict[str, Any] = {"t_s": round(time.monotonic() - start, 1)}
-        if pid is not None:
-            sample["rss_kib"] = rss_kib(pid)
-        sample["gauges"] = await asyncio.to_thread(gauges, url)
+        try:
+            if pid is not None:
+                sample["rss_kib"] = rss_kib(pid)
+            sample["gauges"] = await asyncio.to_thread(gauges, url)
+        except (OSError, RuntimeError) as exc:  # the scheduler died: every later request fails too
+            tally.failed.append(f"sampler: the server is gone ({type(exc).__name__}: {exc})"[:300])
+            return
         tally.samples.append(sample)
         await asyncio.sleep(min(every_s, max(0.0, stop_at - time.monotonic())))
 
@@ -300,8 +304,12 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
         tally = asyncio.run(traffic(srv.base_url, corpus, expected, seconds=seconds, workers=workers,
                                     probe_every_s=probe_every_s, sample_every_s=sample_every_s, pid=pid,
                                     seed=seed))
-        drained, flushed = drain(srv.base_url)
-        metrics = urllib.request.urlopen(srv.base_url + "/metrics", timeout=30).read().decode()
+        try:
+            drained, flushed = drain(srv.base_url)
+            metrics = urllib.request.urlopen(srv.base_url + "/metrics", timeout=30).read().decode()
+        except OSError as exc:
+            tally.failed.append(f"drain: the server is gone ({type(exc).__name__}: {exc})"[:300])
+            drained, flushed, metrics = {}, {}, ""
     busy = {k: max(s["gauges"][k] for s in tally.samples) for k in GAUGE_NAMES} if tally.samples else {}
     report = asdict(tally)
     report.update(arm=arm, seconds=seconds, wall_s=round(time.monotonic() - t0, 1), scheduler_pid=pid,
