@@ -40,15 +40,17 @@ import aiohttp
 from sglang_replayssm.bench.client import generate_payload, iter_sse_events, merge_output_ids
 from sglang_replayssm.bench.server_metrics import metric_sum
 
-#: Pools small enough for KV pressure (up to 3 running requests of up to ~580 tokens in 640 KV slots, 12 mamba
-#: slots) and for HiCache eviction to host and to the L3 file store (host 2x device).
-SERVER_FLAGS = ["--max-total-tokens", "640", "--max-mamba-cache-size", "12", "--max-running-requests", "4",
+#: Pools small enough for KV pressure (up to 4 running requests of up to ~580 tokens in 1,024 KV slots, 8 mamba
+#: slots) and for HiCache eviction to host and to the L3 file store (host 2x device). ``--kv-tokens 640
+#: --mamba-slots 12`` presses harder (see ``run``).
+SERVER_FLAGS = ["--max-total-tokens", "1024", "--max-mamba-cache-size", "8", "--max-running-requests", "4",
                 "--hicache-ratio", "2", "--enable-hierarchical-cache", "--enable-metrics",
                 "--hicache-storage-backend", "file", "--hicache-write-policy", "write_through",
                 "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 16}',
                 "--mamba-radix-cache-strategy", "extra_buffer", "--enable-linear-replayssm",
                 "--linear-replayssm-cache-len", "4"]
 PROBE_NEW_TOKENS = 12
+MAX_FAILURES = 50  # the workers stop sending after this many failures (a dead server fails at once)
 GAUGE = "sglang:replayssm_"
 #: Gauges that must be 0 as soon as the traffic drained (the rest once the tree is flushed).
 DRAINED = ("planted_states", "planted_locks", "pending_record_jobs")
@@ -137,7 +139,7 @@ async def _request(session: aiohttp.ClientSession, url: str, ids: list[int], new
 async def _worker(session: aiohttp.ClientSession, url: str, corpus: Corpus, seed: int, stop_at: float,
                   tally: Tally) -> None:
     rng = random.Random(seed)
-    while time.monotonic() < stop_at:
+    while time.monotonic() < stop_at and len(tally.failed) < MAX_FAILURES:
         kind = rng.choices(("rag", "session", "abort", "long"), weights=(5, 3, 2, 1))[0]
         if kind == "abort":
             ids = corpus.system + rng.choice(corpus.docs) + [rng.randrange(10, 2000) for _ in range(20)]
@@ -287,7 +289,8 @@ ARMS: dict[str, list[str]] = {
 
 
 def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, probe_every_s: float = 180.0,
-        sample_every_s: float = 10.0, seed: int = 0, arm: str = "records") -> dict[str, Any]:
+        sample_every_s: float = 10.0, seed: int = 0, arm: str = "records", kv_tokens: int = 0,
+        mamba_slots: int = 0) -> dict[str, Any]:
     """Start the server (:data:`SERVER_FLAGS` plus the ``arm``'s), run :func:`traffic`, drain; returns the
     report (:func:`problems` judges it)."""
     from tests.support.hf_reference import hf_greedy
@@ -298,6 +301,10 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(workdir / "l3")}
     t0 = time.monotonic()
     flags = [*SERVER_FLAGS, *ARMS[arm]]
+    if kv_tokens:
+        flags[flags.index("--max-total-tokens") + 1] = str(kv_tokens)
+    if mamba_slots:
+        flags[flags.index("--max-mamba-cache-size") + 1] = str(mamba_slots)
     with cpu_server_process(model_dir, flags, workdir / "server.log", env=env, timeout_s=600) as srv:
         assert srv.proc is not None
         pid = scheduler_pid(srv.proc.pid)
@@ -312,7 +319,7 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
             drained, flushed, metrics = {}, {}, ""
     busy = {k: max(s["gauges"][k] for s in tally.samples) for k in GAUGE_NAMES} if tally.samples else {}
     report = asdict(tally)
-    report.update(arm=arm, seconds=seconds, wall_s=round(time.monotonic() - t0, 1), scheduler_pid=pid,
+    report.update(arm=arm, flags=flags, seconds=seconds, wall_s=round(time.monotonic() - t0, 1), scheduler_pid=pid,
                   busy_gauges=busy, drained_gauges=drained, flushed_gauges=flushed,
                   rss_growth=rss_growth(tally.samples),
                   storage_hit_tokens=metric_sum(metrics, "sglang:cached_tokens_total", cache_source="storage"),
@@ -329,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arm", choices=sorted(ARMS), default="records", help="records (default) or nextn")
     parser.add_argument("--probe-every", type=float, default=180.0, help="seconds between probes (default 180)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/gauge samples")
+    parser.add_argument("--kv-tokens", type=int, default=0, help="--max-total-tokens (default 1024)")
+    parser.add_argument("--mamba-slots", type=int, default=0, help="--max-mamba-cache-size (default 8)")
     parser.add_argument("--workdir", type=Path, default=Path("out/soak"))
     parser.add_argument("--json", type=Path, default=Path("out/soak/soak.json"))
     args = parser.parse_args(argv)
@@ -337,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     model = make_models(names=("tiny-gdn",), log=lambda *a: None)["tiny-gdn"]
     args.workdir.mkdir(parents=True, exist_ok=True)
     report = run(model, args.workdir, seconds=args.minutes * 60, workers=args.workers,
-                 probe_every_s=args.probe_every, sample_every_s=args.sample_every, arm=args.arm)
+                 probe_every_s=args.probe_every, sample_every_s=args.sample_every, arm=args.arm,
+                 kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots)
     found = problems(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**report, "problems": found}, indent=1))
