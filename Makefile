@@ -8,7 +8,7 @@ BENCH_ARGS ?= --json out/bench.json --plot-dir out
 RAG_ARGS ?= --dataset-name rag --gsp-range-ratio 0.5 --rag-system-prompt-len 200 \
 	--rag-num-conversations 16 --rag-num-turns 2 --json out/bench-rag.json --plot-dir out/rag
 
-.PHONY: env test test-matrix bench bench-mem lint models lock
+.PHONY: env test test-matrix bench bench-mem lint models lock soak
 
 env:
 	@scripts/ensure_env.sh
@@ -23,6 +23,13 @@ test: env lint
 # 2,048 tokens): opt-in, about 2 hours on a quiet 2-core machine.
 test-matrix: env
 	@SGLANG_REPLAYSSM_MATRIX=1 $(PY) -m pytest -q -ra tests/test_launch_matrix.py
+
+# The soak (opt-in): SOAK_MINUTES of mixed traffic on one CPU-runtime server (RAG, sessions, client
+# disconnects, retraction, HiCache and the L3 file store, records), probes against HF, then the drain checks
+# (tests/support/soak.py; a 60 s version runs in `make test`). Report: out/soak/soak.json.
+SOAK_MINUTES ?= 30
+soak: env
+	@$(PY) -m tests.support.soak --minutes $(SOAK_MINUTES)
 
 bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)

@@ -241,6 +241,8 @@ FIXES: tuple[Fix, ...] = (
     Fix("finish_donation", "ring", "no_buffer finish: materialise the full state, donate at the real depth"),
     Fix("ring_budget", "ring", "charge the decode ring to the mamba memory budget"),
     Fix("lost_hit_metric", "metrics", "count prompt tokens whose KV hit was dropped for lack of a mamba state"),
+    Fix("leak_gauges", "metrics", "export gauges of what the plugin holds (record slots, kept states, planted "
+        "states and locks, queued record jobs, non-empty rings, host record rows) where SGLang reports metrics"),
     Fix("ring_kernels", "ring", "on CUDA, run sglang-replayssm's Triton ring decode in place of SGLang's ReplaySSM "
         "kernel (same ring layout and semantics)"),
     Fix("extend_fold", "ring", "before an extend or MIXED forward, fold every row's pending ring records into its "

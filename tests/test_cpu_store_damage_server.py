@@ -9,11 +9,18 @@ the quota truncates files past the damage of prompts already hit. A second serve
 prompt again: tokens equal to HF's greedy run (a clean ReplaySSM-off reference) and to the first server's,
 nothing damaged served, each kind counted; the prompts whose KV and states are whole keep their storage hit
 (192 tokens each: at least half of what the undamaged store gives, and more than a server without one: 0).
+
+The first server does not stop cleanly: two more prompts (the crash prompts: one decoding, one queued behind it
+in the small pool) are in flight when it is SIGKILLed, once the first one's prompt pages reached the store (files
+being written stay cut). The second server serves both again, the first from the store (192) and a query leaving
+it inside its stored span at the KV depth (150: deeper than any stored state, so from the records stored beside
+the pages), tokens equal to HF's; a file cut by the kill may be counted as damaged, never served.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -28,6 +35,9 @@ from tests.test_cpu_hicache_server import NEW_TOKENS, STORAGE_FLAGS
 PROMPTS = 8
 STORED = 192  # a 200-token prompt is stored page by page (page size 1), with a state at 192 (the 64-grid)
 COUNTER = "sglang:replayssm_store_damaged_files_total"
+CRASH_NEW_TOKENS = 250  # the crash prompts still decode when the server is killed
+LEAVE = 150  # a query leaving a crash prompt here: no stored state there, only pages and records
+WHOLE = {"", ".replayssm-sum", ".mamba", ".replayssm-sum.mamba"}
 
 
 @pytest.fixture(scope="module")
@@ -75,39 +85,82 @@ def _damage(store: Path, hashes: list[list[str]]) -> dict[str, int]:
     return done
 
 
+def _stored(store: Path, hashes: list[str], records_to: int = 0) -> bool:
+    """Whether the page ``hashes[-1]`` has its KV, state and twins in the store, and pages ``0 .. records_to - 1``
+    their records."""
+    by_page = _files_by_page(store)
+    return set(by_page.get(hashes[-1], ())) >= WHOLE and all(
+        ".replayssm-rec" in by_page.get(h, ()) for h in hashes[:records_to])
+
+
+def _crash_mid_traffic(srv, store: Path, prompts: list[list[int]], hashes: list[str]) -> list[BaseException]:
+    """Send ``prompts`` (long decodes) concurrently; once the first one's pages (``hashes``), state and records
+    are stored and while it still decodes, SIGKILL the server. Returns what each request raised (each was cut)."""
+    from tests.support.serve import crash, generate
+
+    errors: list[BaseException] = []
+    done: list[dict] = []
+
+    def send(p: list[int]) -> None:
+        try:
+            done.append(generate(srv.base_url, p, CRASH_NEW_TOKENS, timeout_s=600))
+        except BaseException as exc:  # noqa: BLE001 - the kill cuts the connection
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(p,), daemon=True) for p in prompts]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while not _stored(store, hashes, LEAVE):
+        assert time.monotonic() < deadline and not done, ("the crash prompt was not stored in flight", len(done))
+        time.sleep(0.5)
+    assert not done, "a crash prompt finished before the kill"
+    crash(srv)
+    for t in threads:
+        t.join(timeout=60)
+    return errors
+
+
 @pytest.mark.server
 @pytest.mark.timeout(900)
-def test_a_damaged_store_serves_its_whole_pages_and_nothing_damaged(models, tmp_path):
+def test_a_crashed_damaged_store_serves_its_whole_pages_and_nothing_damaged(models, tmp_path):
     from sglang.srt.mem_cache.utils import get_storage_hash_str
 
     from tests.support.hf_reference import hf_greedy
-    from tests.support.serve import cpu_server, generate
+    from tests.support.serve import cpu_server, cpu_server_process, generate
 
     store = tmp_path / "l3"
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(store)}
     rng = random.Random(7)
     prompts = [[rng.randrange(10, 2000) for _ in range(200)] for _ in range(PROMPTS)]
+    crashed = [[rng.randrange(10, 2000) for _ in range(200)] for _ in range(2)]
+    leave = [p[:LEAVE] + [5] * 20 for p in crashed]
     model = models["tiny-gdn"]
-    with cpu_server(model, STORAGE_FLAGS, tmp_path / "server1.log", env=env, timeout_s=600) as url:
-        first = [generate(url, p, NEW_TOKENS) for p in prompts]
+    with cpu_server_process(model, STORAGE_FLAGS, tmp_path / "server1.log", env=env, timeout_s=600) as srv:
+        first = [generate(srv.base_url, p, NEW_TOKENS) for p in prompts]
         hashes = [get_storage_hash_str(p[:STORED], None, page_size=1) for p in prompts]
-        whole = {"", ".replayssm-sum", ".mamba", ".replayssm-sum.mamba"}
         deadline = time.monotonic() + 60
-        while not all(set(_files_by_page(store).get(h[-1], ())) >= whole for h in hashes):  # backups are async
+        while not all(_stored(store, h) for h in hashes):  # backups are async
             assert time.monotonic() < deadline, "the store was not filled"
             time.sleep(1)
+        cut = _crash_mid_traffic(srv, store, crashed, get_storage_hash_str(crashed[0][:STORED], None, page_size=1))
+    assert len(cut) == len(crashed), cut  # every crash prompt was in flight
     damaged = _damage(store, hashes)
 
     with cpu_server(model, STORAGE_FLAGS, tmp_path / "server2.log", env=env, timeout_s=600) as url:
         generate(url, [rng.randrange(10, 2000) for _ in range(40)], 2)  # a first forward: record shapes
         second = [generate(url, p, NEW_TOKENS) for p in prompts]
+        again = [generate(url, p, NEW_TOKENS) for p in [*crashed, *leave]]
         metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
 
-    expected = hf_greedy(model, prompts, NEW_TOKENS, ignore_eos=True)
-    assert [o["output_ids"] for o in first] == expected
-    assert [o["output_ids"] for o in second] == expected  # nothing damaged was served
+    expected = hf_greedy(model, [*prompts, *crashed, *leave], NEW_TOKENS, ignore_eos=True)
+    assert [o["output_ids"] for o in first] == expected[:PROMPTS]
+    assert [o["output_ids"] for o in second] == expected[:PROMPTS]  # nothing damaged was served
     cached = [o["cached_tokens"] for o in second]
     assert cached[:4] == [0] * 4 and cached[4:] == [STORED] * 4, cached  # a damaged prompt costs itself only
     assert sum(cached) >= PROMPTS * STORED // 2  # at least half of the undamaged store's
     counted = {kind: metric_sum(metrics, COUNTER, kind=kind) for kind in damaged}
     assert all(counted[kind] > 0 for kind in damaged), counted
+    # after the crash: the prompt in flight hits the store, past the state grid through its records
+    assert [o["output_ids"] for o in again] == expected[PROMPTS:]  # nothing partial was read
+    assert [again[0]["cached_tokens"], again[2]["cached_tokens"]] == [STORED, LEAVE], again

@@ -64,6 +64,13 @@ def report_lost_hit(original: Callable[..., Any], reporter: Any, *args: Any, **k
     return report_prefill(original, reporter, *args, **kwargs)
 
 
+def report_gauges(result: Any, reporter: Any, *args: Any, **kwargs: Any) -> None:
+    """Refresh the leak-accounting gauges where SGLang reports its own (rate-limited, radix/metrics.py)."""
+    from sglang_replayssm.radix.metrics import maybe_update_gauges
+
+    maybe_update_gauges(reporter)
+
+
 def charge_ring_budget(original: Callable[..., Any], configurator: Any, total_rest_memory: float) -> Any:
     """Charge the decode ring to the mamba memory budget."""
     from sglang_replayssm.radix.budget import charge_decode_ring
@@ -77,7 +84,7 @@ def session_state_depth(original: Callable[..., Any], session: Any, req: Any) ->
     return finish_at_state_depth(original, session, req)
 
 
-#: The core's own hooks: admission, lost-hit metric, memory budget, streaming-session depth.
+#: The core's own hooks: admission, lost-hit metric, leak gauges, memory budget, streaming-session depth.
 CORE_HOOKS: tuple[Hook, ...] = (
     gated_hook("sglang.srt.arg_groups.attention_hook.handle_linear_attn_backend", "AROUND", admit_linear_attn,
                at="sglang/srt/arg_groups/attention_hook.py:281", fix="admission"),
@@ -88,6 +95,11 @@ CORE_HOOKS: tuple[Hook, ...] = (
                at="sglang/srt/managers/scheduler_components/metrics_reporter.py:136", fix="lost_hit_metric"),
     gated_hook(f"{_REPORTER}.SchedulerMetricsReporter.report_prefill_stats", "AROUND", report_lost_hit,
                at="sglang/srt/managers/scheduler_components/metrics_reporter.py:719", fix="lost_hit_metric"),
+    gated_hook(f"{_REPORTER}.SchedulerMetricsReporter.report_decode_stats", "AFTER", report_gauges,
+               at="sglang/srt/managers/scheduler_components/metrics_reporter.py:901", fix="leak_gauges"),
+    gated_hook(f"{_REPORTER}.SchedulerMetricsReporter._maybe_log_idle_metrics", "AFTER", report_gauges,
+               at="sglang/srt/managers/scheduler_components/metrics_reporter.py:1476", fix="leak_gauges",
+               name="report_gauges_idle"),
     gated_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache", "AROUND",
                charge_ring_budget, at="sglang/srt/mem_cache/kv_cache_configurator.py:3229", fix="ring_budget"),
     gated_hook("sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req", "AROUND",

@@ -19,6 +19,26 @@ same line; Prometheus ``sglang:replayssm_record_rebuilt_tokens_total``,
 record pool ``sglang:replayssm_record_pool_bytes`` (gauge) and
 ``sglang:replayssm_record_evicted_tokens_total`` (records dropped, oldest first, for newer tokens).
 
+Leak accounting (fix ``leak_gauges``): what the plugin holds beside SGLang's pools, as gauges. Each counts a structure of ours that traffic fills and that must drain back to its idle value
+(0) once the requests finished and the tree released what it cached (``/flush_cache``, or eviction):
+
+=======================================================  ===============================================
+``sglang:replayssm_record_slots_used``                   device record slots held by an allocated KV index
+``sglang:replayssm_interval_states_used``                kept prefill states held by an allocated KV index
+``sglang:replayssm_planted_states``                      planted tree states whose rebuild is not issued
+``sglang:replayssm_planted_locks``                       tree-node locks those planted states hold
+``sglang:replayssm_pending_record_jobs``                 queued rebuilds and record loads (next forward)
+``sglang:replayssm_ring_slots_used``                     allocated mamba slots with a non-empty decode ring
+``sglang:replayssm_host_record_entries``                 host record rows held by an allocated host KV index
+``sglang:replayssm_host_record_pool_bytes``              bytes of the host record pool (allocated once)
+=======================================================  ===============================================
+
+A record, kept state or host row keyed by a *free* KV index is dead (the allocator choke point drops it
+when the index is handed out again), so it is not counted: "used" means reachable. Reading the counts
+costs a few reductions over ``[KV]``-sized index maps and one host sync per update, so they are
+refreshed where SGLang reports its own metrics (its decode report, its idle loop), at most once per
+:data:`MIN_PERIOD_S` (``force`` for tests): no per-step host sync.
+
 A request is counted once per admission (a chunked prefill's later chunks do not re-match; a
 retracted request that is re-admitted is counted again, as SGLang counts its hit tokens again).
 """
@@ -29,13 +49,19 @@ import contextvars
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sglang_replayssm.state import state_of, take
+import torch
+
+from sglang_replayssm.state import peek, state_of, take
 from sglang_replayssm.strategies import STRATEGIES
 
 __all__ = [
+    "GAUGES",
+    "gauge_counts",
+    "maybe_update_gauges",
     "LOG_KEY",
     "PROMETHEUS_NAME",
     "REBUILT_LOG_KEY",
@@ -206,3 +232,134 @@ def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kw
         return original(reporter, *args, **kwargs)
     finally:
         _pending.reset(token)
+
+
+# ---- leak-accounting gauges -----------------------------------------------------------------------
+
+#: Gauge name -> help text (the counts of :func:`gauge_counts`, keyed by the name without the prefix).
+GAUGES: dict[str, str] = {
+    "record_slots_used": "Device record slots held by an allocated KV index, sglang-replayssm.",
+    "interval_states_used": "Kept prefill (interval) states held by an allocated KV index, sglang-replayssm.",
+    "planted_states": "Planted tree states whose rebuild has not been issued, sglang-replayssm.",
+    "planted_locks": "Tree-node locks held for planted states until their rebuild is issued, sglang-replayssm.",
+    "pending_record_jobs": "Record rebuilds and record loads queued for the next forward, sglang-replayssm.",
+    "ring_slots_used": "Allocated mamba slots whose decode ring holds unfolded records, sglang-replayssm.",
+    "host_record_entries": "Host record rows held by an allocated host KV index, sglang-replayssm.",
+    "host_record_pool_bytes": "Bytes of the host record pool (HiCache), sglang-replayssm.",
+}
+GAUGE_PREFIX = "sglang:replayssm_"
+#: Least wall time between two updates outside tests (bounds the host syncs on CUDA).
+MIN_PERIOD_S = 1.0
+
+_last_update: dict[int, float] = {}
+_gauges: dict[str, Any] = {}
+
+
+def _used_mask(size: int, free: torch.Tensor | None, device: Any, page_size: int = 1) -> torch.Tensor:
+    """``[size]`` bool: the indices not in ``free`` (page ids when ``page_size`` > 1), index 0 (SGLang's
+    padding slot) excluded."""
+    used = torch.ones(size, dtype=torch.bool, device=device)
+    used[0] = False
+    if free is not None and free.numel():
+        idx = free.reshape(-1).to(device, torch.int64)
+        if page_size > 1:
+            idx = (idx[:, None] * page_size + torch.arange(page_size, device=device)).reshape(-1)
+        used[idx[idx < size]] = False
+    return used
+
+
+def _reachable(keyed: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """0-d count of entries ``keyed[i] >= 0`` at used indices ``i`` (``keyed`` has a trailing sink)."""
+    n = min(used.numel(), keyed.numel() - 1)
+    return ((keyed[:n] >= 0) & used[:n]).sum()
+
+
+def _kv_free(allocator: Any) -> tuple[torch.Tensor | None, int]:
+    get = getattr(allocator, "get_all_free_pages", None)
+    free = get() if get is not None else None
+    return free, int(getattr(allocator, "page_size", 1) or 1)
+
+
+def _host_counts(pool: Any, tree_cache: Any) -> tuple[torch.Tensor | int, int]:
+    host = getattr(getattr(pool, "hicache", None), "host", None)
+    if host is None:
+        return 0, 0
+    group = getattr(getattr(tree_cache, "cache_controller", None), "mem_pool_host", None)
+    anchor = getattr(group, "anchor_entry", None)
+    host_kv = group if anchor is None else anchor.host_pool
+    slot_used = getattr(host_kv, "slot_used", None)
+    if slot_used is None:
+        entries: torch.Tensor | int = int((host.slot_of[:-1] >= 0).sum())
+    else:
+        entries = _reachable(host.slot_of, slot_used)
+    return entries, int(host.nbytes)
+
+
+def gauge_counts(req_to_token_pool: Any, kv_allocator: Any, tree_cache: Any) -> dict[str, int]:
+    """The gauges' values (keys of :data:`GAUGES`) for one scheduler's pools; every value is 0 when
+    nothing of ours is held. One host sync (device reductions gathered into one tensor)."""
+    out = dict.fromkeys(GAUGES, 0)
+    device_counts: dict[str, torch.Tensor] = {}
+    pool = STRATEGIES.record_pool_of(req_to_token_pool)
+    if pool is not None and kv_allocator is not None:
+        free, page_size = _kv_free(kv_allocator)
+        used = _used_mask(pool.slot_of.numel() - 1, free, pool.slot_of.device, page_size)
+        device_counts["record_slots_used"] = _reachable(pool.slot_of, used)
+        if pool.states is not None:
+            device_counts["interval_states_used"] = _reachable(pool.states.state_of, used)
+    if pool is not None:
+        hicache = pool.hicache
+        locks = [] if hicache is None else hicache.locks
+        out["planted_locks"] = sum(len(entry[3]) for entry in locks)
+        out["pending_record_jobs"] = len(pool.pending) + (0 if hicache is None else len(hicache.loads))
+        host_entries, out["host_record_pool_bytes"] = _host_counts(pool, tree_cache)
+        if isinstance(host_entries, torch.Tensor):
+            out["host_record_entries"] = int(host_entries)
+        else:
+            out["host_record_entries"] = host_entries
+    core_state = peek(getattr(tree_cache, "tree_core", None)) if tree_cache is not None else None
+    planted = None if core_state is None else core_state.planted_nodes
+    out["planted_states"] = len(planted) if planted else 0  # nodes, each with >= 1 unissued rebuild
+    mamba_pool = getattr(req_to_token_pool, "mamba_pool", None)
+    write_pos = getattr(mamba_pool, "replayssm_write_pos", None)
+    allocator = getattr(req_to_token_pool, "mamba_allocator", None)
+    if write_pos is not None and allocator is not None:
+        used = _used_mask(write_pos.numel(), getattr(allocator, "free_slots", None), write_pos.device)
+        device_counts["ring_slots_used"] = ((write_pos > 0) & used).sum()
+    if device_counts:
+        values = torch.stack([v.to("cpu" if v.device.type == "cpu" else v.device, torch.int64)
+                              for v in device_counts.values()]).tolist()  # the one host sync
+        out.update(zip(device_counts, (int(v) for v in values)))
+    return out
+
+
+def _gauge(name: str, labelnames: list[str]) -> Any:
+    if name not in _gauges:
+        import prometheus_client
+
+        _gauges[name] = prometheus_client.Gauge(name=GAUGE_PREFIX + name, documentation=GAUGES[name],
+                                                labelnames=labelnames)
+    return _gauges[name]
+
+
+def update_gauges(scheduler: Any, labels: dict[str, str]) -> dict[str, int]:
+    """Set every gauge from ``scheduler``'s pools (with the collector's ``labels``); returns the counts."""
+    values = gauge_counts(getattr(scheduler, "req_to_token_pool", None),
+                    getattr(scheduler, "token_to_kv_pool_allocator", None), getattr(scheduler, "tree_cache", None))
+    for name, value in values.items():
+        gauge = _gauge(name, list(labels))
+        (gauge.labels(**labels) if labels else gauge).set(value)
+    return values
+
+
+def maybe_update_gauges(reporter: Any, *, force: bool = False) -> dict[str, int] | None:
+    """:func:`update_gauges` for a ``SchedulerMetricsReporter`` with metrics on, at most once per
+    :data:`MIN_PERIOD_S` unless ``force``; None when skipped."""
+    collector = getattr(reporter, "metrics_collector", None)
+    if not getattr(reporter, "current_scheduler_metrics_enabled", False) or collector is None:
+        return None
+    now = time.monotonic()
+    if not force and now - _last_update.get(id(reporter), -1e9) < MIN_PERIOD_S:
+        return None
+    _last_update[id(reporter)] = now
+    return update_gauges(getattr(reporter, "scheduler", None), dict(getattr(collector, "labels", {}) or {}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -39,6 +40,26 @@ def user_server(model_dir: Path, flags: list[str], log_path: Path, *, plugins: s
            "--port", str(port), *flags]
     with ServerProcess(cmd, user_env(plugins, env), log_path, f"http://127.0.0.1:{port}", timeout_s):
         yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def cpu_server_process(model_dir: Path, flags: list[str], log_path: Path, *,
+                       plugins: str = "replayssm_cpu,replayssm_radix", env: dict[str, str] | None = None,
+                       timeout_s: float = 240.0) -> Iterator[ServerProcess]:
+    """`cpu_server`, yielding the :class:`ServerProcess` (its ``base_url``; :func:`crash` kills it)."""
+    port = pick_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), *cpu_server_args(), *flags]
+    with ServerProcess(cmd, user_env(plugins, env), log_path, f"http://127.0.0.1:{port}", timeout_s) as srv:
+        yield srv
+
+
+def crash(srv: ServerProcess) -> None:
+    """SIGKILL the server's whole process group (HTTP server, scheduler, detokenizer) at once: no
+    shutdown path runs, files being written stay as they are."""
+    assert srv.proc is not None
+    os.killpg(srv.proc.pid, signal.SIGKILL)
+    srv.proc.wait(timeout=30)
 
 
 @contextmanager
