@@ -27,3 +27,11 @@ def radix_adapter() -> Iterator[list]:
     applied = hooks.install()
     yield applied
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def hicache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's host KV pools on a machine without a CUDA driver: no pinned-memory registration."""
+    from sglang.srt.mem_cache.pool_host import common
+
+    monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)

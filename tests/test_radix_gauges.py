@@ -15,16 +15,7 @@ from tests.test_radix_records_hicache import PROMPT, SPLIT, _backup_tree, _plant
 IDLE = dict.fromkeys(metrics.GAUGES, 0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _adapter_installed(radix_adapter):
-    return radix_adapter
-
-
-@pytest.fixture(autouse=True)
-def _no_cuda_host_register(monkeypatch):
-    from sglang.srt.mem_cache.pool_host import common
-
-    monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)  # no driver on CPU
+pytestmark = pytest.mark.usefixtures("radix_adapter", "hicache_on_cpu")  # tests/conftest.py
 
 
 def _counts(sim) -> dict[str, int]:

@@ -27,16 +27,7 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]
 SPLIT = 7
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _adapter_installed(radix_adapter):
-    return radix_adapter
-
-
-@pytest.fixture(autouse=True)
-def _no_cuda_host_register(monkeypatch):
-    from sglang.srt.mem_cache.pool_host import common
-
-    monkeypatch.setattr(common, "_cuda_host_register", lambda *a, **k: None)  # no driver on CPU
+pytestmark = pytest.mark.usefixtures("radix_adapter", "hicache_on_cpu")  # tests/conftest.py
 
 
 def _sim() -> Sim:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -50,6 +50,16 @@ def iter_sse_events(buffer: bytearray) -> list[str]:
                 events.append(line[5:].strip())
 
 
+async def stream_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of a streaming /generate response, in order (``[DONE]`` left out)."""
+    buffer = bytearray()
+    async for piece in resp.content.iter_any():
+        buffer += piece
+        for data in iter_sse_events(buffer):
+            if data != "[DONE]":
+                yield json.loads(data)
+
+
 async def generate(session: aiohttp.ClientSession, base_url: str, input_ids: Sequence[int],
                    max_new_tokens: int, record: RequestRecord, t_origin: float) -> RequestRecord:
     """Send one streaming request and fill ``record`` in; errors are recorded, not raised."""
@@ -64,22 +74,16 @@ async def generate(session: aiohttp.ClientSession, base_url: str, input_ids: Seq
                 body = (await resp.text())[:500]
                 record.error = f"HTTP {resp.status}: {body}"
                 return record
-            buffer = bytearray()
             ids: list[int] = []
             meta: dict[str, Any] = {}
-            async for piece in resp.content.iter_any():
-                buffer += piece
-                for data in iter_sse_events(buffer):
-                    if data == "[DONE]":
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        record.error = str(chunk["error"])[:500]
-                        return record
-                    meta = chunk.get("meta_info") or meta
-                    ids = merge_output_ids(ids, chunk.get("output_ids") or [], meta.get("completion_tokens"))
-                    if ids and record.ttft_s is None:
-                        record.ttft_s = time.perf_counter() - t0
+            async for chunk in stream_chunks(resp):
+                if "error" in chunk:
+                    record.error = str(chunk["error"])[:500]
+                    return record
+                meta = chunk.get("meta_info") or meta
+                ids = merge_output_ids(ids, chunk.get("output_ids") or [], meta.get("completion_tokens"))
+                if ids and record.ttft_s is None:
+                    record.ttft_s = time.perf_counter() - t0
             record.e2e_s = time.perf_counter() - t0
             record.output_ids = ids
             record.completion_tokens = int(meta.get("completion_tokens", len(ids)))

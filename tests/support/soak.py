@@ -37,7 +37,7 @@ from typing import Any
 
 import aiohttp
 
-from sglang_replayssm.bench.client import generate_payload, iter_sse_events, merge_output_ids
+from sglang_replayssm.bench.client import generate_payload, merge_output_ids, stream_chunks
 from sglang_replayssm.bench.server_metrics import metric_sum
 
 #: Pools small enough for KV pressure (up to 4 running requests of up to ~580 tokens in 1,024 KV slots, 8 mamba
@@ -104,21 +104,15 @@ async def _stream(session: aiohttp.ClientSession, url: str, ids: list[int], new:
     async with session.post(url + "/generate", json=generate_payload(ids, new)) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
-        buffer = bytearray()
-        async for piece in resp.content.iter_any():
-            buffer += piece
-            for data in iter_sse_events(buffer):
-                if data == "[DONE]":
-                    continue
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise RuntimeError(str(chunk["error"])[:300])
-                meta = chunk.get("meta_info") or meta
-                ids_out = merge_output_ids(ids_out, chunk.get("output_ids") or [], meta.get("completion_tokens"))
-                chunks += 1
-                if close_after and chunks >= close_after:
-                    resp.close()  # the disconnect: SGLang aborts the request
-                    return ids_out, meta
+        async for chunk in stream_chunks(resp):
+            if "error" in chunk:
+                raise RuntimeError(str(chunk["error"])[:300])
+            meta = chunk.get("meta_info") or meta
+            ids_out = merge_output_ids(ids_out, chunk.get("output_ids") or [], meta.get("completion_tokens"))
+            chunks += 1
+            if close_after and chunks >= close_after:
+                resp.close()  # the disconnect: SGLang aborts the request
+                return ids_out, meta
     if len(ids_out) != new:
         raise RuntimeError(f"{len(ids_out)} of {new} tokens")
     return ids_out, meta
