@@ -20,6 +20,8 @@ on an SGLang object. Which fields an object uses depends on its kind:
   the forward's first GDN layer for all (radix/records/capture.py);
 * a GDN kernel dispatcher: ``extending``, ``(record pool, layer, forward batch)`` while a forward's own
   ``forward_extend`` runs (radix/records/capture.py);
+* a ``PrefillStats``: ``lost_hit_tokens`` and ``prefill_rebuilds`` ``(tokens, hits, folded records)`` of the
+  batch (radix/metrics.py);
 * a ``Req``: ``lost_hit_tokens`` (radix/metrics.py), ``rebuilt_tokens`` (radix/records/match.py),
   ``host_hit`` (radix/records/hicache/host_hits.py);
 * a HiCache ``PrefetchOperation``: ``storage_records`` (radix/records/hicache/storage.py).
@@ -55,6 +57,7 @@ class ReplaySSMState:
     extending: tuple[Any, Any, Any] | None = None
     lost_hit_tokens: int | None = None
     rebuilt_tokens: tuple[int, int] | None = None
+    prefill_rebuilds: tuple[int, int, int] | None = None
     host_hit: tuple[Any, ...] | None = None
     storage_records: Any = None
 

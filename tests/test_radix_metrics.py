@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_replayssm.radix import config, hooks, metrics
-from sglang_replayssm.state import ReplaySSMState
+from sglang_replayssm.state import ReplaySSMState, peek
 from tests.support.simulate import Sim, SimConfig
 
 
@@ -66,10 +66,10 @@ def test_lost_hit_is_recorded_at_admission_and_counted_once(adapter_on):
         stats = PrefillStats.from_adder(_adder([b.req], 0), [])
         again = PrefillStats.from_adder(_adder([b.req], 0), [])
         if adapter_on:
-            assert stats.replayssm_mamba_lost_hit_tokens == 5
-            assert again.replayssm_mamba_lost_hit_tokens == 0  # a request is counted once
+            assert peek(stats).lost_hit_tokens == 5
+            assert peek(again).lost_hit_tokens == 0  # a request is counted once
         else:
-            assert not hasattr(stats, "replayssm_mamba_lost_hit_tokens")
+            assert peek(stats) is None
 
 
 def _reporter(metrics_enabled: bool, collector=None):
@@ -125,7 +125,7 @@ def test_prometheus_counter_counts_lost_hit_tokens():
 
     before, total = value(), metrics.process_total()
     for n in (5, 0, 3):
-        stats = SimpleNamespace(replayssm_mamba_lost_hit_tokens=n)
+        stats = SimpleNamespace(_replayssm_state=ReplaySSMState(lost_hit_tokens=n))
         with config.override(True):
             hooks.report_lost_hit(lambda *a, **k: None, _reporter(True, collector), None, stats, False)
     assert value() - before == 8

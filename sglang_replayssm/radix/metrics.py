@@ -86,8 +86,6 @@ FOLDED_PROMETHEUS_NAME = "sglang:replayssm_record_folded_total"
 POOL_BYTES_PROMETHEUS_NAME = "sglang:replayssm_record_pool_bytes"
 EVICTED_PROMETHEUS_NAME = "sglang:replayssm_record_evicted_tokens_total"
 STORE_DAMAGED_PROMETHEUS_NAME = "sglang:replayssm_store_damaged_files_total"
-_STATS_ATTR = "replayssm_mamba_lost_hit_tokens"
-_REBUILT_STATS_ATTR = "replayssm_record_rebuilt_tokens"  # (tokens, hits, folded records)
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
 _pending: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
@@ -132,8 +130,8 @@ def collect_for_prefill(stats: Any, reqs: Iterable[Any]) -> int:
         n += pop_lost_hit(req)
         t, f = STRATEGIES.rebuild_of(req)
         tokens, hits, folded = tokens + t, hits + (t > 0), folded + f
-    setattr(stats, _STATS_ATTR, n)
-    setattr(stats, _REBUILT_STATS_ATTR, (tokens, hits, folded))
+    state = state_of(stats)
+    state.lost_hit_tokens, state.prefill_rebuilds = n, (tokens, hits, folded)
     return n
 
 
@@ -209,8 +207,9 @@ def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kw
     """Around ``SchedulerMetricsReporter.report_prefill_stats``: log and count the batch's lost hits."""
     global _total
     stats = kwargs.get("prefill_stats", args[1] if len(args) > 1 else None)
-    n = int(getattr(stats, _STATS_ATTR, 0) or 0)
-    rebuilt, hits, folded = getattr(stats, _REBUILT_STATS_ATTR, None) or (0, 0, 0)
+    state = peek(stats)
+    n = int((None if state is None else state.lost_hit_tokens) or 0)
+    rebuilt, hits, folded = (None if state is None else state.prefill_rebuilds) or (0, 0, 0)
     with _lock:
         _total += n
     collector = getattr(reporter, "metrics_collector", None)
