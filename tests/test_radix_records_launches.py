@@ -33,7 +33,7 @@ def test_a_capture_launches_per_layer_only_the_layers_own_work(radix_adapter):
 
 def test_stacked_layers_give_the_per_layer_results_bit_for_bit(radix_adapter):
     for run in (lambda stacked: run_rebuild(3, stacked=stacked, mixed=True), lambda stacked: run_capture(3, stacked=stacked)):
-        (fused_ops, fused), (_, per_layer) = run(True), run(False)
+        (_, fused), (_, per_layer) = run(True), run(False)
         assert fused.keys() == per_layer.keys() and len(fused) == 3
         for lid in fused:
             assert all(torch.equal(f, p) for f, p in zip(fused[lid], per_layer[lid])), lid
@@ -67,7 +67,7 @@ def test_staged_gate_inputs_are_written_at_the_last_layer():
     inputs += _write_forward(pool, kv, range(2, 3), dest=dest)  # the same forward's last layer
     assert not pool.staged and pool.staged_at is None
     slots = pool.slots(kv)
-    for lid, (x, a, b) in enumerate(inputs):
+    for lid, (_, a, b) in enumerate(inputs):
         rec = pool.layers[lid]
         assert rec.stack_row == lid and torch.equal(rec.a[slots], a) and torch.equal(rec.b[slots], b)
 

@@ -153,7 +153,7 @@ def run_capture(n_layers: int, *, stacked: bool = True,
     chunk states. Returns the counter and each layer's ``(x, a, b, kept states)`` rows of the tokens."""
     counter = OpCounter()
     wanted = cap._wanted
-    cap._wanted = lambda *_: True  # type: ignore[assignment]  # the ring's presence is not what is counted
+    cap._wanted = lambda *_: True  # the ring's presence is not what is counted
     try:
         with _setup(n_layers, counter, stacked) as (model, req_pool, layers, backend, pool, gen):
             mode = types.SimpleNamespace(is_decode=lambda: False)
@@ -180,10 +180,10 @@ def run_capture(n_layers: int, *, stacked: bool = True,
                         state_of(dispatcher).extending = None
             slots = pool.slots(loc)
             rows = pool.states.dest_of(loc[torch.tensor(kept)])
-            out = {lid: (rec.x[slots].clone(), rec.a[slots].clone(), rec.b[slots].clone(),
+            out: dict[int, tuple[torch.Tensor, ...]] = {lid: (rec.x[slots].clone(), rec.a[slots].clone(), rec.b[slots].clone(),
                          pool.states.ssm[lid][rows].clone()) for lid, rec in pool.layers.items()}
     finally:
-        cap._wanted = wanted  # type: ignore[assignment]
+        cap._wanted = wanted
     return counter, out
 
 

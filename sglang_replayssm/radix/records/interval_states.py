@@ -105,6 +105,7 @@ class IntervalStates:
     skipped: set[int] = field(default_factory=set)  # layers whose chunk states are not exact
     layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``stack``
     stack: torch.Tensor | None = None  # [L, M + 1, *state]: every layer's ``ssm`` (views), or None
+    stack_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> its view of ``stack``
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.interval < self.chunk or self.interval % self.chunk:
@@ -179,6 +180,7 @@ class IntervalStates:
                 self.stack = torch.zeros((len(self.layer_ids), self.capacity + 1, *shape), dtype=dtype, device=device)
             rows = self.stack[self.layer_ids.index(layer_id)]
             if tuple(rows.shape[1:]) == shape and rows.dtype == dtype and rows.device == device:
+                self.stack_rows[layer_id] = rows
                 return rows
         return torch.zeros((self.capacity + 1, *shape), dtype=dtype, device=device)
 
@@ -188,8 +190,8 @@ class IntervalStates:
         stack = self.stack
         if stack is None or len(self.ssm) != len(self.layer_ids):
             return None
-        held = (self.ssm.get(lid) for lid in self.layer_ids)
-        return stack if all(t is not None and t.data_ptr() == row.data_ptr() for t, row in zip(held, stack)) else None
+        held = all(lid in self.stack_rows and self.ssm.get(lid) is self.stack_rows[lid] for lid in self.layer_ids)
+        return stack if held else None
 
     def usable(self, layer_ids: list[int]) -> bool:
         """Every GDN layer keeps states (one that does not makes a rebuild from a state impossible)."""

@@ -252,8 +252,7 @@ class RecordPool:
         if ab is None or len(self.layers) != len(self.layer_ids):
             return None
         held = (self.layers.get(lid) for lid in self.layer_ids)
-        return ab if all(r is not None and r.a.data_ptr() == a.data_ptr() and r.b.data_ptr() == b.data_ptr()
-                         for r, a, b in zip(held, ab[0], ab[1])) else None
+        return ab if all(r is not None and r.stack_row == i for i, r in enumerate(held)) else None
 
     @property
     def nbytes(self) -> int:

@@ -98,21 +98,20 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         req_pool.mamba_pool.clear_slots(translate(torch.cat([j.dst for j in zeroed])))
     device = pool.device
     from_state = [j for j in jobs if j.state is not None]
-    state_dst = state_src = None
-    if from_state:
-        state_dst = translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64)
-        state_src = torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device)
+    starts: tuple[torch.Tensor, torch.Tensor] | None = None  # (dst, src): interval states into pool slots
+    if from_state and pool.states is not None:
+        starts = (translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64),
+                  torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device))
     plan = _Plan.of(jobs, device, translate, pool.sequential_tokens)
     caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
-    per_layer_starts = state_dst is not None and state_src is not None and pool.states is not None
-    if per_layer_starts and _start_states_of_all_layers(pool, req_pool, caches, state_dst, state_src):
-        per_layer_starts = False
+    if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
+        starts = None
     ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
     ab_rows = None if ab is None else tuple(zip(ab[0].index_select(1, plan.ext_slots).unbind(0),
                                                 ab[1].index_select(1, plan.ext_slots).unbind(0)))
     for layer_id, cache in caches.items():
-        if per_layer_starts and pool.states is not None:
-            cache.temporal[state_dst] = pool.states.ssm[layer_id][state_src].to(cache.temporal.dtype)
+        if starts is not None and pool.states is not None:
+            cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
         rec = pool.layers[layer_id]
         if ab_rows is None:
             a, b = rec.a[plan.ext_slots], rec.b[plan.ext_slots]
@@ -133,9 +132,11 @@ def _start_states_of_all_layers(pool: RecordPool, req_pool: Any, caches: dict[in
     if stack is None or states is None or not isinstance(temporal, torch.Tensor) or list(caches) != sorted(
             states.layer_ids) or temporal.shape[0] != len(states.layer_ids):
         return False
+    base = temporal if temporal._base is None else temporal._base
     for layer_id, row in zip(states.layer_ids, temporal.unbind(0)):  # row i: this layer's temporal, as a view
         own = caches[layer_id].temporal
-        if own.data_ptr() != row.data_ptr() or own.stride() != row.stride():
+        if own._base is not base or (own.storage_offset(), own.stride(), own.shape) != (
+                row.storage_offset(), row.stride(), row.shape):
             return False
     temporal[:, dst] = stack[:, src].to(temporal.dtype)
     return True
