@@ -59,11 +59,12 @@ def _write_forward(pool: RecordPool, kv: torch.Tensor, layers: range, a_of=lambd
 
 def test_staged_gate_inputs_are_written_at_the_last_layer():
     pool = _stacked_pool()
-    kv = torch.tensor([3, 5, 9])
-    pool.assign(kv)
+    first, kv = torch.tensor([1]), torch.tensor([3, 5, 9])
+    pool.assign(torch.cat([first, kv]))
+    _write_forward(pool, first, range(3))  # the first forward creates the layers' records
     dest = pool.dest_of(kv)
     inputs = _write_forward(pool, kv, range(2), dest=dest)
-    assert len(pool.staged) == 2 and not pool.layers[0].a.any()  # kept, not yet written
+    assert len(pool.staged) == 2 and not pool.layers[0].a[pool.slots(kv)].any()  # kept, not yet written
     inputs += _write_forward(pool, kv, range(2, 3), dest=dest)  # the same forward's last layer
     assert not pool.staged and pool.staged_at is None
     slots = pool.slots(kv)
@@ -76,8 +77,9 @@ def test_a_forward_that_stops_before_its_last_layer_loses_its_records():
     """Staged rows are never read half written: the next forward (or the rebuild before it) drops the
     tokens of a forward whose last stacked layer never came."""
     pool = _stacked_pool()
-    kv, later = torch.tensor([3, 5, 9]), torch.tensor([11, 12])
-    pool.assign(torch.cat([kv, later]))
+    first, kv, later = torch.tensor([1]), torch.tensor([3, 5, 9]), torch.tensor([11, 12])
+    pool.assign(torch.cat([first, kv, later]))
+    _write_forward(pool, first, range(3))  # every layer has records: layer 2 ends a forward
     _write_forward(pool, kv, range(2))
     assert pool.covered(kv) and pool.staged
     _write_forward(pool, later, range(3))
@@ -88,9 +90,12 @@ def test_a_forward_that_stops_before_its_last_layer_loses_its_records():
 
 
 def test_a_view_of_a_large_output_is_written_at_once():
-    """A gate input that would pin a larger buffer until the last layer is not staged."""
-    pool = _stacked_pool()
-    kv = torch.tensor([2, 4])
-    pool.assign(kv)
+    """A gate input that would pin a larger buffer until the last layer is not staged (an own tensor is)."""
+    pool = _stacked_pool(layers=2)
+    first, kv = torch.tensor([1]), torch.tensor([2, 4])
+    pool.assign(torch.cat([first, kv]))
+    _write_forward(pool, first, range(2))
     (_, a, _), = _write_forward(pool, kv, range(1), a_of=lambda t: torch.cat([t, torch.zeros(2, 6)], 1)[:, :2])
     assert not pool.staged and torch.equal(pool.layers[0].a[pool.slots(kv)], a)
+    _write_forward(pool, kv, range(1))
+    assert len(pool.staged) == 1

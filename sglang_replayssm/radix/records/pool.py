@@ -100,6 +100,7 @@ class RecordPool:
     ab: tuple[torch.Tensor, torch.Tensor] | None = None  # a, b of the layer_ids [L, R + 1, HV] (views in layers)
     staged: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, a, b) to write
     staged_at: tuple[torch.Tensor, torch.Tensor] | None = None  # (kv, dest) of the staged rows' forward
+    last_row: int = -1  # the deepest row of ``ab`` a layer with records holds: a forward's last stacked layer
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -171,9 +172,9 @@ class RecordPool:
 
         ``stage`` (a forward's capture, every layer with the same ``kv`` and ``dest``): a stacked layer's
         ``a``, ``b`` are kept (referenced, not copied: only tensors that own their storage) and written for
-        every layer at once when the last of ``layer_ids`` stores its inputs (:meth:`_write_staged`), so
-        before the forward ends; what a forward left staged is dropped with its tokens' records
-        (:meth:`settle`)."""
+        every layer at once when the deepest stacked layer with records (``last_row``) stores its inputs
+        (:meth:`_write_staged`), so before the forward ends; what a forward left staged is dropped with its
+        tokens' records (:meth:`settle`)."""
         rec = self.layers.get(layer.layer_id)
         if rec is None:
             rec = self._new_layer(layer, backend, x, a, b)
@@ -189,7 +190,7 @@ class RecordPool:
         else:
             rec.a.index_copy_(0, dest, a.to(rec.a.dtype))
             rec.b.index_copy_(0, dest, b.to(rec.b.dtype))
-        if rec.stack_row is not None and rec.stack_row == len(self.layer_ids) - 1:
+        if rec.stack_row is not None and rec.stack_row == self.last_row:
             self._write_staged()
 
     def _write_staged(self) -> None:
@@ -199,10 +200,10 @@ class RecordPool:
         self.staged, self.staged_at = [], None
         if at is None or self.ab is None or not staged:
             return
-        dest = at[1]
-        if [row for row, _, _ in staged] == list(range(len(self.layer_ids))):
-            self.ab[0].index_copy_(1, dest, torch.stack([a for _, a, _ in staged]))
-            self.ab[1].index_copy_(1, dest, torch.stack([b for _, _, b in staged]))
+        dest, n = at[1], len(staged)
+        if [row for row, _, _ in staged] == list(range(n)):
+            self.ab[0][:n].index_copy_(1, dest, torch.stack([a for _, a, _ in staged]))
+            self.ab[1][:n].index_copy_(1, dest, torch.stack([b for _, _, b in staged]))
             return
         for row, a, b in staged:
             self.ab[0][row].index_copy_(0, dest, a)
@@ -226,6 +227,8 @@ class RecordPool:
         rec = LayerRecords(x=torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device), a=ab[0], b=ab[1],
                            layer=layer, backend=backend, kda=kda,
                            stack_row=None if stacked is None else self.layer_ids.index(layer.layer_id))
+        if rec.stack_row is not None:
+            self.last_row = max(self.last_row, rec.stack_row)
         self.layers[layer.layer_id] = rec
         return rec
 
