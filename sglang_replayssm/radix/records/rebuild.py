@@ -20,6 +20,10 @@ launches per layer instead of the chunk pipeline's dozen, for the same state (cl
 tensor-core operands). The CPU runtime's decode kernel takes one token per sequence, so CPU pools
 keep the chunk path.
 
+Per step, not per layer: the plan's index tensors, the start states' copy into every layer's slot and every
+layer's ``a``, ``b`` gather, where the pool keeps them as stacks (:func:`~.startup.prepare_layers`); per layer
+only the layer's ``x`` gather, its conv, the conv rows past the lead, the gates and the extend.
+
 Runs on the forward thread before the forward's first write, so every slot it reads (``src``, the
 records) still holds what the match saw: writes to pool slots and record slots happen only in
 forwards, and rebuilds queued by a match run before the next one (``ModelRunner.forward``).
