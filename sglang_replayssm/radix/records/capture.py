@@ -7,7 +7,9 @@ Scheduler side (the thread that allocates KV and matches prefixes):
   (``out_cache_loc``) record slots (:func:`assign_batch`), so a later match sees them at once.
 
 Forward side: ``GDNAttnBackend`` / ``KDAAttnBackend`` ``.forward_extend`` / ``forward_decode`` write each layer's pre-conv
-``mixed_qkv`` and ``a``, ``b`` rows to the slots of ``out_cache_loc`` (:func:`capture`). A forward
+``mixed_qkv`` and ``a``, ``b`` rows to the slots of ``out_cache_loc`` (:func:`capture`; the rows are found
+at the forward's first layer, and the GDN layers' ``a``, ``b`` are written for all layers at the last one,
+``RecordPool.write(stage=True)``). A forward
 that cannot capture (a fused decode path passing a tuple, a target-verify forward) drops the slots
 of its tokens instead, so an assigned slot always holds its token's inputs before any rebuild reads
 it (rebuilds run at the start of the next forward, :mod:`record_rebuild`).
@@ -143,7 +145,7 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
     cached = batch_state.record_dest
     if cached is None or cached[0] is not loc:  # the forward's first layer: one gather for every layer
         cached = batch_state.record_dest = (loc, pool.dest_of(loc))
-    pool.write(layer, backend, loc, x, ra, rb, cached[1])
+    pool.write(layer, backend, loc, x, ra, rb, cached[1], stage=True)
 
 
 def _token_rows(t: Any) -> torch.Tensor | None:

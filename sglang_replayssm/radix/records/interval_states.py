@@ -17,7 +17,10 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 * ``state_of [KV + 1]`` int64: the state slot holding the state after the token at that KV index,
   or -1 (the last entry is a sink that stays -1);
 * ``owner [M + 1]`` int64: the KV index a state slot was assigned to;
-* per GDN layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink.
+* per GDN layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink. With
+  ``layer_ids`` (the mamba pool's GDN layers in its order) the layers' ``ssm`` are rows ``i`` of one
+  ``stack [L, M + 1, *state]`` (:meth:`IntervalStates.stacked`): a rebuild copies its start states into every
+  layer's pool slot in one op.
 
 Exactness: per-chunk states in the pool's own state dtype are exact (fp32 on the CPU runtime's fp32
 models). SGLang's kernels round ``h`` to the activation dtype (bf16 serving): there a kept state is
@@ -100,6 +103,9 @@ class IntervalStates:
     head: int = 0
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [M + 1, *state]
     skipped: set[int] = field(default_factory=set)  # layers whose chunk states are not exact
+    layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``stack``
+    stack: torch.Tensor | None = None  # [L, M + 1, *state]: every layer's ``ssm`` (views), or None
+    stack_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> its view of ``stack``
 
     def __post_init__(self) -> None:
         if self.capacity < 1 or self.interval < self.chunk or self.interval % self.chunk:
@@ -163,9 +169,29 @@ class IntervalStates:
             return
         ssm = self.ssm.get(layer_id)
         if ssm is None:
-            ssm = self.ssm[layer_id] = torch.zeros((self.capacity + 1, *h.shape[1:]), dtype=state_dtype,
-                                                   device=h.device)
+            ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), state_dtype, h.device)
         ssm.index_copy_(0, dest.to(ssm.device), h.index_select(0, chunks.to(h.device)).to(state_dtype))
+
+    def _new_rows(self, layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Layer ``layer_id``'s ``[M + 1, *shape]`` rows: its row of ``stack`` (allocated for every layer of
+        ``layer_ids`` at the first), or its own tensor (not one of ``layer_ids``, another shape or dtype)."""
+        if layer_id in self.layer_ids:
+            if self.stack is None:
+                self.stack = torch.zeros((len(self.layer_ids), self.capacity + 1, *shape), dtype=dtype, device=device)
+            rows = self.stack[self.layer_ids.index(layer_id)]
+            if tuple(rows.shape[1:]) == shape and rows.dtype == dtype and rows.device == device:
+                self.stack_rows[layer_id] = rows
+                return rows
+        return torch.zeros((self.capacity + 1, *shape), dtype=dtype, device=device)
+
+    def stacked(self) -> torch.Tensor | None:
+        """``stack`` when every one of ``layer_ids`` keeps its states there and no other layer keeps any
+        (row ``i``: ``layer_ids[i]``), else None."""
+        stack = self.stack
+        if stack is None or len(self.ssm) != len(self.layer_ids):
+            return None
+        held = all(lid in self.stack_rows and self.ssm.get(lid) is self.stack_rows[lid] for lid in self.layer_ids)
+        return stack if held else None
 
     def usable(self, layer_ids: list[int]) -> bool:
         """Every GDN layer keeps states (one that does not makes a rebuild from a state impossible)."""

@@ -13,7 +13,10 @@ Layout (``R`` = capacity in tokens, ``KV`` = the token KV pool's size):
   index, or -1; the last entry is a sink that stays -1.
 * ``owner [R + 1]`` int64: the KV index a record slot was assigned to (the last entry is a sink).
 * per layer: ``x [R + 1, conv_dim]``, ``a``, ``b`` ``[R + 1, HV]``; row ``R`` is a sink that absorbs
-  the writes of tokens without a slot, so no write needs a host-side mask.
+  the writes of tokens without a slot, so no write needs a host-side mask. With ``layer_ids`` (the
+  mamba pool's GDN layers, in its order: :func:`~sglang_replayssm.radix.records.startup.prepare_layers`)
+  a GDN layer's ``a`` and ``b`` are rows ``i`` of two stacks ``[L, R + 1, HV]`` (:attr:`RecordPool.ab`), so
+  a rebuild gathers them for every layer in one op each.
 
 Invariant: ``slot_of[i] == r >= 0`` only if the token whose KV is at ``i`` was assigned ``r`` by
 :meth:`RecordPool.assign` when its KV was allocated, and no later assignment reused ``r``; the forward
@@ -68,6 +71,7 @@ class LayerRecords:
     layer: Any
     backend: Any
     kda: bool = False  # a KDA layer (KDAAttnBackend): its conv window is stored [W - 1, conv_dim]
+    stack_row: int | None = None  # a, b are rows ``stack_row`` of the pool's ``ab`` stacks, or own tensors
 
     @property
     def nbytes(self) -> int:
@@ -92,6 +96,11 @@ class RecordPool:
     states: Any = None  # IntervalStates: kept prefill states (radix/records/interval_states.py), or None
     hicache: Any = None  # HiCacheRecords: the host copy and queued loads (radix/records/hicache/host_records.py), or None
     sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/records/rebuild.py)
+    layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``ab`` (startup)
+    ab: tuple[torch.Tensor, torch.Tensor] | None = None  # a, b of the layer_ids [L, R + 1, HV] (views in layers)
+    staged: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, a, b) to write
+    staged_at: tuple[torch.Tensor, torch.Tensor] | None = None  # (kv, dest) of the staged rows' forward
+    last_row: int = -1  # the deepest row of ``ab`` a layer with records holds: a forward's last stacked layer
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -156,31 +165,97 @@ class RecordPool:
         return torch.where(slots >= 0, slots, self.capacity)
 
     def write(self, layer: Any, backend: Any, kv: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
-              b: torch.Tensor, dest: torch.Tensor | None = None) -> None:
+              b: torch.Tensor, dest: torch.Tensor | None = None, stage: bool = False) -> None:
         """Store one layer's inputs ``x [T, conv_dim]``, ``a``/``b`` ``[T, *]`` for the tokens at KV
         indices ``kv [T]`` (tokens without a slot go to the sink row; ``dest``: :meth:`dest_of` of ``kv``,
-        when the caller has it). No host sync."""
+        when the caller has it). No host sync.
+
+        ``stage`` (a forward's capture, every layer with the same ``kv`` and ``dest``): a stacked layer's
+        ``a``, ``b`` are kept (referenced, not copied: only tensors that own their storage) and written for
+        every layer at once when the deepest stacked layer with records (``last_row``) stores its inputs
+        (:meth:`_write_staged`), so before the forward ends; what a forward left staged is dropped with its
+        tokens' records (:meth:`settle`)."""
         rec = self.layers.get(layer.layer_id)
         if rec is None:
             rec = self._new_layer(layer, backend, x, a, b)
         if dest is None:
             dest = self.dest_of(kv)
         rec.x.index_copy_(0, dest, x.to(rec.x.dtype))
-        rec.a.index_copy_(0, dest, a.reshape(dest.numel(), -1).to(rec.a.dtype))
-        rec.b.index_copy_(0, dest, b.reshape(dest.numel(), -1).to(rec.b.dtype))
+        a, b = a.reshape(dest.numel(), -1), b.reshape(dest.numel(), -1)
+        if self.staged_at is not None and self.staged_at[1] is not dest:
+            self.settle()  # another forward's leftovers
+        if stage and rec.stack_row is not None and _stageable(a, rec.a) and _stageable(b, rec.b):
+            self.staged_at = (kv, dest)
+            self.staged.append((rec.stack_row, a, b))
+        else:
+            rec.a.index_copy_(0, dest, a.to(rec.a.dtype))
+            rec.b.index_copy_(0, dest, b.to(rec.b.dtype))
+        if rec.stack_row is not None and rec.stack_row == self.last_row:
+            self._write_staged()
+
+    def _write_staged(self) -> None:
+        """Write the staged ``a``, ``b`` rows: one ``index_copy_`` per stack when every layer is staged in
+        order, else one per layer."""
+        staged, at = self.staged, self.staged_at
+        self.staged, self.staged_at = [], None
+        if at is None or self.ab is None or not staged:
+            return
+        dest, n = at[1], len(staged)
+        if [row for row, _, _ in staged] == list(range(n)):
+            self.ab[0][:n].index_copy_(1, dest, torch.stack([a for _, a, _ in staged]))
+            self.ab[1][:n].index_copy_(1, dest, torch.stack([b for _, _, b in staged]))
+            return
+        for row, a, b in staged:
+            self.ab[0][row].index_copy_(0, dest, a)
+            self.ab[1][row].index_copy_(0, dest, b)
+
+    def settle(self) -> None:
+        """Before anything reads records (a rebuild, the next forward's capture): rows a forward staged but
+        did not write (its last stacked layer never stored its inputs) lose their tokens' records."""
+        if self.staged:
+            self.invalidate(self.staged_at[0] if self.staged_at is not None else None)
+        self.staged, self.staged_at = [], None
 
     def _new_layer(self, layer: Any, backend: Any, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> LayerRecords:
         rows = self.capacity + 1
-        rec = LayerRecords(
-            x=torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device),
-            a=torch.zeros(rows, a.reshape(x.shape[0], -1).shape[1], dtype=a.dtype, device=x.device),
-            b=torch.zeros(rows, b.reshape(x.shape[0], -1).shape[1], dtype=b.dtype, device=x.device),
-            layer=layer,
-            backend=backend,
-            kda=type(backend).__name__ == "KDAAttnBackend",
-        )
+        kda = type(backend).__name__ == "KDAAttnBackend"
+        a2, b2 = a.reshape(x.shape[0], -1), b.reshape(x.shape[0], -1)
+        ab = stacked = None if kda else self._stacked_rows(layer.layer_id, a2, b2)
+        if ab is None:
+            ab = (torch.zeros(rows, a2.shape[1], dtype=a.dtype, device=x.device),
+                  torch.zeros(rows, b2.shape[1], dtype=b.dtype, device=x.device))
+        rec = LayerRecords(x=torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device), a=ab[0], b=ab[1],
+                           layer=layer, backend=backend, kda=kda,
+                           stack_row=None if stacked is None else self.layer_ids.index(layer.layer_id))
+        if rec.stack_row is not None:
+            self.last_row = max(self.last_row, rec.stack_row)
         self.layers[layer.layer_id] = rec
         return rec
+
+    def _stacked_rows(self, layer_id: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer ``layer_id``'s rows of :attr:`ab` (allocated for every layer at the first one), or None
+        (not one of ``layer_ids``, or a shape / dtype the stacks do not have). KDA layers are never stacked:
+        their per-channel ``a`` gathered for every layer at once would be large."""
+        if layer_id not in self.layer_ids:
+            return None
+        if self.ab is None:
+            shape = (len(self.layer_ids), self.capacity + 1)
+            self.ab = (torch.zeros(*shape, a.shape[1], dtype=a.dtype, device=a.device),
+                       torch.zeros(*shape, b.shape[1], dtype=b.dtype, device=a.device))
+        i = self.layer_ids.index(layer_id)
+        rows = (self.ab[0][i], self.ab[1][i])
+        if any(r.shape[1:] != t.shape[1:] or r.dtype != t.dtype or r.device != t.device for r, t in zip(rows, (a, b))):
+            return None
+        return rows
+
+    def stacked_ab(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:attr:`ab` when every layer with records holds its ``a``, ``b`` there (row ``i``: ``layer_ids[i]``)
+        and every one of ``layer_ids`` has records, else None."""
+        ab = self.ab
+        if ab is None or len(self.layers) != len(self.layer_ids):
+            return None
+        held = (self.layers.get(lid) for lid in self.layer_ids)
+        return ab if all(r is not None and r.stack_row == i for i, r in enumerate(held)) else None
 
     @property
     def nbytes(self) -> int:
@@ -188,6 +263,12 @@ class RecordPool:
         maps = (self.slot_of.numel() + self.owner.numel()) * self.slot_of.element_size()
         states = 0 if self.states is None else self.states.nbytes
         return maps + states + sum(rec.nbytes for rec in self.layers.values())
+
+
+def _stageable(t: torch.Tensor, rows: torch.Tensor) -> bool:
+    """``t`` can be kept until the forward's last layer: the rows' dtype, and it pins at most twice its
+    own bytes (not a view of a large projection output)."""
+    return t.dtype == rows.dtype and t.untyped_storage().nbytes() <= 2 * t.numel() * t.element_size()
 
 
 def pool_of(req_to_token_pool: Any) -> RecordPool | None:

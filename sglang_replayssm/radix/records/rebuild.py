@@ -20,6 +20,10 @@ launches per layer instead of the chunk pipeline's dozen, for the same state (cl
 tensor-core operands). The CPU runtime's decode kernel takes one token per sequence, so CPU pools
 keep the chunk path.
 
+Per step, not per layer: the plan's index tensors, the start states' copy into every layer's slot and every
+layer's ``a``, ``b`` gather, where the pool keeps them as stacks (:func:`~.startup.prepare_layers`); per layer
+only the layer's ``x`` gather, its conv, the conv rows past the lead, the gates and the extend.
+
 Runs on the forward thread before the forward's first write, so every slot it reads (``src``, the
 records) still holds what the match saw: writes to pool slots and record slots happen only in
 forwards, and rebuilds queued by a match run before the next one (``ModelRunner.forward``).
@@ -74,7 +78,10 @@ def run_pending(runner: Any) -> int:
         return 0
     req_pool = getattr(runner, "req_to_token_pool", None)
     pool = pool_of(req_pool)
-    if pool is None or not pool.pending:
+    if pool is None:
+        return 0
+    pool.settle()  # records a forward left half-written are dropped before anything reads them
+    if not pool.pending:
         return 0
     jobs, pool.pending = pool.pending, []
     rebuild(pool, req_pool, jobs)
@@ -95,17 +102,48 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         req_pool.mamba_pool.clear_slots(translate(torch.cat([j.dst for j in zeroed])))
     device = pool.device
     from_state = [j for j in jobs if j.state is not None]
-    state_dst = state_src = None
-    if from_state:
-        state_dst = translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64)
-        state_src = torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device)
+    starts: tuple[torch.Tensor, torch.Tensor] | None = None  # (dst, src): interval states into pool slots
+    if from_state and pool.states is not None:
+        starts = (translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64),
+                  torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device))
     plan = _Plan.of(jobs, device, translate, pool.sequential_tokens)
-    for layer_id in sorted(pool.layers):
-        if state_dst is not None and state_src is not None and pool.states is not None:
-            temporal = req_pool.mamba2_layer_cache(layer_id).temporal
-            temporal[state_dst] = pool.states.ssm[layer_id][state_src].to(temporal.dtype)
+    caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
+    if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
+        starts = None
+    ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
+    ab_rows = None if ab is None else tuple(zip(ab[0].index_select(1, plan.ext_slots).unbind(0),
+                                                ab[1].index_select(1, plan.ext_slots).unbind(0)))
+    for layer_id, cache in caches.items():
+        if starts is not None and pool.states is not None:
+            cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
         rec = pool.layers[layer_id]
-        (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, req_pool, plan)
+        if ab_rows is None:
+            a, b = rec.a[plan.ext_slots], rec.b[plan.ext_slots]
+        else:
+            a, b = ab_rows[pool.layer_ids.index(layer_id)]
+        (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, cache, plan, a, b)
+
+
+def _start_states_of_all_layers(pool: RecordPool, req_pool: Any, caches: dict[int, Any], dst: torch.Tensor,
+                                src: torch.Tensor) -> bool:
+    """Copy the interval states ``src`` into pool slots ``dst`` of every layer in one op: where the kept
+    states are one stack (:meth:`IntervalStates.stacked`) whose row ``i`` is the mamba pool's layer ``i``
+    (``mamba_cache.temporal [L, slots, *state]``), for exactly the layers with records. False: nothing
+    copied (the caller copies layer by layer)."""
+    states = pool.states
+    stack = None if states is None else states.stacked()
+    temporal = getattr(getattr(getattr(req_pool, "mamba_pool", None), "mamba_cache", None), "temporal", None)
+    if stack is None or states is None or not isinstance(temporal, torch.Tensor) or list(caches) != sorted(
+            states.layer_ids) or temporal.shape[0] != len(states.layer_ids):
+        return False
+    base = temporal if temporal._base is None else temporal._base
+    for layer_id, row in zip(states.layer_ids, temporal.unbind(0)):  # row i: this layer's temporal, as a view
+        own = caches[layer_id].temporal
+        if own._base is not base or (own.storage_offset(), own.stride(), own.shape) != (
+                row.storage_offset(), row.stride(), row.shape):
+            return False
+    temporal[:, dst] = stack[:, src].to(temporal.dtype)
+    return True
 
 
 class _Plan:
@@ -119,6 +157,7 @@ class _Plan:
         self.slots, self.conv_cu, self.conv_lens, self.dst, self.conv_init = slots, conv_cu, conv_lens, dst, conv_init
         self.keep, self.ext_cu, self.ext_lens, self.ext_init = keep, ext_cu, ext_lens, ext_init
         self.ext_rows = ext_rows  # the extended jobs' positions in the batch (rows of ``dst``)
+        self.ext_slots = slots if keep is None else slots[keep]  # the extended records (their a, b rows)
         self.ext_dst = dst[ext_rows.long()]
         self.ext_prefix = ext_init.to(torch.int32)  # the extend's ``extend_prefix_lens`` flag, once per step
         self.sequential = bool(ext_lens) and max(ext_lens) <= sequential_tokens
@@ -154,12 +193,13 @@ class _Plan:
         )
 
 
-def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
+def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Fold the plan's records of one GDN layer into its pool ``cache`` (``mamba2_layer_cache``); ``a``,
+    ``b``: the layer's gate inputs of the extended records (``ext_slots``), gathered by the caller."""
     from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
     from sglang.srt.utils import is_cpu
 
     layer, backend = rec.layer, rec.backend
-    cache = req_pool.mamba2_layer_cache(layer.layer_id)
     conv_states, ssm_states = cache.conv[0], cache.temporal
     gather = (
         getattr(backend, "requires_contiguous_prefill_state", False)
@@ -173,7 +213,7 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
         ext_idx = plan.ext_rows  # the work copies are in batch order
     else:
         conv_work, ssm_work, idx, ext_idx = conv_states, ssm_states, dst, plan.ext_dst
-    x, a, b = rec.x[plan.slots], rec.a[plan.slots], rec.b[plan.slots]
+    x = rec.x[plan.slots]
     total = x.shape[0]
     mixed = gdn_backend.causal_conv1d_fn(
         x.transpose(0, 1),
@@ -187,7 +227,7 @@ def _fold_gdn_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
         seq_lens_cpu=plan.conv_lens,
     ).transpose(0, 1)[:total]
     if plan.keep is not None:  # drop the lead rows: they only made the conv window
-        mixed, a, b = mixed[plan.keep], a[plan.keep], b[plan.keep]
+        mixed = mixed[plan.keep]
     n = mixed.shape[0]
     if n > 0:
         q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
@@ -223,7 +263,7 @@ def _scatter(gather: bool, conv_states: torch.Tensor, ssm_states: torch.Tensor, 
         ssm_states[dst.long()] = ssm_work
 
 
-def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
+def _fold_kda_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor, b: torch.Tensor) -> None:
     """As :func:`_fold_gdn_layer` with what ``KDAAttnBackend.forward_extend`` runs: the conv over the
     pool's ``[W - 1, dim]`` windows (Triton off CPU, the platform's CPU conv on it) and the KDA extend
     kernel with the raw per-channel gate and beta (the kernel applies ``A_log``, ``dt_bias``)."""
@@ -231,9 +271,8 @@ def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
     from sglang.srt.utils import is_cpu
 
     layer, backend = rec.layer, rec.backend
-    cache = req_pool.mamba2_layer_cache(layer.layer_id)
     conv_fn = gdn_backend.causal_conv1d_fn if is_cpu() else kda_backend.causal_conv1d_fn
-    x, a, b = rec.x[plan.slots], rec.a[plan.slots], rec.b[plan.slots]
+    x = rec.x[plan.slots]
     total = x.shape[0]
     mixed = conv_fn(
         x.transpose(0, 1),
@@ -247,7 +286,7 @@ def _fold_kda_layer(rec: LayerRecords, req_pool: Any, plan: _Plan) -> None:
         seq_lens_cpu=plan.conv_lens,
     ).transpose(0, 1)[:total]
     if plan.keep is not None:
-        mixed, a, b = mixed[plan.keep], a[plan.keep], b[plan.keep]
+        mixed = mixed[plan.keep]
     n = mixed.shape[0]
     if n == 0:
         return

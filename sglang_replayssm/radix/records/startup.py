@@ -28,7 +28,7 @@ from sglang_replayssm.radix.records.pool import CAPACITY_ENV, RecordPool, attach
 from sglang_replayssm.radix.records.rebuild import sequential_tokens_from_env
 from sglang_replayssm.state import peek
 
-__all__ = ["build_pool"]
+__all__ = ["build_pool", "prepare_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,22 @@ def build_pool(configurator: Any, pools: Any) -> RecordPool | None:
     if interval > 0:
         pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,
                                      device=device, rounded=settings.STATE_INTERVAL_ROUNDED.value())
+    prepare_layers(pool, req_pool)
     logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change), "
                 "a prefill state every %s (%s=N, 0 = none)", capacity, CAPACITY_ENV,
                 f"{interval} tokens" if interval else "- (off)", INTERVAL_ENV)
     return attach(req_pool, pool)
+
+
+def prepare_layers(pool: RecordPool, req_pool: Any) -> None:
+    """Tell ``pool`` (and its interval states) the mamba pool's linear layers, in the pool's order
+    (``req_pool.mamba_map``: layer id -> index): their gate inputs and kept states are then rows of one
+    stack each, so a rebuild gathers and copies them for every layer at once. A pool without that map
+    keeps one tensor per layer."""
+    mamba_map = getattr(req_pool, "mamba_map", None)
+    if not isinstance(mamba_map, dict) or sorted(mamba_map.values()) != list(range(len(mamba_map))):
+        return
+    layer_ids = tuple(sorted(mamba_map, key=mamba_map.__getitem__))
+    pool.layer_ids = layer_ids
+    if pool.states is not None:
+        pool.states.layer_ids = layer_ids

@@ -1,0 +1,101 @@
+"""Per-layer launches of the records room around a prefill (``tests/support/launch_count.py``): a prefix hit's
+rebuild and a prefill's capture do once per forward what does not depend on the layer, with results bit for
+bit those of the per-layer tensors the unit tests' pools keep (fp32, CPU).
+
+Cheap (no server): SGLang's CPU pools with 2 to 4 toy GDN layers, the Triton conv interpreted.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from sglang_replayssm.radix.records.pool import RecordPool
+from tests.support.launch_count import run_capture, run_rebuild, slope
+
+
+def test_a_rebuild_launches_per_layer_only_the_layers_own_work(radix_adapter):
+    """Per GDN layer: the conv, the gates, the extend (SGLang's) and the gather of the layer's ``x`` records
+    and of the conv rows past the lead; the start states' copy and the ``a``, ``b`` gathers are once per forward."""
+    per_layer, _, big = slope(run_rebuild)
+    assert per_layer == 5, dict(big.launches)
+    assert big.launches["index_put_.default"] == 1  # the interval states into every layer's slot at once
+
+
+def test_a_capture_launches_per_layer_only_the_layers_own_work(radix_adapter):
+    """Per GDN layer: the ``x`` write and the kept states (gather, widen, write); the ``a``, ``b`` writes of
+    every layer are two ``index_copy_`` at the forward's last layer."""
+    per_layer, _, big = slope(run_capture)
+    assert per_layer == 4, dict(big.launches)
+    assert big.launches["stack.default"] == 2
+
+
+def test_stacked_layers_give_the_per_layer_results_bit_for_bit(radix_adapter):
+    for run in (lambda stacked: run_rebuild(3, stacked=stacked, mixed=True), lambda stacked: run_capture(3, stacked=stacked)):
+        (_, fused), (_, per_layer) = run(True), run(False)
+        assert fused.keys() == per_layer.keys() and len(fused) == 3
+        for lid in fused:
+            assert all(torch.equal(f, p) for f, p in zip(fused[lid], per_layer[lid])), lid
+
+
+def _stacked_pool(layers: int = 3) -> RecordPool:
+    pool = RecordPool(kv_size=32, capacity=16, device=torch.device("cpu"))
+    pool.layer_ids = tuple(range(layers))
+    return pool
+
+
+def _write_forward(pool: RecordPool, kv: torch.Tensor, layers: range, a_of=lambda t: t, dest=None) -> list[tuple]:
+    """One forward's capture writes (every layer the same ``kv`` and rows ``dest``, found once per forward);
+    returns each layer's inputs."""
+    dest = pool.dest_of(kv) if dest is None else dest
+    inputs = []
+    for lid in layers:
+        x, a, b = torch.full((kv.numel(), 4), float(lid)), torch.randn(kv.numel(), 2), torch.randn(kv.numel(), 2)
+        pool.write(types.SimpleNamespace(layer_id=lid), types.SimpleNamespace(), kv, x, a_of(a), b, dest, stage=True)
+        inputs.append((x, a, b))
+    return inputs
+
+
+def test_staged_gate_inputs_are_written_at_the_last_layer():
+    pool = _stacked_pool()
+    first, kv = torch.tensor([1]), torch.tensor([3, 5, 9])
+    pool.assign(torch.cat([first, kv]))
+    _write_forward(pool, first, range(3))  # the first forward creates the layers' records
+    dest = pool.dest_of(kv)
+    inputs = _write_forward(pool, kv, range(2), dest=dest)
+    assert len(pool.staged) == 2 and not pool.layers[0].a[pool.slots(kv)].any()  # kept, not yet written
+    inputs += _write_forward(pool, kv, range(2, 3), dest=dest)  # the same forward's last layer
+    assert not pool.staged and pool.staged_at is None
+    slots = pool.slots(kv)
+    for lid, (_, a, b) in enumerate(inputs):
+        rec = pool.layers[lid]
+        assert rec.stack_row == lid and torch.equal(rec.a[slots], a) and torch.equal(rec.b[slots], b)
+
+
+def test_a_forward_that_stops_before_its_last_layer_loses_its_records():
+    """Staged rows are never read half written: the next forward (or the rebuild before it) drops the
+    tokens of a forward whose last stacked layer never came."""
+    pool = _stacked_pool()
+    first, kv, later = torch.tensor([1]), torch.tensor([3, 5, 9]), torch.tensor([11, 12])
+    pool.assign(torch.cat([first, kv, later]))
+    _write_forward(pool, first, range(3))  # every layer has records: layer 2 ends a forward
+    _write_forward(pool, kv, range(2))
+    assert pool.covered(kv) and pool.staged
+    _write_forward(pool, later, range(3))
+    assert not pool.covered(kv) and pool.covered(later) and not pool.staged
+    _write_forward(pool, later, range(1))
+    pool.settle()
+    assert not pool.covered(later)
+
+
+def test_a_view_of_a_large_output_is_written_at_once():
+    """A gate input that would pin a larger buffer until the last layer is not staged (an own tensor is)."""
+    pool = _stacked_pool(layers=2)
+    first, kv = torch.tensor([1]), torch.tensor([2, 4])
+    pool.assign(torch.cat([first, kv]))
+    _write_forward(pool, first, range(2))
+    (_, a, _), = _write_forward(pool, kv, range(1), a_of=lambda t: torch.cat([t, torch.zeros(2, 6)], 1)[:, :2])
+    assert not pool.staged and torch.equal(pool.layers[0].a[pool.slots(kv)], a)
+    _write_forward(pool, kv, range(1))
+    assert len(pool.staged) == 1
