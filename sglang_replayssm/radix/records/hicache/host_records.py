@@ -52,22 +52,10 @@ from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 from sglang_replayssm.state import peek, state_of
 
 __all__ = [
-    "HOST_CAPACITY_ENV",
-    "HiCacheRecords",
-    "HostRecords",
-    "backed_up",
-    "build_backup_spec",
-    "forward_hook",
-    "host_alloc_hook",
-    "host_allocated",
-    "host_capacity_from_env",
-    "loaded_back",
-    "lock_planted",
-    "lock_rebuild",
-    "load_hook",
-    "run_pending",
-    "write_hook",
-]
+    "HOST_CAPACITY_ENV", "HiCacheRecords", "HostRecords", "backed_up", "build_backup_spec", "forward_hook",
+    "host_alloc_hook", "host_allocated", "host_capacity_from_env", "loaded_back", "lock_planted", "lock_rebuild",
+    "load_hook", "run_pending", "write_hook",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +128,11 @@ def _host(pool: RecordPool, controller: Any) -> HostRecords | None:
     return state.host
 
 
-def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None]) -> Any:
+def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None], reads: tuple[torch.Tensor, ...]) -> Any:
     """Run ``body`` (device reads / copies) on the records' side stream on CUDA, after the current
-    stream and ``fence`` (the forward stream); returns its event (None off CUDA: ran in place)."""
+    stream and ``fence`` (the forward stream); returns its event (None off CUDA: ran in place).
+    ``reads``: tensors made on the current stream that ``body`` reads; their memory is not handed out
+    again before the side stream has run (``record_stream``), however late the fence lets it start."""
     if not torch.cuda.is_available():
         body()
         return None
@@ -152,6 +142,8 @@ def _transfer(state: HiCacheRecords, fence: Any, body: Callable[[], None]) -> An
     stream.wait_stream(torch.cuda.current_stream())
     if fence is not None:
         stream.wait_stream(fence)
+    for t in reads:
+        t.record_stream(stream)
     with torch.cuda.stream(stream):
         body()
         event = torch.cuda.Event()
@@ -240,7 +232,7 @@ def backed_up(controller: Any, device_indices: Any, host_indices: Any) -> None:
         for off, lo, hi in runs:
             host.valid[lo:hi].copy_(ok[off:off + hi - lo], non_blocking=not blocking)
 
-    event = _transfer(state, getattr(controller, "write_fence_stream", None), copy)
+    event = _transfer(state, getattr(controller, "write_fence_stream", None), copy, reads=(src, ok))
     host.events.append((seq, event))
 
 
