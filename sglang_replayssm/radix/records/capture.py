@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.records.interval_states import kept_positions
 from sglang_replayssm.radix.records.pool import RecordPool, detach, pool_of
@@ -89,7 +90,7 @@ def _assign_states(pool: RecordPool, loc: Any, prefix_lens: Any, extend_lens: An
         return
     tokens, _ = kept_positions(list(prefix_lens), list(extend_lens), states.interval, states.chunk)
     if tokens and max(tokens) < loc.numel():
-        states.assign(loc[torch.tensor(tokens, device=loc.device)])
+        states.assign(loc[on_device(tokens, torch.int64, loc.device)])
 
 
 def ring_captured(req_pool: Any) -> bool:
@@ -204,8 +205,8 @@ def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any) -> None:
         loc = forward_batch.out_cache_loc
         total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
         # Once per forward, on the device: the kept chunks' state rows and their chunk indices.
-        kept = (states.dest_of(loc[torch.tensor(tokens, device=loc.device, dtype=torch.int64)]),
-                torch.tensor(chunk_ids, dtype=torch.int64).to(result[2].device), total) if tokens else ()
+        kept = (states.dest_of(loc[on_device(tokens, torch.int64, loc.device)]),
+                on_device(chunk_ids, torch.int64, result[2].device), total) if tokens else ()
         state_of(forward_batch).kept_chunk_states = kept
     if not kept:
         return

@@ -31,11 +31,13 @@ forwards, and rebuilds queued by a match run before the next one (``ModelRunner.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 from sglang_replayssm import settings
+from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of
 
@@ -105,7 +107,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     starts: tuple[torch.Tensor, torch.Tensor] | None = None  # (dst, src): interval states into pool slots
     if from_state and pool.states is not None:
         starts = (translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64),
-                  torch.tensor([j.state for j in from_state], dtype=torch.int64, device=device))
+                  on_device([int(j.state) for j in from_state if j.state is not None], torch.int64, device))
     plan = _Plan.of(jobs, device, translate, pool.sequential_tokens)
     caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
     if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
@@ -165,7 +167,7 @@ class _Plan:
     @classmethod
     def of(cls, jobs: list[Rebuild], device: torch.device, translate: Any, sequential_tokens: int = 0) -> _Plan:
         def cu(lens: list[int]) -> torch.Tensor:
-            return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            return on_device([0, *itertools.accumulate(lens)], torch.int32, device)
 
         conv_lens = [int(j.slots.numel()) for j in jobs]
         dst = translate(torch.cat([j.dst for j in jobs])).to(device=device, dtype=torch.int32)
@@ -182,13 +184,12 @@ class _Plan:
             conv_cu=cu(conv_lens),
             conv_lens=conv_lens,
             dst=dst,
-            conv_init=torch.tensor([j.src is not None for j in jobs], dtype=torch.bool, device=device),
-            keep=torch.tensor(keep_rows, dtype=torch.int64, device=device) if leads else None,
+            conv_init=on_device([j.src is not None for j in jobs], torch.bool, device),
+            keep=on_device(keep_rows, torch.int64, device) if leads else None,
             ext_cu=cu(ext_lens),
             ext_lens=ext_lens,
-            ext_rows=torch.tensor(ext, dtype=dst.dtype, device=device),
-            ext_init=torch.tensor([jobs[i].src is not None or jobs[i].state is not None for i in ext],
-                                  dtype=torch.bool, device=device),
+            ext_rows=on_device(ext, dst.dtype, device),
+            ext_init=on_device([jobs[i].src is not None or jobs[i].state is not None for i in ext], torch.bool, device),
             sequential_tokens=sequential_tokens,
         )
 
