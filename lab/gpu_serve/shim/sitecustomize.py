@@ -1,6 +1,6 @@
 """Lab GPU machine only (this folder is on PYTHONPATH only under scripts/gpu_serve.sh): with
 SGLANG_REPLAYSSM_LAB_GPU=1, route `import sgl_kernel` to the torch stand-in (lab_sgl_kernel.py), and serve
-SGLang's SM100-only dual GEMM module without the CuTe DSL the lab image lacks (lab_dual_gemm.py)."""
+SGLang's SM100-only dual GEMM module without the CuTe DSL the lab image lacks (lab_dual_gemm.py); with LAB_SYNC_DEBUG, count host syncs by call stack (lab_sync_debug.py)."""
 import os
 
 if os.environ.get("SGLANG_REPLAYSSM_LAB_GPU") == "1":
@@ -11,3 +11,7 @@ if os.environ.get("SGLANG_REPLAYSSM_LAB_GPU") == "1":
     import lab_dual_gemm
 
     lab_dual_gemm.install()
+
+    import lab_sync_debug
+
+    lab_sync_debug.install()  # only with LAB_SYNC_DEBUG set
