@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy as copymod
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +20,16 @@ from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.read_copy_refresh import refresh_stale_torch
 from sglang_replayssm.kernels.ring_decode import ring_decode
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
-from tests.support.serving_protocol import ARMS, Shape, Stack, arm_step, stats, window
+from tests.support.serving_protocol import (
+    ARMS,
+    FUSED_MIN_BLOCKS,
+    Shape,
+    Stack,
+    arm_step,
+    ring_decode_fused,
+    stats,
+    window,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,13 +69,17 @@ def test_staggered_cursors() -> None:
     assert int(st.write_pos[0]) == 0  # the padding slot is no row's
 
 
-@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
-def test_interleaved_fp32_ring_equals_each_layer_alone(is_kda: bool) -> None:
+@pytest.mark.parametrize(
+    ("arm", "is_kda"), [("ours_fp32", False), ("ours_fp32", True), ("ours_fp32_fused", False)],
+    ids=["gdn", "kda", "gdn-fused-arm"],
+)
+def test_interleaved_fp32_ring_equals_each_layer_alone(arm: str, is_kda: bool) -> None:
     s = _shape(is_kda)
-    st = Stack(s, ARMS["ours_fp32"], DEV, io=torch.float32, seed=3)
+    st = Stack(s, ARMS[arm], DEV, io=torch.float32, seed=3)
     ref = copymod.deepcopy(st)
     assert st.state[0].data_ptr() != st.state[1].data_ptr() and not torch.equal(st.qkv[0], st.qkv[1])
-    seen, step = _recorded(st, arm_step(st, {"ring_decode": ring_decode}))
+    kernels: dict[str, Callable[..., Any]] = {"ring_decode": ring_decode, "ring_decode_fused": ring_decode_fused(FUSED_MIN_BLOCKS["ring_decode_fused"])}
+    seen, step = _recorded(st, arm_step(st, kernels))
     window(st, step)()  # type: ignore[arg-type]
     assert [i for i, _ in seen] == list(range(s.layers)) * s.L  # interleaved: every layer each step, in order
     rows = torch.arange(s.B, device=DEV)

@@ -10,7 +10,7 @@ old single-layer number (:func:`tests.support.kernel_bench.time_us` over one lay
 batches of replays, L2 warm) in a second, labelled column.
 
 Arms (:data:`tests.support.serving_protocol.ARMS`): ``ours_fp32`` (the fp32 ring, the product default: the CUDA
-passes), ``copy_bf16`` / ``copy_fp8`` (the read copy), SGLang's packed decode with an fp32 / bf16 state (GDN
+passes), ``ours_fp32_fused`` / ``ours_fp32_fused3`` (the same, its two passes in one launch, register budget 4 / 3 blocks per SM), ``copy_bf16`` / ``copy_fp8`` (the read copy), SGLang's packed decode with an fp32 / bf16 state (GDN
 Triton; KDA Triton and its CUDA kernel), SGLang's ReplaySSM kernel (fp32 / bf16 checkpoint and ring), vLLM's
 packed GDN decode (fp32 / bf16 state; carry of ``lab/scripts/vllm_carry.sh``). An arm that fails records its
 error and the run goes on; an arm that would start past the budget is recorded as skipped. The JSON is
@@ -37,7 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 import torch  # noqa: E402
 
-from tests.support.serving_protocol import ARMS, Shape, Stack, arm_step, replay_times, stats, window  # noqa: E402
+from tests.support.serving_protocol import (  # noqa: E402
+    ARMS,
+    FUSED_MIN_BLOCKS,
+    Shape,
+    Stack,
+    arm_step,
+    replay_times,
+    ring_decode_fused,
+    stats,
+    window,
+)
 
 MODELS = {"gdn": {"H": 16, "HV": 32, "K": 128, "V": 128, "is_kda": False},
           "kda": {"H": 32, "HV": 32, "K": 128, "V": 128, "is_kda": True}}  # fmt: skip
@@ -65,7 +75,8 @@ def load_kernels(args: argparse.Namespace, res: dict) -> tuple[dict[str, Callabl
     from sglang_replayssm.kernels.read_copy_cuda import read_copy_decode_cuda
     from sglang_replayssm.kernels.ring_decode import ring_decode
 
-    kernels: dict[str, Callable[..., Any]] = {"ring_decode": ring_decode, "read_copy_decode": read_copy_decode_cuda}
+    kernels: dict[str, Callable[..., Any]] = {"ring_decode": ring_decode, "read_copy_decode": read_copy_decode_cuda,
+                                              **{k: ring_decode_fused(n) for k, n in FUSED_MIN_BLOCKS.items()}}
     load: dict[str, str] = res.setdefault("load", {})
     box: dict[str, Any] = {}
     thread = None
@@ -116,14 +127,15 @@ def kernels_for(model: str, kernels: dict[str, Callable[..., Any]]) -> dict[str,
 def run_arm(shape: Shape, arm: str, kernels: dict[str, Callable[..., Any]], args: argparse.Namespace) -> dict:
     """One arm at one shape: the protocol's batches, the single-layer column, sanity flags."""
     spec = ARMS[arm]
-    need = {"ours": "ring_decode", "copy": "read_copy_decode"}.get(spec.kernel, spec.kernel)
+    ours = spec.kernel.startswith("ours")
+    need = "ring_decode" + spec.kernel[4:] if ours else {"copy": "read_copy_decode"}.get(spec.kernel, spec.kernel)
     if need not in kernels:
         return {"error": f"kernel {need} not loaded"}
     entry: dict[str, Any] = {}
     stack = Stack(shape, spec, DEVICE, seed=args.seed)
     start_wp = stack.write_pos.clone()
     step = arm_step(stack, kernels)
-    if spec.kernel == "ours":
+    if ours:
         from sglang_replayssm.kernels.ring_decode import checked_step, default_config
 
         stack.cursor()
@@ -131,7 +143,7 @@ def run_arm(shape: Shape, arm: str, kernels: dict[str, Callable[..., Any]], args
         st = checked_step(stack.qkv[0], stack.a[0], stack.b[0], stack.A_log[0], stack.dt_bias[0], stack.scale,
                           stack.state[0], stack.d[0], stack.k[0], stack.g[0], stack.out[0], stack.slots, stack.wp,
                           stack.ff, True, shape.is_kda)  # fmt: skip
-        entry["engine"] = default_config(st).engine
+        entry["engine"] = default_config(st).engine + (f" fused{FUSED_MIN_BLOCKS[need]}" if need != "ring_decode" else "")
     elif spec.kernel == "copy":
         from sglang_replayssm.kernels.read_copy_cuda import default_config as copy_config
 
@@ -165,8 +177,9 @@ def ratios(row: dict, copy_tbps: float | None) -> None:
     r: dict[str, float] = {}
     sgl32 = [med[a] for a in ("sglang_packed_fp32", "sglang_packed_cuda_fp32") if a in med]
     sgl_bf = [med[a] for a in med if a.startswith("sglang") and a.endswith("bf16")]
-    if sgl32 and "ours_fp32" in med:
-        r["ours_fp32_speedup_vs_sglang_packed_fp32"] = min(sgl32) / med["ours_fp32"]
+    for a in ("ours_fp32", "ours_fp32_fused", "ours_fp32_fused3"):
+        if sgl32 and a in med:
+            r[f"{a}_speedup_vs_sglang_packed_fp32"] = min(sgl32) / med[a]
     if sgl_bf and "copy_bf16" in med:
         r["copy_bf16_over_fastest_sglang_bf16"] = med["copy_bf16"] / min(sgl_bf)
     for fmt in ("bf16", "fp8"):

@@ -42,7 +42,9 @@ class RingDecodeConfig:
     * ``cuda_flush_waves``: the flush pass's grid cap in resident sets of blocks (0: one warp per
       (row, head) item); ``cuda_tail``: the non-flush pass's last items served in halves
       (quarters of the resident warps; 0: none); ``cuda_overlap``: the flush pass on a side
-      stream, concurrent with the non-flush pass.
+      stream, concurrent with the non-flush pass; ``cuda_fused`` > 0: both passes' work in one
+      launch instead (flush items first, each item by its pass's code: the same outputs), built
+      with a register budget of that many blocks per SM (0: two launches).
     """
 
     block_v: int
@@ -63,6 +65,7 @@ class RingDecodeConfig:
     cuda_flush_waves: int = 0
     cuda_tail: int = 0
     cuda_overlap: bool = False
+    cuda_fused: int = 0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -71,6 +74,8 @@ class RingDecodeConfig:
             raise ValueError(f"prefetch must be 1 or 2 (got {self.prefetch})")
         if self.cuda_warps not in (1, 2, 4):
             raise ValueError(f"cuda_warps must be 1, 2 or 4 (got {self.cuda_warps})")
+        if self.cuda_fused < 0:
+            raise ValueError(f"cuda_fused must be >= 0 (got {self.cuda_fused})")
         if self.cuda_flush_waves < 0 or self.cuda_tail < 0:
             raise ValueError(f"cuda_flush_waves and cuda_tail must be >= 0 (got {self.cuda_flush_waves}, "
                              f"{self.cuda_tail})")  # fmt: skip

@@ -8,7 +8,9 @@ the flush pass of :mod:`.ring_decode_triton`. :func:`run_passes` launches the tw
 build options: register budgets, staging depth, bulk copies) with ``nvcc`` into
 ``$SGLANG_REPLAYSSM_CUDA_CACHE`` (default ``~/.cache/sglang-replayssm/cuda``) and loaded with
 ``ctypes``; the launch goes onto the current torch stream, so it is captured by CUDA graphs like
-any other kernel. The bulk-copy builds, ``vsplit`` and the non-flush pass's grid cap (``waves``)
+any other kernel. A build with ``fused`` > 0 also holds the one-launch kernel: both passes' work in
+one grid (the flush rows' region dispatched first), each item run by its pass's code, so its
+outputs are the two passes' bit for bit (``run_passes(..., fused=n)``). The bulk-copy builds, ``vsplit`` and the non-flush pass's grid cap (``waves``)
 are research parameters of :func:`run_passes`, used only by the sweeps.
 """
 
@@ -35,7 +37,7 @@ __all__ = [
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, int, int, bool, bool], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, int, int, bool, bool, int], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 STAGES = (0, 2, 3, 4)  # checkpoint staging depths a build may take (0: register double buffer)
 VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit rows in 8-row chunks
@@ -64,7 +66,7 @@ def cache_dir() -> Path:
 
 def build(
     arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1,
-    stages: int = 0, flush_stages: int = 0, bulk: bool = False, flush_bulk: bool = False,
+    stages: int = 0, flush_stages: int = 0, bulk: bool = False, flush_bulk: bool = False, fused: int = 0,
 ) -> Path:
     """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so.
 
@@ -73,7 +75,8 @@ def build(
     passes): 0 streams the checkpoint through two register buffers; 2..4 through a ``cp.async`` ring
     of that many chunks per warp in shared memory. ``bulk`` / ``flush_bulk`` (the two passes): a
     staged chunk's checkpoint rows arrive by one bulk copy (the sm_90 copy engine, completion on an
-    mbarrier) instead of 8 ``cp.async`` per lane."""
+    mbarrier) instead of 8 ``cp.async`` per lane. ``fused``: 0 builds the two passes only; n >= 1 also
+    the one-launch kernel, with a register budget of n blocks per SM for both kinds of items."""
     if stages not in STAGES or flush_stages not in STAGES:
         raise ValueError(f"stages and flush_stages must be in {STAGES} (got {stages}, {flush_stages})")
     arch = arch or _arch()
@@ -81,13 +84,13 @@ def build(
         raise CudaReadUnsupported(f"bulk staging needs sm_90 or newer (got sm_{arch})")
     src = _SRC.read_bytes()
     opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}"
-    opts += (":bulk" if bulk else "") + (":fbulk" if flush_bulk else "")
+    opts += (":bulk" if bulk else "") + (":fbulk" if flush_bulk else "") + (f":fused{fused}" if fused else "")
     key = hashlib.sha256(src + opts.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     # the name shows the options that differ from the plain build (the hash tells builds apart)
     suffix = "" if flush_min_blocks == 1 else f"_f{flush_min_blocks}"
     suffix += f"_s{stages}{flush_stages}" if stages or flush_stages else ""
-    suffix += ("_b" if bulk else "") + ("_fb" if flush_bulk else "")
+    suffix += ("_b" if bulk else "") + ("_fb" if flush_bulk else "") + (f"_u{fused}" if fused else "")
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
@@ -96,6 +99,7 @@ def build(
     defines = [f"-DRR_MIN_BLOCKS={min_blocks}", f"-DRR_FLUSH_MIN_BLOCKS={flush_min_blocks}",
                f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}",
                f"-DRR_FLUSH_BULK={int(flush_bulk)}"]
+    defines += ["-DRR_FUSED=1", f"-DRR_FUSED_MIN_BLOCKS={fused}"] if fused else []
     return nvcc_shared(_SRC, so, arch, defines)
 
 
@@ -141,16 +145,17 @@ def available() -> bool:
 
 def _lib(
     min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0, bulk: bool = False,
-    flush_bulk: bool = False,
+    flush_bulk: bool = False, fused: int = 0,
 ) -> ctypes.CDLL:
     """The loaded shared object for this device's architecture and these build options (:func:`build`);
     built (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
-    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
+    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk, fused)
     if key not in _LIBS:
         so = build(key[0], min_blocks, flush_min_blocks=flush_min_blocks, stages=stages, flush_stages=flush_stages,
-                   bulk=bulk, flush_bulk=flush_bulk)  # fmt: skip
+                   bulk=bulk, flush_bulk=flush_bulk, fused=fused)  # fmt: skip
         lib = ctypes.CDLL(str(so))
         lib.ring_step_launch.restype = ctypes.c_int
+        lib.ring_step_launch_fused.restype = ctypes.c_int
         _LIBS[key] = lib
     return _LIBS[key]
 
@@ -179,6 +184,7 @@ def supports(
 def launch_step(
     step: RingStep, *, flush: bool, warps: int, min_blocks: int, flush_min_blocks: int, stages: int,
     flush_stages: int, bulk: bool = False, flush_bulk: bool = False, vsplit: int = 1, waves: int = 0, tail: int = 0,
+    fused: int = 0, flush_waves: int = 0,
 ) -> None:  # fmt: skip
     """Launch one pass for the step's ``B`` rows, ``vsplit`` warps per (row, value head) each
     streaming ``V / vsplit`` rows; ``waves`` > 0 caps the grid at that many resident sets of blocks
@@ -186,13 +192,16 @@ def launch_step(
     0 launches one warp per item. ``tail`` > 0 (``vsplit`` 1): the last ``tail`` quarters of the
     resident warps' worth of items (but none of the first resident set's) are served in halves, so
     the step's ragged end is short. Precondition, checked once per step by the caller: the
-    arguments passed :mod:`.ring_decode_args`'s checks and :func:`supports` returned ``None``."""
-    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
+    arguments passed :mod:`.ring_decode_args`'s checks and :func:`supports` returned ``None``.
+    ``fused`` > 0: one launch of both passes' work instead (``flush`` ignored; ``waves`` / ``tail``
+    the non-flush rows', ``flush_waves`` the flush rows') from the build with that register budget."""
+    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk, fused)
     s = step.shape
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*step.strides)
     ff = step.force_flush
-    rc = lib.ring_step_launch(
+    fn, last = (lib.ring_step_launch_fused, flush_waves) if fused else (lib.ring_step_launch, int(flush))
+    rc = fn(
         vp(step.qkv.data_ptr()), vp(step.a.data_ptr()), vp(step.b.data_ptr()), vp(step.A_log.data_ptr()),
         vp(step.dt_bias.data_ptr()), vp(step.out.data_ptr()), vp(step.state.data_ptr()), vp(step.d.data_ptr()),
         vp(step.k.data_ptr()), vp(step.g.data_ptr()), vp(step.slots.data_ptr()), vp(step.write_pos.data_ptr()),
@@ -200,7 +209,7 @@ def launch_step(
         ctypes.c_int(s.H), ctypes.c_int(s.HV), ctypes.c_int(s.L), ctypes.c_int(int(step.is_kda)),
         ctypes.c_int(int(step.use_l2norm)), ctypes.c_int(_IO[step.qkv.dtype]),
         ctypes.c_int(int(step.slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit),
-        ctypes.c_int(waves), ctypes.c_int(tail), ctypes.c_int(int(flush)),
+        ctypes.c_int(waves), ctypes.c_int(tail), ctypes.c_int(last),
         vp(torch.cuda.current_stream(step.qkv.device).cuda_stream),
     )  # fmt: skip
     if rc != 0:
@@ -222,19 +231,24 @@ def _side_stream(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Ev
 
 def run_passes(
     step: RingStep, cfg: RingDecodeConfig, *, flush: bool = True, bulk: bool = False, flush_bulk: bool = False,
-    vsplit: int = 1, waves: int = 0,
+    vsplit: int = 1, waves: int = 0, fused: int | None = None,
 ) -> None:  # fmt: skip
     """The step's CUDA passes with ``cfg``'s ``cuda_*`` knobs: the non-flush pass, then (``flush``)
     the flush pass, or, with ``cfg.cuda_overlap``, the flush pass on a side stream forked from and
     joined back to the current one. The passes serve disjoint rows (distinct slots), so they
     overlap on the GPU (two parallel nodes when captured in a CUDA graph) and an empty pass costs
     no step time. ``flush=False`` leaves the flush rows to the caller; the other keywords are
-    research parameters (see :func:`launch_step`)."""
+    research parameters (see :func:`launch_step`). ``fused`` (None: ``cfg.cuda_fused``) > 0 with
+    ``flush``: both passes' work in one launch (the build with that register budget; no side stream)."""
+    fused = cfg.cuda_fused if fused is None else fused
     one_pass = functools.partial(
         launch_step, step, warps=cfg.cuda_warps, min_blocks=cfg.cuda_min_blocks,
         flush_min_blocks=cfg.cuda_flush_min_blocks, stages=cfg.cuda_stages, flush_stages=cfg.cuda_flush_stages,
         bulk=bulk, flush_bulk=flush_bulk, vsplit=vsplit,
     )  # fmt: skip
+    if flush and fused:
+        one_pass(flush=True, waves=waves, tail=cfg.cuda_tail, fused=fused, flush_waves=cfg.cuda_flush_waves)
+        return
     if flush and cfg.cuda_overlap:
         main = torch.cuda.current_stream(step.qkv.device)
         side, fork, join = _side_stream(step.qkv.device)

@@ -37,7 +37,7 @@ from sglang_replayssm.kernels.cursor import cursor_step
 from sglang_replayssm.kernels.read_copy_format import alloc_read_copy
 from sglang_replayssm.radix.read_copy.store import ReadCopyLayer
 
-__all__ = ["ARMS", "ArmSpec", "Shape", "Stack", "arm_step", "replay_times", "stats", "window"]
+__all__ = ["ARMS", "ArmSpec", "Shape", "Stack", "arm_step", "FUSED_MIN_BLOCKS", "replay_times", "ring_decode_fused", "stats", "window"]
 
 #: the force-flush interval of the cursor step: with every ``seq_lens`` 1 the mask is built but never fires
 TRACK_INTERVAL = 1 << 30
@@ -85,7 +85,31 @@ ARMS: dict[str, ArmSpec] = {
     "sglang_packed_bf16": ArmSpec(_BF16, None, "sglang_packed", "sglang_packed_bf16"),
     "sglang_rs_fp32": ArmSpec(_F32, _F32, "sglang_rs", "sglang_rs_fp32"),
     "vllm_packed_bf16": ArmSpec(_BF16, None, "vllm_packed", "sglang_packed_bf16", models=("gdn",)),
+    "ours_fp32_fused": ArmSpec(_F32, _F32, "ours_fused", "ours_fp32"),
+    "ours_fp32_fused3": ArmSpec(_F32, _F32, "ours_fused3", "ours_fp32"),
 }
+
+#: the one-launch arms' register budgets (blocks per SM; ``RingDecodeConfig.cuda_fused``), by kernel name
+FUSED_MIN_BLOCKS = {"ring_decode_fused": 4, "ring_decode_fused3": 3}
+
+
+def ring_decode_fused(min_blocks: int) -> Callable[..., None]:
+    """``ring_decode`` (its positional arguments) with the default config, its CUDA passes in one launch
+    (``cuda_fused=min_blocks``); where the default is not the CUDA passes, the default."""
+    import dataclasses
+
+    from sglang_replayssm.kernels.ring_decode import checked_step, default_config, launch
+
+    def fn(*args: Any, use_qk_l2norm_in_kernel: bool, is_kda: bool) -> None:
+        step = checked_step(*args, use_qk_l2norm_in_kernel, is_kda)  # type: ignore[call-arg]
+        if step.shape.B == 0:
+            return
+        cfg = default_config(step)
+        if cfg.engine == "cuda":
+            cfg = dataclasses.replace(cfg, cuda_fused=min_blocks)
+        launch(step, cfg)
+
+    return fn
 
 
 #: a stack's read copy: copy, fp8 scales (None for bf16), d~ and v records, beta, stale flags (layer dim first)
@@ -163,12 +187,12 @@ class Stack:
 def arm_step(stack: Stack, kernels: dict[str, Callable[..., Any]]) -> Callable[[int], None]:
     """The launches of one layer's decode step of ``stack``'s arm (after the step's cursor step), as a function
     of the layer index. ``kernels``: ``ring_decode`` and ``read_copy_decode`` (ours; the copy's decode the
-    store calls), ``sglang_rs``, ``sglang_packed`` (GDN or KDA Triton), ``sglang_packed_cuda`` (KDA),
+    store calls), ``ring_decode_fused`` / ``ring_decode_fused3`` (:func:`ring_decode_fused`), ``sglang_rs``, ``sglang_packed`` (GDN or KDA Triton), ``sglang_packed_cuda`` (KDA),
     ``vllm_packed`` as the arm needs, each with its owner's signature."""
     st, s, kind = stack, stack.shape, stack.spec.kernel
     B = s.B
-    if kind == "ours":
-        fn = kernels["ring_decode"]
+    if kind.startswith("ours"):
+        fn = kernels["ring_decode" + kind[4:]]
         return lambda i: fn(st.qkv[i], st.a[i], st.b[i], st.A_log[i], st.dt_bias[i], st.scale, st.state[i], st.d[i],
                             st.k[i], st.g[i], st.out[i], st.slots, st.wp, st.ff, use_qk_l2norm_in_kernel=True,
                             is_kda=s.is_kda)  # fmt: skip

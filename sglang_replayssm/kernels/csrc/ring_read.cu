@@ -336,16 +336,30 @@ __device__ __forceinline__ Unit unit_of(int u, int P, int vsplit, int tail) {
   return {head + (r >> 1), r & 1, 2};
 }
 
+#ifndef RR_FUSED  // 1: also compile the one-launch kernel (both passes' work in one grid)
+#define RR_FUSED 0
+#endif
+#ifndef RR_FUSED_MIN_BLOCKS  // its register budget (one for both kinds of items)
+#define RR_FUSED_MIN_BLOCKS RR_MIN_BLOCKS
+#endif
+
+// The kernels' parameters (and the arguments forwarding them): the step's tensors, strides and sizes.
+#define RR_KPARAMS                                                                                                 \
+  const T *__restrict__ qkv, const T *__restrict__ a, const T *__restrict__ b, const float *__restrict__ A_log,    \
+      const float *__restrict__ dt_bias, T *__restrict__ out, float *state, float *d_ring, float *k_ring,           \
+      float *g_ring, const IDX *__restrict__ slots, const int32_t *__restrict__ write_pos,                          \
+      const int32_t *__restrict__ force_flush, float scale, int64_t stride_qkv, int64_t stride_a, int64_t stride_b, \
+      int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L,     \
+      int vsplit
+#define RR_KARGS                                                                                                   \
+  qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, scale, stride_qkv, \
+      stride_a, stride_b, stride_state, stride_d, stride_k, stride_g, B, H, HV, L, vsplit
+
+// One pass's work, as the blocks blk = 0 .. nblk - 1 of a grid region of nblk blocks do it.
 // FLUSH = false: non-flush rows (output + ring record); FLUSH = true: flush rows (output + new checkpoint).
 // Each unit (unit_of) is served by one warp; part 0 of a pair also writes the key / gate records.
 template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
-__global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOCKS) ring_step_kernel(
-    const T* __restrict__ qkv, const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ A_log,
-    const float* __restrict__ dt_bias, T* __restrict__ out, float* state, float* d_ring,
-    float* k_ring, float* g_ring, const IDX* __restrict__ slots, const int32_t* __restrict__ write_pos,
-    const int32_t* __restrict__ force_flush, float scale, int64_t stride_qkv, int64_t stride_a, int64_t stride_b,
-    int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L,
-    int vsplit, int tail) {
+__device__ __forceinline__ void pass_body(RR_KPARAMS, int tail, int blk, int nblk) {
   extern __shared__ float4 smem[];
   __shared__ float4 dtile[4][2][TILE_F4];  // FLUSH, ST == 0: per warp, two buffers of the delta tile
   const int lane = threadIdx.x & 31;
@@ -551,8 +565,8 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   // The rows each of its items belongs to are read by the lanes at once and the items this pass
   // does not serve are dropped by a ballot, so a pass with nothing to do costs one short wave
   // instead of one wave of early exits per resident set of items.
-  const int tw = gridDim.x * (blockDim.x >> 5);
-  const int gw = blockIdx.x * (blockDim.x >> 5) + wib;
+  const int tw = nblk * (blockDim.x >> 5);
+  const int gw = blk * (blockDim.x >> 5) + wib;
   for (int base = gw; base < items; base += 32 * tw) {  // one round unless items > 32 tw
     const int it = base + lane * tw;
     bool todo = false;
@@ -571,6 +585,64 @@ __global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOC
   }
 }
 
+// One pass: FLUSH's rows, over the whole grid.
+template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
+__global__ void __launch_bounds__(128, FLUSH ? RR_FLUSH_MIN_BLOCKS : RR_MIN_BLOCKS)
+    ring_step_kernel(RR_KPARAMS, int tail) {
+  pass_body<T, IDX, KDA, L2N, FLUSH>(RR_KARGS, tail, blockIdx.x, gridDim.x);
+}
+
+#if RR_FUSED
+// Both passes in one launch: blocks [0, flush_blocks) do the flush pass's work (dispatched first: the
+// expensive items), the rest the non-flush pass's (with `tail`); each region scans every row and
+// skips the other kind, so which rows flush stays on the device. Per item, the passes' code.
+template <typename T, typename IDX, bool KDA, bool L2N>
+__global__ void __launch_bounds__(128, RR_FUSED_MIN_BLOCKS) ring_fused_kernel(RR_KPARAMS, int tail, int flush_blocks) {
+  if (static_cast<int>(blockIdx.x) < flush_blocks)
+    pass_body<T, IDX, KDA, L2N, true>(RR_KARGS, 0, blockIdx.x, flush_blocks);
+  else
+    pass_body<T, IDX, KDA, L2N, false>(RR_KARGS, tail, blockIdx.x - flush_blocks, gridDim.x - flush_blocks);
+}
+#endif
+
+// A pass's grid (blocks of `warps` warps) and its halved items (`tail_out`), given the blocks resident
+// at once: tail: the last tail_quarters quarters of a resident set of warps' worth of pairs, halved;
+// never pairs of the first resident set (a launch that fits in one set has no ragged end to shorten).
+// waves = 0: one item per warp; else at most `waves` resident sets of blocks, each warp serving
+// several items (but never more than 32 per ballot round).
+inline int pass_grid(int B, int HV, int warps, int vsplit, int waves, int tail_quarters, int resident_blocks,
+                     int* tail_out) {
+  const int64_t pairs = static_cast<int64_t>(B) * HV;
+  const int64_t resident_warps = static_cast<int64_t>(resident_blocks) * warps;
+  int64_t tail = vsplit == 1 ? tail_quarters * resident_warps / 4 : 0;
+  if (tail > pairs - resident_warps) tail = pairs > resident_warps ? pairs - resident_warps : 0;
+  const int64_t items = pairs * vsplit + tail;
+  const int64_t needed = (items + warps - 1) / warps;
+  const int64_t cap = static_cast<int64_t>(waves) * resident_blocks;
+  const int64_t ballot_min = ((items + 31) / 32 + warps - 1) / warps;
+  int64_t grid = (waves == 0 || needed < cap) ? needed : cap;
+  if (grid < ballot_min) grid = ballot_min;
+  *tail_out = static_cast<int>(tail);
+  return static_cast<int>(grid);
+}
+
+// `kern`'s blocks of `warps` warps resident on the device at once, with `smem` bytes of dynamic shared
+// memory (raising the kernel's limit first when needed); host queries only, safe under graph capture.
+template <typename Kern>
+cudaError_t resident_of(Kern kern, int warps, size_t smem, size_t* smem_allowed, int* resident) {
+  cudaError_t e = cudaSuccess;
+  if (smem > *smem_allowed) {  // the static delta tile counts against the same 48 KiB default
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e == cudaSuccess) *smem_allowed = smem;
+  }
+  int dev = 0, sms = 0, per_sm = 0;
+  if (e == cudaSuccess) e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32 * warps, smem);
+  if (e == cudaSuccess) *resident = sms * (per_sm > 0 ? per_sm : 1);
+  return e;
+}
+
 template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                      void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
@@ -579,44 +651,53 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
                      cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(warps) * smem_f4_per_warp(FLUSH) * sizeof(float4);
   auto kern = ring_step_kernel<T, IDX, KDA, L2N, FLUSH>;
-  // per instantiation and block size, computed once (host queries only: safe under graph capture)
+  // per instantiation and block size, computed once
   static int resident_blocks[5] = {0, 0, 0, 0, 0};
   static size_t smem_allowed = 0;  // the kernel's dynamic shared memory limit as last set (only raised)
   if (resident_blocks[warps] == 0) {
-    cudaError_t e = cudaSuccess;
-    if (smem > smem_allowed) {  // the static delta tile counts against the same 48 KiB default
-      e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (e == cudaSuccess) smem_allowed = smem;
-    }
-    int dev = 0, sms = 0, per_sm = 0;
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 32 * warps, smem);
+    const cudaError_t e = resident_of(kern, warps, smem, &smem_allowed, &resident_blocks[warps]);
     if (e != cudaSuccess) return e;
-    resident_blocks[warps] = sms * (per_sm > 0 ? per_sm : 1);
   }
-  // tail: the last tail_quarters quarters of a resident set of warps' worth of pairs, halved; never
-  // pairs of the first resident set (a launch that fits in one set has no ragged end to shorten)
-  const int64_t pairs = static_cast<int64_t>(B) * HV;
-  const int64_t resident_warps = static_cast<int64_t>(resident_blocks[warps]) * warps;
-  int64_t tail = vsplit == 1 ? tail_quarters * resident_warps / 4 : 0;
-  if (tail > pairs - resident_warps) tail = pairs > resident_warps ? pairs - resident_warps : 0;
-  const int64_t items = pairs * vsplit + tail;
-  // waves = 0: one item per warp; else at most `waves` resident sets of blocks, each warp serving
-  // several items (but never more than 32 per ballot round)
-  const int64_t needed = (items + warps - 1) / warps;
-  const int64_t cap = static_cast<int64_t>(waves) * resident_blocks[warps];
-  const int64_t ballot_min = ((items + 31) / 32 + warps - 1) / warps;
-  int64_t grid = (waves == 0 || needed < cap) ? needed : cap;
-  if (grid < ballot_min) grid = ballot_min;
-  const int blocks = static_cast<int>(grid);
+  int tail = 0;
+  const int blocks = pass_grid(B, HV, warps, vsplit, waves, tail_quarters, resident_blocks[warps], &tail);
   kern<<<blocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
       scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
-      static_cast<int>(tail));
+      tail);
   return cudaGetLastError();
 }
+
+#if RR_FUSED
+// One launch of both passes' work: the flush region sized as the flush pass's grid (flush_waves,
+// no tail), the non-flush region as the non-flush pass's (waves, tail_quarters), both with the
+// fused kernel's residency.
+template <typename T, typename IDX, bool KDA, bool L2N>
+cudaError_t launch_t_fused(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
+                           void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
+                           const int32_t* write_pos, const int32_t* force_flush, float scale, const int64_t* strides,
+                           int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
+                           int flush_waves, cudaStream_t stream) {
+  const int f4 = smem_f4_per_warp(true) > smem_f4_per_warp(false) ? smem_f4_per_warp(true) : smem_f4_per_warp(false);
+  const size_t smem = static_cast<size_t>(warps) * f4 * sizeof(float4);
+  auto kern = ring_fused_kernel<T, IDX, KDA, L2N>;
+  static int resident_blocks[5] = {0, 0, 0, 0, 0};
+  static size_t smem_allowed = 0;
+  if (resident_blocks[warps] == 0) {
+    const cudaError_t e = resident_of(kern, warps, smem, &smem_allowed, &resident_blocks[warps]);
+    if (e != cudaSuccess) return e;
+  }
+  int tail = 0, no_tail = 0;
+  const int fblocks = pass_grid(B, HV, warps, vsplit, flush_waves, 0, resident_blocks[warps], &no_tail);
+  const int nblocks = pass_grid(B, HV, warps, vsplit, waves, tail_quarters, resident_blocks[warps], &tail);
+  kern<<<fblocks + nblocks, 32 * warps, smem, stream>>>(
+      static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
+      static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
+      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
+      tail, fblocks);
+  return cudaGetLastError();
+}
+#endif
 
 template <typename T, typename IDX, bool FLUSH>
 cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, const void* b, const float* A_log,
@@ -631,6 +712,22 @@ cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, cons
   return l2n ? launch_t<T, IDX, false, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, false, false, FLUSH>(RR_ARGS);
 #undef RR_ARGS
 }
+
+#if RR_FUSED
+template <typename T, typename IDX>
+cudaError_t launch_kind_fused(bool kda, bool l2n, const void* qkv, const void* a, const void* b, const float* A_log,
+                              const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
+                              float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
+                              float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
+                              int vsplit, int waves, int tail_quarters, int flush_waves, cudaStream_t stream) {
+#define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
+                scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, stream
+  if (kda)
+    return l2n ? launch_t_fused<T, IDX, true, true>(RR_ARGS) : launch_t_fused<T, IDX, true, false>(RR_ARGS);
+  return l2n ? launch_t_fused<T, IDX, false, true>(RR_ARGS) : launch_t_fused<T, IDX, false, false>(RR_ARGS);
+#undef RR_ARGS
+}
+#endif
 
 #endif  // RR_HELPERS_ONLY
 }  // namespace
@@ -662,6 +759,30 @@ extern "C" int ring_step_launch(const void* qkv, const void* a, const void* b, c
   }
 #undef RR_ARGS2
   return static_cast<int>(e);
+}
+
+// Both passes in one launch (a build with RR_FUSED; cudaErrorNotSupported otherwise): the arguments of
+// ring_step_launch, with the non-flush pass's waves / tail_quarters and the flush pass's flush_waves.
+extern "C" int ring_step_launch_fused(const void* qkv, const void* a, const void* b, const float* A_log,
+                                      const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
+                                      float* g_ring, const void* slots, const int32_t* write_pos,
+                                      const int32_t* force_flush, float scale, const int64_t* strides, int B, int H,
+                                      int HV, int L, int is_kda, int use_l2norm, int io_dtype, int idx64, int warps,
+                                      int vsplit, int waves, int tail_quarters, int flush_waves, void* stream) {
+#if RR_FUSED
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define RR_ARGS2 is_kda != 0, use_l2norm != 0, qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, \
+                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, st
+  cudaError_t e;
+  if (io_dtype == 1)
+    e = idx64 ? launch_kind_fused<__nv_bfloat16, int64_t>(RR_ARGS2) : launch_kind_fused<__nv_bfloat16, int32_t>(RR_ARGS2);
+  else
+    e = idx64 ? launch_kind_fused<float, int64_t>(RR_ARGS2) : launch_kind_fused<float, int32_t>(RR_ARGS2);
+#undef RR_ARGS2
+  return static_cast<int>(e);
+#else
+  return static_cast<int>(cudaErrorNotSupported);
+#endif
 }
 
 #endif  // RR_HELPERS_ONLY
