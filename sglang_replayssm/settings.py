@@ -296,6 +296,9 @@ FIXES: tuple[Fix, ...] = (
         "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "
         "nodes rebuild exactly; a planted state is locked and kept out of host backups until rebuilt; "
         "off: records are not used while HiCache is on"),
+    Fix("planted_lock_budget", "records", "HiCache: a plant whose lock (held till its rebuild) would protect tokens "
+        "the prefill round's adder already counted as evictable for a request it admitted is skipped (a lost hit), "
+        "so prepare_for_extend cannot run out of KV with every tree token locked (radix/records/hicache/plant_budget.py)"),
     Fix("record_host_hits", "records", "HiCache: a match whose KV runs on into host-only nodes past its deepest "
         "(device) state, with host records covering them, is a host hit to the KV depth: the KV is loaded back, "
         "then the state planted and rebuilt from the records (radix/record_host_hits.py)"),

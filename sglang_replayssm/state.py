@@ -24,7 +24,9 @@ on an SGLang object. Which fields an object uses depends on its kind:
   batch (radix/metrics.py);
 * a ``Req``: ``lost_hit_tokens`` (radix/metrics.py), ``rebuilt_tokens`` (radix/records/match.py),
   ``host_hit`` (radix/records/hicache/host_hits.py);
-* a HiCache ``PrefetchOperation``: ``storage_records`` (radix/records/hicache/storage.py).
+* a HiCache ``PrefetchOperation``: ``storage_records`` (radix/records/hicache/storage.py);
+* the tree cache (``UnifiedRadixCache``): ``prefill_adder``, a weak reference to the round's ``PrefillAdder``
+  (radix/records/hicache/plant_budget.py).
 
 A field is None (``records_off`` False) until set; a one-shot field is read and cleared with
 :func:`take`.
@@ -60,6 +62,7 @@ class ReplaySSMState:
     prefill_rebuilds: tuple[int, int, int] | None = None
     host_hit: tuple[Any, ...] | None = None
     storage_records: Any = None
+    prefill_adder: Any = None
 
 
 def peek(obj: Any) -> ReplaySSMState | None:

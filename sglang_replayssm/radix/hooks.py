@@ -110,7 +110,8 @@ CORE_HOOKS: tuple[Hook, ...] = (
 ROOMS: dict[str, tuple[tuple[Hook, ...], Callable[[], None] | None]] = {
     "ring": (ring_hooks.RING_HOOKS, None),
     "records": (records_hooks.RECORD_HOOKS, records_hooks.install),
-    "records.hicache": (hicache_hooks.HICACHE_HOOKS + hicache_hooks.HOST_HIT_HOOKS + hicache_hooks.STORAGE_HOOKS,
+    "records.hicache": (hicache_hooks.HICACHE_HOOKS + hicache_hooks.HOST_HIT_HOOKS + hicache_hooks.STORAGE_HOOKS
+                         + hicache_hooks.PLANT_BUDGET_HOOKS,
                         None),
     "spec": (spec_hooks.SPEC_HOOKS, None),
     "pd": (pd_hooks.PD_HOOKS, pd_hooks.install),

@@ -15,7 +15,9 @@ SGLang's tree-core API only, so the Python and the Rust tree cores behave alike:
   state plus the span's records, folded at the start of the next forward (:mod:`record_rebuild`),
   before SGLang's deferred copy-on-write copies the planted state into the request's slot. The
   match then reports the KV depth, and later requests hit the planted state directly;
-* otherwise (a record evicted, no free slot even after eviction, HiCache) SGLang's result stands.
+* otherwise (a record evicted, no free slot even after eviction, HiCache without its records, a
+  HiCache plant whose lock would take tokens this prefill round already promised: :mod:`plant_budget`)
+  SGLang's result stands.
 """
 
 from __future__ import annotations
@@ -176,6 +178,11 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         full = depth + span.numel()  # planted above the host-only nodes
     if span.numel() == 0 or depth + span.numel() != full:
         return original(component, params, result)
+    if getattr(component, "_mamba_pool_host", None) is not None:  # HiCache: the plant is locked till its rebuild
+        from sglang_replayssm.radix.records.hicache.plant_budget import overcommits
+
+        if overcommits(component.cache, params.req, target):
+            return original(component, params, result)
     if pool.covered(span) or _from_interval_state(pool, span) is not None:
         refresh(pool, span)  # the slots of the job built below are read after the move
     start = _from_interval_state(pool, span)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sglang_replayssm.hook_table import Hook, HookKind
 from sglang_replayssm.radix.gated import gated_hook, lazy
 
-__all__ = ["HICACHE_HOOKS", "HOST_HIT_HOOKS", "STORAGE_HOOKS"]
+__all__ = ["HICACHE_HOOKS", "HOST_HIT_HOOKS", "PLANT_BUDGET_HOOKS", "STORAGE_HOOKS"]
 
 _MEM = "sglang.srt.mem_cache"
 _HC = f"{_MEM}.hybrid_cache.hybrid_cache_controller.HybridCacheController"
@@ -41,6 +41,12 @@ _HICACHE_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
     ("run_record_transfers", "forward_hook", "sglang.srt.model_executor.model_runner.ModelRunner.forward",
      "BEFORE", "sglang/srt/model_executor/model_runner.py:1813",
      "Before a forward: the queued record loads and rebuilds in queue order, then the planted locks go."),
+)
+
+_BUDGET_ROWS: tuple[tuple[str, str, str, HookKind, str, str], ...] = (
+    ("note_prefill_adder", "note_adder", "sglang.srt.managers.schedule_policy.PrefillAdder.__init__", "AFTER",
+     "sglang/srt/managers/schedule_policy.py:608",
+     "The round's adder, so a plant after an admission does not lock tokens its budget counted as evictable."),
 )
 
 # The match hook wraps lock_planted and the plant (sglang_replayssm/hook_order.py).
@@ -96,5 +102,7 @@ HICACHE_HOOKS: tuple[Hook, ...] = _hooks(_HICACHE_ROWS, "host_records", "record_
 #: Hits on host-only nodes covered by records.
 HOST_HIT_HOOKS: tuple[Hook, ...] = _hooks(_HOST_HIT_ROWS, "host_hits", "record_host_hits")
 #: Records beside L3 pages.
+#: Planted locks inside the prefill round's budget.
+PLANT_BUDGET_HOOKS: tuple[Hook, ...] = _hooks(_BUDGET_ROWS, "plant_budget", "planted_lock_budget")
 STORAGE_HOOKS: tuple[Hook, ...] = (_hooks(_STORAGE_ROWS, "storage", "record_storage")
                                    + _hooks(_INTEGRITY_ROWS, "store_integrity", "record_storage"))

@@ -138,6 +138,7 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
     from sglang_replayssm.radix.records.hicache import host_records as record_hicache
+    from sglang_replayssm.radix.records.hicache.plant_budget import overcommits
     from sglang_replayssm.radix.records.match import _alloc_slot, _from_interval_state, rebuild_job
 
     component = cache.components[ComponentType.MAMBA]
@@ -151,6 +152,8 @@ def _plant(cache: Any, req: Any, target: Any, anchor: Any, depth: int, full: int
     start = _from_interval_state(pool, span)
     src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
     if start is None and ((depth > 0 and src is None) or not pool.covered(span)):
+        return False
+    if overcommits(cache, req, target):  # its lock would take tokens the round's adder promised
         return False
     slot = _alloc_slot(component, target)
     if slot is None:
