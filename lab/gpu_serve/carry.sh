@@ -49,10 +49,11 @@ $PY - $C/cuda <<'PYEOF'
 import sys
 from pathlib import Path
 from sglang_replayssm.kernels import read_copy_cuda as rc
-from sglang_replayssm.kernels.ring_decode_cuda import DEFAULT_BUILD, build
+from sglang_replayssm.kernels.ring_decode_cuda import DEFAULT_BUILD, DEFAULT_FUSED, build
 out = Path(sys.argv[1])
 mb, fb, st, fst, bk, fbk = DEFAULT_BUILD
-print(build("90a", mb, out, flush_min_blocks=fb, stages=st, flush_stages=fst, bulk=bk, flush_bulk=fbk).name)
+print(build("90a", mb, out, flush_min_blocks=fb, stages=st, flush_stages=fst, bulk=bk, flush_bulk=fbk,
+            fused=DEFAULT_FUSED).name)
 seen = set()
 for B in (1, 64, 128, 256, 512):
     for kda in (False, True):

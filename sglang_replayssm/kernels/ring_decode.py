@@ -57,7 +57,14 @@ import torch
 
 from .ring_decode_args import RingStep, check_fused_layout, check_ring_decode_args, prepare_step
 from .ring_decode_config import RingDecodeConfig
-from .ring_decode_cuda import DEFAULT_BUILD, CudaReadUnsupported, available, run_passes, supports
+from .ring_decode_cuda import (
+    DEFAULT_BUILD,
+    DEFAULT_FUSED,
+    CudaReadUnsupported,
+    available,
+    run_passes,
+    supports,
+)
 from .ring_decode_slices import launch_read
 from .ring_decode_triton import ALL_ROWS, FLUSH_ROWS, NON_FLUSH_ROWS, launch_rows
 
@@ -74,7 +81,8 @@ def pick_config(
 
     ``cuda``: the CUDA passes of ``csrc/ring_read.cu`` can run for these inputs; they won at
     B >= 64 for both gate kinds (fewer instructions per byte than any Triton form) and are used
-    from B >= 16, with the build :data:`.ring_decode_cuda.DEFAULT_BUILD`. Otherwise Triton:
+    from B >= 16, with the build :data:`.ring_decode_cuda.DEFAULT_BUILD`, in one launch
+    (:data:`.ring_decode_cuda.DEFAULT_FUSED`). Otherwise Triton:
     one-warp programs streaming 8-row chunks (more resident programs per SM beat wider tiles), the
     heads of one row walked consecutively, and for KDA the column-slice read pass (its heavier
     per-program setup leaves fewer instructions for the stream). Below 4096 (row, head) pairs V
@@ -89,7 +97,7 @@ def pick_config(
             return RingDecodeConfig(min(V, 8), v_split, 1, 1, True, engine="cuda", cuda_warps=2,
                                     cuda_min_blocks=mb, cuda_flush_min_blocks=fmb, cuda_stages=st,
                                     cuda_flush_stages=fst, cuda_flush_waves=1, cuda_tail=4, cuda_overlap=True,
-                                    row_major=True)  # fmt: skip
+                                    cuda_fused=DEFAULT_FUSED, row_major=True)  # fmt: skip
         if is_kda and K % 32 == 0:
             return RingDecodeConfig(min(V, 8), v_split, 1, 1, True, engine="slices", slice_k=32,
                                     flush_block_v=min(V, 8), flush_num_warps=1, row_major=True)  # fmt: skip

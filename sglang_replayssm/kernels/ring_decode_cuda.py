@@ -31,7 +31,7 @@ from .ring_decode_args import RingStep
 from .ring_decode_config import RingDecodeConfig
 
 __all__ = [
-    "DEFAULT_BUILD", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "nvcc_shared", "run_passes",
+    "DEFAULT_BUILD", "DEFAULT_FUSED", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "nvcc_shared", "run_passes",
     "supports",
 ]  # fmt: skip
 
@@ -44,6 +44,10 @@ VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit r
 #: the build pick_config's CUDA launch uses:
 #: (min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk)
 DEFAULT_BUILD = (4, 1, 3, 3, False, False)
+#: the step pick_config's CUDA launch takes: one launch (flush items first) built at a register budget of 3
+#: blocks per SM; under the serving protocol it beat the two passes at every B for GDN and KDA with the
+#: same outputs bit for bit (docs/BENCHMARKS.md, kernels under the serving protocol). 0: two launches.
+DEFAULT_FUSED = 3
 
 
 class CudaReadUnsupported(ValueError):
@@ -127,7 +131,7 @@ _AVAILABLE: dict[str, bool] = {}
 def available() -> bool:
     """Whether the CUDA passes can run here without an error: a CUDA device of compute capability
     8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the default build
-    (:data:`DEFAULT_BUILD`) cached or nvcc able to make it (built and loaded on the first call;
+    (:data:`DEFAULT_BUILD` with :data:`DEFAULT_FUSED`) cached or nvcc able to make it (built and loaded on the first call;
     the answer is cached per process)."""
     if not settings.CUDA_KERNELS.value() or not torch.cuda.is_available():
         return False
@@ -136,7 +140,7 @@ def available() -> bool:
         ok = torch.cuda.get_device_capability() >= (8, 0)
         if ok:
             try:
-                _lib(*DEFAULT_BUILD)
+                _lib(*DEFAULT_BUILD, fused=DEFAULT_FUSED)
             except (CudaReadUnsupported, RuntimeError, OSError):
                 ok = False
         _AVAILABLE[key] = ok
