@@ -284,9 +284,9 @@ ARMS: dict[str, list[str]] = {
 
 def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, probe_every_s: float = 180.0,
         sample_every_s: float = 10.0, seed: int = 0, arm: str = "records", kv_tokens: int = 0,
-        mamba_slots: int = 0) -> dict[str, Any]:
-    """Start the server (:data:`SERVER_FLAGS` plus the ``arm``'s), run :func:`traffic`, drain; returns the
-    report (:func:`problems` judges it)."""
+        mamba_slots: int = 0, extra_flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Start the server (:data:`SERVER_FLAGS`, the ``arm``'s, then ``extra_flags``, which win), run
+    :func:`traffic`, drain; returns the report (:func:`problems` judges it)."""
     from tests.support.hf_reference import hf_greedy
     from tests.support.serve import cpu_server_process
 
@@ -294,7 +294,7 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
     expected = hf_greedy(model_dir, probe_prompts(corpus), PROBE_NEW_TOKENS, ignore_eos=True)
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(workdir / "l3")}
     t0 = time.monotonic()
-    flags = [*SERVER_FLAGS, *ARMS[arm]]
+    flags = [*SERVER_FLAGS, *ARMS[arm], *extra_flags]
     if kv_tokens:
         flags[flags.index("--max-total-tokens") + 1] = str(kv_tokens)
     if mamba_slots:
@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/gauge samples")
     parser.add_argument("--kv-tokens", type=int, default=0, help="--max-total-tokens (default 1024)")
     parser.add_argument("--mamba-slots", type=int, default=0, help="--max-mamba-cache-size (default 8)")
+    parser.add_argument("--server-flags", default="", help='more server flags, last wins (e.g. "--max-running-requests 8")')
     parser.add_argument("--workdir", type=Path, default=Path("out/soak"))
     parser.add_argument("--json", type=Path, default=Path("out/soak/soak.json"))
     args = parser.parse_args(argv)
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     report = run(model, args.workdir, seconds=args.minutes * 60, workers=args.workers,
                  probe_every_s=args.probe_every, sample_every_s=args.sample_every, arm=args.arm,
-                 kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots)
+                 kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots, extra_flags=tuple(args.server_flags.split()))
     found = problems(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**report, "problems": found}, indent=1))
