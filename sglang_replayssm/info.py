@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
 
 
 def _ring_decode_path() -> str:
-    """Which ring-decode kernels a CUDA decode batch of B >= 16 runs here (docs/DESIGN.md, Kernels)."""
+    """Which ring-decode kernels a CUDA decode batch of B >= 16 runs here (``kernels/ring_decode.pick_config``)."""
     import os
     import shutil
 
@@ -39,5 +39,5 @@ def _ring_decode_path() -> str:
     from sglang_replayssm.kernels.ring_decode_cuda import available, cache_dir
 
     if available():  # builds once if needed
-        return f"CUDA passes (cache {cache_dir()}), Triton where the inputs do not fit"
+        return f"CUDA, one launch a layer (cache {cache_dir()}), Triton where the inputs do not fit"
     return "Triton (the CUDA passes could not be built: nvcc missing or failing, or compute capability < 8.0)"
