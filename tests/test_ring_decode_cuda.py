@@ -49,11 +49,16 @@ def test_failing_nvcc_reports_its_stderr(tmp_path: Path, monkeypatch: pytest.Mon
         rdc.build("90a", 4, out_dir=tmp_path / "cache")
 
 
-def test_cached_object_is_reused_without_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    """``NVCC`` set to a script that writes ``output`` (shell words) into the object it is asked for."""
     fake = tmp_path / "nvcc"
-    fake.write_text('#!/bin/sh\nfor a; do last="$prev"; prev="$a"; done\necho built > "$prev"\n')
+    fake.write_text(f'#!/bin/sh\nfor a; do last="$prev"; prev="$a"; done\necho {output} > "$prev"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("NVCC", str(fake))
+
+
+def test_cached_object_is_reused_without_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_nvcc(tmp_path, monkeypatch, "built")
     so = rdc.build("90a", 4, out_dir=tmp_path / "cache")
     assert so.read_text() == "built\n"
     monkeypatch.setenv("NVCC", str(tmp_path / "gone"))
@@ -90,10 +95,7 @@ def test_info_names_the_ring_decode_path(capsys: pytest.CaptureFixture[str], mon
 
 def test_fused_build_is_another_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one-launch option is part of the cache key and of nvcc's flags (default: off)."""
-    fake = tmp_path / "nvcc"
-    fake.write_text('#!/bin/sh\nfor a; do last="$prev"; prev="$a"; done\necho "$@" > "$prev"\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("NVCC", str(fake))
+    _fake_nvcc(tmp_path, monkeypatch, '"$@"')
     plain = rdc.build("90a", 4, out_dir=tmp_path / "cache")
     fused = rdc.build("90a", 4, out_dir=tmp_path / "cache", fused=3)
     assert plain != fused and rdc.build("90a", 4, out_dir=tmp_path / "cache", fused=4) not in (plain, fused)

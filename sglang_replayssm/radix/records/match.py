@@ -178,11 +178,10 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         full = depth + span.numel()  # planted above the host-only nodes
     if span.numel() == 0 or depth + span.numel() != full:
         return original(component, params, result)
-    if getattr(component, "_mamba_pool_host", None) is not None:  # HiCache: the plant is locked till its rebuild
-        from sglang_replayssm.radix.records.hicache.plant_budget import overcommits
+    from sglang_replayssm.radix.records.hicache.plant_budget import hicache_cache, overcommits
 
-        if overcommits(component.cache, params.req, target):
-            return original(component, params, result)
+    if hicache_cache(component) and overcommits(component.cache, params.req, target):
+        return original(component, params, result)  # HiCache locks the plant till its rebuild: over budget
     if pool.covered(span) or _from_interval_state(pool, span) is not None:
         refresh(pool, span)  # the slots of the job built below are read after the move
     start = _from_interval_state(pool, span)

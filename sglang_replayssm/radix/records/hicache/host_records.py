@@ -48,6 +48,7 @@ from sglang_replayssm.radix.records.hicache.host_pool import (
     host_capacity_from_env,
     host_runs,
 )
+from sglang_replayssm.radix.records.hicache.plant_budget import hicache_cache
 from sglang_replayssm.radix.records.pool import RecordPool, pool_of
 from sglang_replayssm.state import peek, state_of
 
@@ -296,17 +297,13 @@ def host_allocated(host_pool: Any, indices: Any) -> None:
 # ---- planted states and the forward ---------------------------------------------------------------
 
 
-def _hicache_cache(component: Any) -> bool:
-    return getattr(component, "_mamba_pool_host", None) is not None
-
-
 def lock_planted(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """Around the admission match (outside the plant): lock what a queued rebuild reads and writes
     until it is issued, and mark the planted node's state as not built yet."""
     pool = pool_of(component.cache.req_to_token_pool)
     before = len(pool.pending) if pool is not None else 0
     out = original(component, params, result)
-    if pool is None or len(pool.pending) <= before or not _hicache_cache(component):
+    if pool is None or len(pool.pending) <= before or not hicache_cache(component):
         return out
     target = out.best_match_node  # the planted node (record_match reports it as the best match)
     for job in pool.pending[before:]:

@@ -25,7 +25,12 @@ from typing import Any
 
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["note_adder", "overcommits"]
+__all__ = ["hicache_cache", "note_adder", "overcommits"]
+
+
+def hicache_cache(component: Any) -> bool:
+    """Whether ``component`` (the tree's mamba component) has HiCache's host pool."""
+    return getattr(component, "_mamba_pool_host", None) is not None
 
 
 def note_adder(result: Any, adder: Any, *args: Any, **kwargs: Any) -> None:
