@@ -31,6 +31,14 @@ def _planted(sim) -> int:
     return metrics.gauge_counts(sim.req_pool, sim.allocator, sim.cache)["planted_states"]
 
 
+def _skipped() -> float:
+    """``sglang:replayssm_skipped_plants_total`` as this process's Prometheus registry holds it."""
+    import prometheus_client
+
+    value = prometheus_client.REGISTRY.get_sample_value(metrics.SKIPPED_PLANTS_PROMETHEUS_NAME)
+    return 0.0 if value is None else value
+
+
 @pytest.mark.parametrize("guard", ["on", "off"])
 def test_a_plant_after_an_admission_locks_no_promised_token(guard):
     with config.override(True, planted_lock_budget=guard == "on"):
@@ -40,12 +48,15 @@ def test_a_plant_after_an_admission_locks_no_promised_token(guard):
             admitted = _Adder(sim.cache, [object()])
             note_adder(None, admitted)  # the round's adder has admitted a request
             promised = int(sim.cache.evictable_size())
+            skipped = _skipped()
             _plant_without_forward(sim, PROMPT[:SPLIT] + [0, 0])
             left = int(sim.cache.evictable_size())
             if guard == "on":
                 assert (_planted(sim), left) == (0, promised)  # SGLang's result stands: nothing locked
+                assert _skipped() == skipped + 1  # and the skip is counted
             else:
                 assert _planted(sim) == 1 and left < promised  # the OOM's lock: promised tokens now locked
+                assert _skipped() == skipped
             simulate_records.run_pending(sim)
         finally:
             sim.cache.release_host_resources()

@@ -17,10 +17,10 @@ from sglang_replayssm.bench.workload import Conversation
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=None)
 
 
-def generate_payload(input_ids: Sequence[int], max_new_tokens: int) -> dict[str, Any]:
+def generate_payload(input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool = True) -> dict[str, Any]:
     return {
         "input_ids": list(input_ids),
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos},
         "stream": True,
     }
 

@@ -20,9 +20,9 @@ Scenarios (each starts from an empty cache: ``/flush_cache``):
   SGLang without records falls back to its last 64-token state.
 * ``pressure``: as ``rebuilt``, but a burst of filler requests (``filler_count`` prompts of
   ``filler_len`` tokens decoding ``filler_tokens``) runs after the seed and beside the branches, so that
-  on a server with a small KV / mamba pool (and HiCache) the prefix is evicted and loaded back and
-  running requests are retracted; SGLang's counters of both are read around it
-  (:data:`PRESSURE_COUNTERS`), so a row says whether they happened.
+  on a server with a small KV / mamba pool (and HiCache) the prefix is evicted and loaded back and,
+  with a low ``--schedule-conservativeness``, running requests are retracted; SGLang's counters of both
+  are read around it (:data:`PRESSURE_COUNTERS`), so a row says whether they happened.
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ async def _post(session: aiohttp.ClientSession, url: str, payload: dict[str, Any
         return body
 
 
-def _payload(ids: Sequence[int], new: int, **extra: Any) -> dict[str, Any]:
+def _payload(ids: Sequence[int], new: int, ignore_eos: bool = True, **extra: Any) -> dict[str, Any]:
     return {"input_ids": list(ids), "sampling_params": {"temperature": 0.0, "max_new_tokens": new,
-                                                       "ignore_eos": True}, **extra}
+                                                       "ignore_eos": ignore_eos}, **extra}
 
 
 async def serve(session: aiohttp.ClientSession, url: str, ids: Sequence[int], new: int,
@@ -138,9 +138,9 @@ class KlSpec:
     vocab_high: int = 2000
     seed: int = 7
     concurrency: int = 4
-    filler_count: int = 32  # pressure scenario
+    filler_count: int = 20  # pressure scenario: a burst outgrows a 24,000-token KV pool, not a 48,000-token host pool
     filler_len: int = 1200
-    filler_tokens: int = 256
+    filler_tokens: int = 512  # decode long enough that admitted fillers outgrow a small KV pool: retraction
 
 
 def _ids(rng: random.Random, n: int, spec: KlSpec) -> list[int]:
@@ -196,6 +196,8 @@ async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult
             else:
                 probes = [await serve(session, url, p, spec.branch_tokens, spec.prefix_len) for p in prompts]
         after = await _counters(session, url)
+        if name == "pressure" and after:  # a Prometheus counter appears only once incremented: absent is 0
+            after = {k: after.get(k, 0.0) for k in set(after) | set(PRESSURE_COUNTERS)}
         # References only after every probe: their cold prefills insert into the tree too.
         await asyncio.gather(*(bounded(reference(session, url, pr, p)) for pr, p in zip(probes, prompts)))
     summary = summarize(probes)
@@ -204,9 +206,15 @@ async def _scenario(url: str, name: str, spec: KlSpec) -> tuple[list[ProbeResult
 
 
 async def _fillers(session: aiohttp.ClientSession, url: str, rng: random.Random, spec: KlSpec) -> None:
-    """``filler_count`` distinct prompts served at once (their outputs are not compared)."""
+    """``filler_count`` distinct prompts served at once (their outputs are not compared).
+
+    Sent without ``ignore_eos``: SGLang reserves a fixed-length request's whole budget at admission
+    (``PrefillAdder._get_running_request_total_token_offset``), so only requests that may stop early
+    are admitted on the ``--schedule-conservativeness`` estimate and can outgrow the pool (retraction).
+    """
     fillers = [_ids(rng, spec.filler_len, spec) for _ in range(spec.filler_count)]
-    await asyncio.gather(*(serve(session, url, f, spec.filler_tokens) for f in fillers))
+    await asyncio.gather(*(_post(session, url, _payload(f, spec.filler_tokens, ignore_eos=False))
+                           for f in fillers))
 
 
 SCENARIOS: tuple[str, ...] = ("decode", "exact", "rebuilt", "pressure")

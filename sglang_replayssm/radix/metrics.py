@@ -86,6 +86,7 @@ FOLDED_PROMETHEUS_NAME = "sglang:replayssm_record_folded_total"
 POOL_BYTES_PROMETHEUS_NAME = "sglang:replayssm_record_pool_bytes"
 EVICTED_PROMETHEUS_NAME = "sglang:replayssm_record_evicted_tokens_total"
 STORE_DAMAGED_PROMETHEUS_NAME = "sglang:replayssm_store_damaged_files_total"
+SKIPPED_PLANTS_PROMETHEUS_NAME = "sglang:replayssm_skipped_plants_total"
 _REPORTER_LOGGER = "sglang.srt.managers.scheduler_components.metrics_reporter"
 
 _pending: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("replayssm_lost_hit", default=None)
@@ -172,6 +173,8 @@ _DOCS = {
     EVICTED_PROMETHEUS_NAME: "Records dropped, oldest first, to make room for newer tokens, sglang-replayssm.",
     STORE_DAMAGED_PROMETHEUS_NAME: "Damaged files found in the HiCache L3 store (label kind: truncated, corrupt, "
     "other_model, other_layout, missing_twin), skipped and never served, sglang-replayssm.",
+    SKIPPED_PLANTS_PROMETHEUS_NAME: "Rebuilt-state plants skipped because their lock would take tokens the prefill "
+    "round had promised (fix planted_lock_budget; a lost hit, exact), sglang-replayssm.",
 }
 
 
@@ -201,6 +204,12 @@ def count_store_damage(kind: str) -> None:
     ``sglang:replayssm_store_damaged_files_total{kind}`` (the storage threads have no collector
     labels; the scheduler process exports it with the others)."""
     _prometheus_counter(STORE_DAMAGED_PROMETHEUS_NAME, ["kind"]).labels(kind=kind).inc()
+
+
+def count_skipped_plant() -> None:
+    """One rebuilt-state plant skipped by ``planted_lock_budget``, counted in
+    ``sglang:replayssm_skipped_plants_total`` (no labels, like the store's counter)."""
+    _prometheus_counter(SKIPPED_PLANTS_PROMETHEUS_NAME, []).inc()
 
 
 def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kwargs: Any) -> Any:

@@ -40,10 +40,12 @@ import aiohttp
 from sglang_replayssm.bench.client import generate_payload, merge_output_ids, stream_chunks
 from sglang_replayssm.bench.server_metrics import metric_sum
 
-#: Pools small enough for KV pressure (up to 4 running requests of up to ~580 tokens in 1,024 KV slots, 8 mamba
-#: slots) and for HiCache eviction to host and to the L3 file store (host 2x device). ``--kv-tokens 640
-#: --mamba-slots 12`` presses harder (see ``run``).
-SERVER_FLAGS = ["--max-total-tokens", "1024", "--max-mamba-cache-size", "8", "--max-running-requests", "4",
+#: Pools small enough for KV pressure (up to 8 running requests of up to ~580 tokens in 1,024 KV slots, 48 mamba
+#: slots) and for HiCache eviction to host and to the L3 file store (host 2x device); admission on a low
+#: estimate of how much a request that may stop at EOS will decode (``--schedule-conservativeness 0.05``), so
+#: that long answers outgrow the pool (retraction). ``--kv-tokens 640 --mamba-slots 12`` presses the slots.
+SERVER_FLAGS = ["--max-total-tokens", "1024", "--max-mamba-cache-size", "48", "--max-running-requests", "8",
+                "--schedule-conservativeness", "0.05",
                 "--hicache-ratio", "2", "--enable-hierarchical-cache", "--enable-metrics",
                 "--hicache-storage-backend", "file", "--hicache-write-policy", "write_through",
                 "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 16}',
@@ -95,13 +97,14 @@ class Tally:
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, ids: list[int], new: int,
-                  close_after: int = 0) -> tuple[list[int], dict[str, Any]]:
+                  close_after: int = 0, ignore_eos: bool = True) -> tuple[list[int], dict[str, Any]]:
     """One streaming greedy /generate; with ``close_after`` the client disconnects after that many chunks
-    (returns what it got). Raises on an HTTP or stream error."""
+    (returns what it got). Raises on an HTTP or stream error, or on fewer than ``new`` tokens unless the
+    request may stop at EOS (``ignore_eos=False``: then at least one)."""
     ids_out: list[int] = []
     meta: dict[str, Any] = {}
     chunks = 0
-    async with session.post(url + "/generate", json=generate_payload(ids, new)) as resp:
+    async with session.post(url + "/generate", json=generate_payload(ids, new, ignore_eos)) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
         async for chunk in stream_chunks(resp):
@@ -113,14 +116,15 @@ async def _stream(session: aiohttp.ClientSession, url: str, ids: list[int], new:
             if close_after and chunks >= close_after:
                 resp.close()  # the disconnect: SGLang aborts the request
                 return ids_out, meta
-    if len(ids_out) != new:
+    if len(ids_out) != new and (ignore_eos or not 0 < len(ids_out) < new):
         raise RuntimeError(f"{len(ids_out)} of {new} tokens")
     return ids_out, meta
 
 
-async def _request(session: aiohttp.ClientSession, url: str, ids: list[int], new: int, tally: Tally) -> list[int]:
+async def _request(session: aiohttp.ClientSession, url: str, ids: list[int], new: int, tally: Tally,
+                   ignore_eos: bool = True) -> list[int]:
     try:
-        out, meta = await _stream(session, url, ids, new)
+        out, meta = await _stream(session, url, ids, new, ignore_eos=ignore_eos)
     except Exception as exc:  # noqa: BLE001 - every failure is counted
         tally.failed.append(f"{type(exc).__name__}: {exc}"[:300])
         return []
@@ -134,7 +138,7 @@ async def _worker(session: aiohttp.ClientSession, url: str, corpus: Corpus, seed
                   tally: Tally) -> None:
     rng = random.Random(seed)
     while time.monotonic() < stop_at and len(tally.failed) < MAX_FAILURES:
-        kind = rng.choices(("rag", "session", "abort", "long"), weights=(5, 3, 2, 1))[0]
+        kind = rng.choices(("rag", "session", "abort", "long"), weights=(4, 3, 2, 3))[0]
         if kind == "abort":
             ids = corpus.system + rng.choice(corpus.docs) + [rng.randrange(10, 2000) for _ in range(20)]
             try:
@@ -143,9 +147,10 @@ async def _worker(session: aiohttp.ClientSession, url: str, corpus: Corpus, seed
             except Exception as exc:  # noqa: BLE001
                 tally.failed.append(f"abort: {type(exc).__name__}: {exc}"[:300])
             continue
-        if kind == "long":  # a long answer: the decode outgrows what admission reserved (retraction)
+        if kind == "long":  # a long answer that may stop at EOS: admitted on SGLang's estimate, it can outgrow
+            # what admission reserved (retraction; SGLang reserves an ignore_eos request's whole budget)
             ids = corpus.system + [rng.randrange(10, 2000) for _ in range(rng.randrange(20, 80))]
-            await _request(session, url, ids, rng.randrange(150, 300), tally)
+            await _request(session, url, ids, rng.randrange(150, 300), tally, ignore_eos=False)
             continue
         history = corpus.system + (rng.choice(corpus.docs) if kind == "rag" else
                                    [rng.randrange(10, 2000) for _ in range(rng.randrange(40, 120))])
@@ -254,9 +259,12 @@ def drain(url: str, timeout_s: float = 60.0) -> tuple[dict[str, float], dict[str
     return drained, gauges(url)
 
 
-def problems(report: dict[str, Any], max_rss_growth: float = 0.02) -> list[str]:
-    """What the soak's acceptance rejects (empty: passed)."""
+def problems(report: dict[str, Any], max_rss_growth: float = 0.02, min_retractions: int = 0) -> list[str]:
+    """What the soak's acceptance rejects (empty: passed); ``min_retractions``: SGLang's retraction counter
+    must reach it (the pressure happened)."""
     out = []
+    if report.get("retractions", 0.0) < min_retractions:
+        out.append(f"{report.get('retractions', 0.0):.0f} retractions (want >= {min_retractions})")
     if report["failed"]:
         out.append(f"{len(report['failed'])} failed requests, first: {report['failed'][0]}")
     bad = [p for p in report["probes"] if not all(p["equal"])]
@@ -284,15 +292,19 @@ ARMS: dict[str, list[str]] = {
 
 def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, probe_every_s: float = 180.0,
         sample_every_s: float = 10.0, seed: int = 0, arm: str = "records", kv_tokens: int = 0,
-        mamba_slots: int = 0, extra_flags: tuple[str, ...] = ()) -> dict[str, Any]:
+        mamba_slots: int = 0, extra_flags: tuple[str, ...] = (), retract_every: int = 0) -> dict[str, Any]:
     """Start the server (:data:`SERVER_FLAGS`, the ``arm``'s, then ``extra_flags``, which win), run
-    :func:`traffic`, drain; returns the report (:func:`problems` judges it)."""
+    :func:`traffic`, drain; returns the report (:func:`problems` judges it). ``retract_every`` > 0 adds
+    SGLang's own test switch (``SGLANG_TEST_RETRACT``): a running request is retracted every that many
+    forward steps besides what the pool's pressure retracts."""
     from tests.support.hf_reference import hf_greedy
     from tests.support.serve import cpu_server_process
 
     corpus = Corpus.make(seed)
     expected = hf_greedy(model_dir, probe_prompts(corpus), PROBE_NEW_TOKENS, ignore_eos=True)
     env = {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(workdir / "l3")}
+    if retract_every:
+        env |= {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": str(retract_every)}
     t0 = time.monotonic()
     flags = [*SERVER_FLAGS, *ARMS[arm], *extra_flags]
     if kv_tokens:
@@ -319,7 +331,8 @@ def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, pro
                   storage_hit_tokens=metric_sum(metrics, "sglang:cached_tokens_total", cache_source="storage"),
                   host_hit_tokens=metric_sum(metrics, "sglang:cached_tokens_total", cache_source="host"),
                   retractions=metric_sum(metrics, "sglang:num_retracted_requests_total"),
-                  rebuilt_tokens=metric_sum(metrics, "sglang:replayssm_record_rebuilt_tokens_total"))
+                  rebuilt_tokens=metric_sum(metrics, "sglang:replayssm_record_rebuilt_tokens_total"),
+                  skipped_plants=metric_sum(metrics, "sglang:replayssm_skipped_plants_total"))
     return report
 
 
@@ -331,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-every", type=float, default=180.0, help="seconds between probes (default 180)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/gauge samples")
     parser.add_argument("--kv-tokens", type=int, default=0, help="--max-total-tokens (default 1024)")
-    parser.add_argument("--mamba-slots", type=int, default=0, help="--max-mamba-cache-size (default 8)")
+    parser.add_argument("--mamba-slots", type=int, default=0, help="--max-mamba-cache-size (default 48)")
+    parser.add_argument("--retract-every", type=int, default=0,
+                        help="also retract a running request every N forward steps (SGLang's SGLANG_TEST_RETRACT)")
+    parser.add_argument("--min-retractions", type=int, default=0, help="fail unless SGLang retracted this many")
     parser.add_argument("--server-flags", default="", help='more server flags, last wins (e.g. "--max-running-requests 8")')
     parser.add_argument("--workdir", type=Path, default=Path("out/soak"))
     parser.add_argument("--json", type=Path, default=Path("out/soak/soak.json"))
@@ -342,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     report = run(model, args.workdir, seconds=args.minutes * 60, workers=args.workers,
                  probe_every_s=args.probe_every, sample_every_s=args.sample_every, arm=args.arm,
-                 kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots, extra_flags=tuple(args.server_flags.split()))
-    found = problems(report)
+                 kv_tokens=args.kv_tokens, mamba_slots=args.mamba_slots, extra_flags=tuple(args.server_flags.split()),
+                 retract_every=args.retract_every)
+    found = problems(report, min_retractions=args.min_retractions)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({**report, "problems": found}, indent=1))
     print(json.dumps({k: v for k, v in report.items() if k not in ("samples", "failed")} | {

@@ -52,7 +52,8 @@ def _committed(cache: Any, req: Any) -> bool:
 def overcommits(cache: Any, req: Any, node: Any) -> bool:
     """Whether locking ``node`` for ``req``'s plant would protect tokens the round's adder already
     counted as evictable for a request it admitted. Probed with a lock taken and released at once
-    (``evictable_size`` before and after; no tree change is left behind)."""
+    (``evictable_size`` before and after; no tree change is left behind). Both callers skip the plant on
+    True, so each True is counted in ``sglang:replayssm_skipped_plants_total``."""
     from sglang_replayssm.radix import config
 
     if not config.enabled("planted_lock_budget") or not _committed(cache, req):
@@ -63,4 +64,9 @@ def overcommits(cache: Any, req: Any, node: Any) -> bool:
         after = int(cache.evictable_size())
     finally:
         cache.dec_lock_ref(node, lock.to_dec_params())
-    return after < before
+    if after >= before:
+        return False
+    from sglang_replayssm.radix.metrics import count_skipped_plant
+
+    count_skipped_plant()
+    return True
