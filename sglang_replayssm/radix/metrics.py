@@ -17,7 +17,9 @@ Beside it, the admitted hits that were rebuilt from records (the records room, :
 same line; Prometheus ``sglang:replayssm_record_rebuilt_tokens_total``,
 ``sglang:replayssm_record_rebuilt_hits_total``, ``sglang:replayssm_record_folded_total``, and for the
 record pool ``sglang:replayssm_record_pool_bytes`` (gauge) and
-``sglang:replayssm_record_evicted_tokens_total`` (records dropped, oldest first, for newer tokens).
+``sglang:replayssm_record_evicted_tokens_total`` (records dropped, oldest first, for newer tokens),
+``sglang:replayssm_skipped_plants_total`` (rebuilt-state plants skipped by fix ``planted_lock_budget``) and
+``sglang:replayssm_store_damaged_files_total{kind}`` (L3 store files refused).
 
 Leak accounting (fix ``leak_gauges``): what the plugin holds beside SGLang's pools, as gauges. Each counts a structure of ours that traffic fills and that must drain back to its idle value
 (0) once the requests finished and the tree released what it cached (``/flush_cache``, or eviction):
