@@ -61,3 +61,54 @@ def test_gpu_arms_keep_overlap_except_no_buffer() -> None:
     assert server_env(ARMS["plugin-fp8"], "cuda")["SGLANG_REPLAYSSM_READ_COPY"] == "fp8"
     assert ARMS["bf16-state"].env == () and ARMS["plugin"].env == ()
     assert "--mamba-ssm-dtype" in ARMS["bf16-state"].flags
+
+
+def test_the_pressure_scenario_lets_fillers_stop_at_eos_and_reads_absent_counters_as_zero() -> None:
+    """SGLang reserves an ``ignore_eos`` request's whole budget at admission, so only fillers that may stop at
+    EOS can outgrow the pool (retraction); probes and references stay fixed-length. A counter SGLang never
+    incremented is absent from /metrics: the row reads 0, not unknown."""
+    import asyncio
+    import socket
+
+    from aiohttp import web
+
+    from sglang_replayssm.bench.kl import KlSpec, run_kl
+
+    spec = KlSpec(probes=2, prefix_len=10, suffix_len=3, branch_tokens=4, filler_count=3, filler_len=6,
+                  filler_tokens=5)
+    seen: list[dict] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body)
+        n = body["sampling_params"]["max_new_tokens"]
+        ids = body["input_ids"]
+        return web.json_response({"output_ids": [11] * n, "meta_info": {
+            "cached_tokens": 0, "output_token_logprobs": [[-0.5, 11, None]] * n,
+            "input_token_logprobs": [[-0.5, t, None] for t in ids]}})
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="sglang:load_back_tokens_total{model=\"m\"} 7.0\n")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> dict:
+        app = web.Application()
+        app.add_routes([web.post("/generate", generate), web.post("/flush_cache", ok), web.get("/metrics", ok)])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            return await asyncio.to_thread(run_kl, f"http://127.0.0.1:{port}", spec, ("pressure",))
+        finally:
+            await runner.cleanup()
+
+    row = asyncio.run(main())["pressure"]
+    fillers = [b for b in seen if len(b["input_ids"]) == spec.filler_len]
+    assert len(fillers) == 2 * spec.filler_count  # one burst after the seed, one beside the branches
+    assert all(b["sampling_params"]["ignore_eos"] is False for b in fillers)
+    assert all(b["sampling_params"]["ignore_eos"] is True for b in seen if b not in fillers)
+    assert row["num_retracted_requests_total"] == 0.0 and row["hicache_backup_tokens_total"] == 0.0
+    assert row["load_back_tokens_total"] == 0.0  # 7 before and after: none during the scenario
