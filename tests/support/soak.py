@@ -116,7 +116,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, ids: list[int], new:
             if close_after and chunks >= close_after:
                 resp.close()  # the disconnect: SGLang aborts the request
                 return ids_out, meta
-    if len(ids_out) != new and (ignore_eos or not 0 < len(ids_out) < new):
+    complete = len(ids_out) == new if ignore_eos else 0 < len(ids_out) <= new
+    if not complete:
         raise RuntimeError(f"{len(ids_out)} of {new} tokens")
     return ids_out, meta
 
