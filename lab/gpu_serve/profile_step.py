@@ -53,8 +53,15 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
     sync_events: list[dict[str, Any]] = []
     frames: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     spans: list[tuple[float, float]] = []
+    cpu_ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # name -> [calls, us]
+    launches = 0
     for ev in events:
         cat, name = ev.get("cat", ""), ev.get("name", "")
+        if cat == "cpu_op":
+            cpu_ops[name[:80]][0] += 1
+            cpu_ops[name[:80]][1] += float(ev.get("dur", 0.0))
+        elif cat == "cuda_runtime" and "Launch" in name:
+            launches += 1
         if cat == "kernel":
             spans.append((float(ev.get("ts", 0.0)), float(ev.get("ts", 0.0)) + float(ev.get("dur", 0.0))))
             per_family[family(name)] += float(ev.get("dur", 0.0))
@@ -86,6 +93,9 @@ def summarize_trace(path: Path, steps: int) -> dict[str, Any]:
         "host_syncs_per_step": {k: v / steps for k, v in syncs.items()},
         "host_sync_sites_per_step": {k: v / steps for k, v in sorted(where.items(), key=lambda kv: -kv[1])[:20]},
         "top_kernels_us_per_step": [(k, v / steps) for k, v in top],
+        "kernels_per_step": len(spans) / steps, "launches_per_step": launches / steps,
+        "top_cpu_ops_per_step": [(k, c / steps, us / steps) for k, (c, us) in
+                                 sorted(cpu_ops.items(), key=lambda kv: -kv[1][1])[:20]],
         **host,
     }
 
@@ -201,7 +211,8 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
     and a cold prompt of the branch's length; beside them a 32-token cold prompt (the fixed floor).
     Medians of the client's request time. With ``profile``, one more branch and one more cold prompt are
     traced (SGLang's /start_profile, one forward each, with stacks) and summarized like a decode step (off by
-    default: on the lab H200 the one-forward trace's export did not finish in 5 minutes)."""
+    default), without Python stacks (with them the lab H200's export of one forward did not finish in 5
+    minutes): kernels, launches, CPU ops and host syncs of one floor and one cold prefill."""
     import random
 
     rng = random.Random(5)
@@ -227,14 +238,14 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
                            "median_ms": {k: 1e3 * v for k, v in med.items()}, "cached_tokens": dict(cached),
                            "all_ms": {k: [round(1e3 * x, 2) for x in v] for k, v in times.items()}}
     if profile:
-        for kind in ("branch", "cold"):
+        for kind in ("floor", "cold"):
             d = out_dir / f"prefill-{kind}"
             d.mkdir(parents=True, exist_ok=True)
             prefix = ids(prefix_len)
             _generate(url, prefix + ids(suffix_len), 1)
             _post_json(url, "/start_profile", {"output_dir": str(d), "num_steps": 1, "activities": ["CPU", "GPU"],
-                                               "with_stack": True})
-            _generate(url, (prefix if kind == "branch" else ids(prefix_len)) + ids(suffix_len), 1)
+                                               "with_stack": False})
+            _generate(url, ids(32) if kind == "floor" else ids(prefix_len + suffix_len), 1)
             traces: list[Path] = []
             for _ in range(60):
                 traces = sorted(d.glob("*.trace.json*"))
