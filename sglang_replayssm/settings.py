@@ -153,7 +153,7 @@ RECORD_TOKENS = Setting(f"{PREFIX}RECORD_TOKENS", "tokens", None, _tokens("0 tur
                         "capacity (at most one per KV slot; reserved from the KV budget, logged at startup)",
                         "records", "16384, at most half the memory left for the KV cache")
 STATE_INTERVAL = Setting(f"{PREFIX}STATE_INTERVAL", "tokens", 256, _interval, "keep a prefill state every N tokens "
-                         "(a multiple of 64; 0 none; GDN served in the state dtype), so a rebuild folds < N + 64 "
+                         "(a multiple of 64; 0 none; GDN and KDA prefills), so a rebuild folds < N + 64 "
                          "records", "records")
 STATE_INTERVAL_ROUNDED = Setting(f"{PREFIX}STATE_INTERVAL_ROUNDED", "bool", True, _flag, "also keep the prefill "
                                  "states SGLang's extend kernel rounds to the activation dtype (bf16 serving), widened: "

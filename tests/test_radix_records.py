@@ -259,56 +259,6 @@ def test_rebuild_from_interval_states_matches_the_fp64_recurrence(radix_adapter)
     _check(model, req_pool, layers, inputs, jobs, want)
 
 
-def test_kept_chunk_states_are_the_prefill_states(radix_adapter):
-    """A prefill through the CPU extend kernel keeps its chunk states (``keep_chunk_states``) at the
-    interval; a match's rebuild from them equals the fp64 recurrence of the path."""
-    from sglang_replayssm.radix.records import capture as record_capture
-    from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
-    from sglang_replayssm.radix.records.match import _from_interval_state
-    from sglang_replayssm.state import state_of
-
-    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=3)
-    dispatcher = types.SimpleNamespace()  # the extend hook's dispatcher, carrying the step's context
-    pool.states = IntervalStates(kv_size=512, capacity=8, interval=128, device=torch.device("cpu"))
-    # Two prefills in one batch: tokens [0, 90) from the root, then [90, 300) after a 90-token prefix.
-    prefix, lens = [0, 90], [90, 210]
-    loc = torch.cat([kv[:90], kv[90:300]])
-    tokens, _ = kept_positions(prefix, lens, 128)
-    pool.states.assign(loc[torch.tensor(tokens)])
-    fb = types.SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens, out_cache_loc=loc)
-    alloc = req_pool.mamba_allocator
-    seqs = [alloc.alloc(1), alloc.alloc(1)]
-    for layer, (x, a, b) in zip(layers, inputs):
-        cache = req_pool.mamba2_layer_cache(layer.layer_id)
-        cache.temporal[seqs[0]] = 0
-        cache.temporal[seqs[1]] = _oracle(layer, model, x, a, b, 90).float()
-        conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
-        w = layer.conv_weights
-        mixed = torch.stack([(conv[t:t + model.win + 1].T * w).sum(-1) for t in range(300)]) + layer.bias
-        mixed = torch.nn.functional.silu(mixed)
-        q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
-        g, beta = backend._prefill_gates(layer, a, b)
-        result = backend.kernel_dispatcher.extend(
-            q=q.reshape(1, 300, model.H, model.K), k=k.reshape(1, 300, model.H, model.K),
-            v=v.reshape(1, 300, model.HV, model.V), g=g, beta=beta, ssm_states=cache.temporal,
-            cache_indices=torch.cat(seqs).to(torch.int32), query_start_loc=torch.tensor([0, 90, 300]))
-        state_of(dispatcher).extending = (pool, layer, fb)
-        record_capture.keep_chunk_states(result, dispatcher, cache.temporal)
-    state_of(dispatcher).extending = None
-    # Kept: depth 128 (first chunk start past 128 of the second prefill: 90 + 64 = 154), 282.
-    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
-    jobs, want = [], []
-    for n in (160, 154, 299):
-        start = _from_interval_state(pool, kv[:n])
-        assert start is not None
-        state, lead, slots = start
-        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=slots, state=state, lead=lead))
-        want.append(n)
-    assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
-    rebuild(pool, req_pool, jobs)
-    _check(model, req_pool, layers, inputs, jobs, want)
-
-
 def _kda_layer(model: ToyModel, layer_id: int, gen: torch.Generator) -> types.SimpleNamespace:
     layer = _layer(model, layer_id, gen)
     layer.dt_bias = 0.1 * torch.randn(model.HV * model.K, generator=gen)

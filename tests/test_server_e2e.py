@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,25 @@ def _check_radix_stream(url: str, model_dir: Path, replayssm: bool) -> None:
         assert all(cached[i] < ceiling[i] for i in later), (cached, ceiling)
 
 
+def _folded(log: Path) -> int:
+    return sum(int(m) for m in re.findall(r"#mamba-folded-record: (\d+)", log.read_text()))
+
+
+def _check_interval_state_rebuild(url: str, model_dir: Path, log: Path) -> None:
+    """A branch off a 600-token prefix whose seed ran 100 tokens past it (SGLang's tracked state at 640
+    is off the branch's path): the hit at 600 is rebuilt from a prefill's interval state (every 256
+    tokens), not from the root: it folds fewer than 400 records, and the tokens stay HF's."""
+    rng = random.Random(2)
+    prefix = [rng.randrange(10, 2000) for _ in range(600)]
+    seed, branch = prefix + [11] + [rng.randrange(10, 2000) for _ in range(99)], prefix + [12, 13, 14]
+    generate(url, seed, 4)
+    before = _folded(log)
+    out = generate(url, branch, RADIX_NEW_TOKENS)
+    folded = _folded(log) - before
+    assert out["cached_tokens"] == 600 and 0 < folded < 400, (out["cached_tokens"], folded)
+    assert out["output_ids"] == hf_greedy(model_dir, [branch], RADIX_NEW_TOKENS, ignore_eos=True)[0]
+
+
 CASES = [
     # (replayssm, strategy, ring length, extra flags)
     (False, "no_buffer", 0, ["--disable-overlap-schedule"]),
@@ -119,6 +139,8 @@ def test_greedy_tokens_equal_hf(models, tmp_path, model_name, replayssm, strateg
         cached = _check_against_hf(url, models[model_name])
         if strategy != "no_buffer":
             _check_radix_stream(url, models[model_name], replayssm)
+        if replayssm and strategy == "extra_buffer":
+            _check_interval_state_rebuild(url, models[model_name], tmp_path / "server.log")
     if strategy != "no_buffer":
         # The second and third single requests share the 70-token prefix: a hit at the 64-token track.
         assert min(cached["single_cached"][1:]) >= 64, cached

@@ -16,8 +16,10 @@ it (rebuilds run at the start of the next forward, :mod:`record_rebuild`).
 
 Interval states (:mod:`interval_states`): ``prepare_for_extend`` also gives the chunk states the
 prefill keeps a state slot (keyed by the KV index of their last token), and the extend kernel's
-per-chunk states ``h`` are written to them as each layer's ``GDNKernelDispatcher.extend`` returns
-(:func:`keep_chunk_states`; only inside a forward's own extend, never inside a rebuild's).
+per-chunk states ``h`` are written to them as each layer's ``GDNKernelDispatcher.extend`` /
+``KDAKernelDispatcher.extend`` returns (:func:`keep_chunk_states`; only inside a forward's own extend, never
+inside a rebuild's). KDA's extend returns ``h`` only while SGLang tracks a request of the batch; a forward
+without it keeps none and its assigned keys lose their slots.
 
 Speculative decoding: SGLang's spec ``prepare_for_decode`` leaves ``out_cache_loc`` as an earlier
 forward left it, so a spec decode batch assigns nothing (fix ``record_spec_decode``); its tokens are
@@ -185,12 +187,15 @@ class extending:  # noqa: N801 - a context manager named for what it marks
             state.extending = None
 
 
-def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any) -> None:
+def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any, h_at: int = 2) -> None:
     """After ``dispatcher``'s extend inside a forward (:class:`extending`): keep the chunk states of this
-    layer's ``h`` (``result[2]``, ``[1, NT, *state]``) that the batch assigned state slots to."""
+    layer's ``h`` (``result[h_at]``, ``[1, NT, *state]``: GDN's ``(o, final, h)``, KDA's ``(o, h)``) that the
+    batch assigned state slots to. A result without ``h`` (KDA's extend returns one only while SGLang tracks
+    a request of the batch) keeps nothing, and the keys the batch assigned lose their slots: no slot a
+    forward did not write is ever read."""
     dispatcher_state = peek(dispatcher)
     ctx = None if dispatcher_state is None else dispatcher_state.extending
-    if ctx is None or not isinstance(result, tuple) or len(result) < 3 or not isinstance(result[2], torch.Tensor):
+    if ctx is None:
         return
     pool, layer, forward_batch = ctx
     states = pool.states
@@ -204,15 +209,20 @@ def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any) -> None:
             list(prefix), list(lens), states.interval, states.chunk)
         loc = forward_batch.out_cache_loc
         total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
-        # Once per forward, on the device: the kept chunks' state rows and their chunk indices.
-        kept = (states.dest_of(loc[on_device(tokens, torch.int64, loc.device)]),
-                on_device(chunk_ids, torch.int64, result[2].device), total) if tokens else ()
+        # Once per forward, on the device: the kept chunks' keys, state rows and chunk indices.
+        keys = loc[on_device(tokens, torch.int64, loc.device)] if tokens else None
+        kept = (keys, states.dest_of(keys), on_device(chunk_ids, torch.int64, ssm_states.device),
+                total) if keys is not None else ()
         state_of(forward_batch).kept_chunk_states = kept
     if not kept:
         return
-    dest, chunks, total = kept
+    keys, dest, chunks, total = kept
+    h = result[h_at] if isinstance(result, tuple) and len(result) > h_at else None
+    if not isinstance(h, torch.Tensor):
+        states.invalidate(keys)
+        state_of(forward_batch).kept_chunk_states = ()  # once per forward
+        return
     shape = tuple(ssm_states.shape[1:])
-    h = result[2]
     if h.numel() != total * ssm_states[0].numel() or tuple(h.shape[-len(shape):]) != shape:
         states.skipped.add(layer.layer_id)  # not the per-chunk states of this batch: keep none
         return

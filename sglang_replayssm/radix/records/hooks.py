@@ -53,7 +53,7 @@ def _capture_records(name: str, what: str) -> Callable[..., Any]:
         from sglang_replayssm.radix.records.capture import capture
 
         capture(backend, layer, forward_batch, mixed_qkv, a, b)
-        if what != "extend":
+        if what not in ("extend", "KDA extend"):
             return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
         from sglang_replayssm.radix.records.capture import extending
 
@@ -66,11 +66,22 @@ def _capture_records(name: str, what: str) -> Callable[..., Any]:
 
 
 def keep_interval_states(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
-    """A forward's own GDN extend: keep its per-chunk states at the state interval."""
+    """A forward's own GDN extend: keep its per-chunk states (``h``, the result's third item) at the
+    state interval."""
     from sglang_replayssm.radix.records.capture import keep_chunk_states
 
     result = original(dispatcher, *args, **kwargs)
     keep_chunk_states(result, dispatcher, kwargs.get("ssm_states"))
+    return result
+
+
+def keep_kda_interval_states(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
+    """A forward's own KDA extend: keep its per-chunk states (``h``, the second item of the ``(o, h)`` it
+    returns while SGLang tracks a request of the batch) at the state interval."""
+    from sglang_replayssm.radix.records.capture import keep_chunk_states
+
+    result = original(dispatcher, *args, **kwargs)
+    keep_chunk_states(result, dispatcher, kwargs.get("ssm_states"), h_at=1)
     return result
 
 
@@ -165,6 +176,8 @@ RECORD_HOOKS: tuple[Hook, ...] = (
       for name, target, at, what in _CAPTURE_HOOKS),
     gated_hook("sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.extend", "AROUND",
                keep_interval_states, at=f"{_LINEAR_AT}/gdn_backend.py:441", fix="record_hits"),
+    gated_hook("sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.extend", "AROUND",
+               keep_kda_interval_states, at=f"{_LINEAR_AT}/kda_backend.py:420", fix="record_hits"),
     gated_hook(_MATCH, "AROUND", plant_rebuilt_state,
                at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hits"),
     gated_hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "BEFORE", rebuild_planted_states,

@@ -1,4 +1,4 @@
-"""Interval states: exact GDN states every ``interval`` tokens of a prefill, keyed by KV slot.
+"""Interval states: GDN / KDA states every ``interval`` tokens of a prefill, keyed by KV slot.
 
 A rebuild from records (:mod:`record_rebuild`) folds every record between the deepest kept state
 and the matched depth; with only the tree's states that is up to a whole shared prefix (a second
@@ -17,8 +17,8 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 * ``state_of [KV + 1]`` int64: the state slot holding the state after the token at that KV index,
   or -1 (the last entry is a sink that stays -1);
 * ``owner [M + 1]`` int64: the KV index a state slot was assigned to;
-* per GDN layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink. With
-  ``layer_ids`` (the mamba pool's GDN layers in its order) the layers' ``ssm`` are rows ``i`` of one
+* per linear layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink. With
+  ``layer_ids`` (the mamba pool's linear layers in its order) the layers' ``ssm`` are rows ``i`` of one
   ``stack [L, M + 1, *state]`` (:meth:`IntervalStates.stacked`): a rebuild copies its start states into every
   layer's pool slot in one op.
 
@@ -103,7 +103,7 @@ class IntervalStates:
     head: int = 0
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [M + 1, *state]
     skipped: set[int] = field(default_factory=set)  # layers whose chunk states are not exact
-    layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``stack``
+    layer_ids: tuple[int, ...] = ()  # linear layer ids in the mamba pool's order: the rows of ``stack``
     stack: torch.Tensor | None = None  # [L, M + 1, *state]: every layer's ``ssm`` (views), or None
     stack_rows: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> its view of ``stack``
 
@@ -194,7 +194,7 @@ class IntervalStates:
         return stack if held else None
 
     def usable(self, layer_ids: list[int]) -> bool:
-        """Every GDN layer keeps states (one that does not makes a rebuild from a state impossible)."""
+        """Every linear layer keeps states (one that does not makes a rebuild from a state impossible)."""
         return not self.skipped and all(i in self.ssm for i in layer_ids)
 
     @property

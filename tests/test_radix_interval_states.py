@@ -1,0 +1,115 @@
+"""Interval states from a real prefill's chunk states (``capture.keep_chunk_states``), GDN and KDA: kept at
+the interval, and a rebuild from them equals the fp64 recurrence of the path (SGLang's real pools, the CPU
+runtime's extend kernels; the helpers are tests/test_radix_records.py's)."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from sglang_replayssm.radix.records.match import Rebuild
+from sglang_replayssm.radix.records.rebuild import rebuild
+from tests.test_radix_records import _check, _kda_oracle, _oracle, _setup_rebuild
+
+
+def test_kept_chunk_states_are_the_prefill_states(radix_adapter):
+    """A prefill through the CPU extend kernel keeps its chunk states (``keep_chunk_states``) at the
+    interval; a match's rebuild from them equals the fp64 recurrence of the path."""
+    from sglang_replayssm.radix.records import capture as record_capture
+    from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
+    from sglang_replayssm.radix.records.match import _from_interval_state
+    from sglang_replayssm.state import state_of
+
+    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=3)
+    dispatcher = types.SimpleNamespace()  # the extend hook's dispatcher, carrying the step's context
+    pool.states = IntervalStates(kv_size=512, capacity=8, interval=128, device=torch.device("cpu"))
+    # Two prefills in one batch: tokens [0, 90) from the root, then [90, 300) after a 90-token prefix.
+    prefix, lens = [0, 90], [90, 210]
+    loc = torch.cat([kv[:90], kv[90:300]])
+    tokens, _ = kept_positions(prefix, lens, 128)
+    pool.states.assign(loc[torch.tensor(tokens)])
+    fb = types.SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens, out_cache_loc=loc)
+    alloc = req_pool.mamba_allocator
+    seqs = [alloc.alloc(1), alloc.alloc(1)]
+    for layer, (x, a, b) in zip(layers, inputs):
+        cache = req_pool.mamba2_layer_cache(layer.layer_id)
+        cache.temporal[seqs[0]] = 0
+        cache.temporal[seqs[1]] = _oracle(layer, model, x, a, b, 90).float()
+        conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
+        w = layer.conv_weights
+        mixed = torch.stack([(conv[t:t + model.win + 1].T * w).sum(-1) for t in range(300)]) + layer.bias
+        mixed = torch.nn.functional.silu(mixed)
+        q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        g, beta = backend._prefill_gates(layer, a, b)
+        result = backend.kernel_dispatcher.extend(
+            q=q.reshape(1, 300, model.H, model.K), k=k.reshape(1, 300, model.H, model.K),
+            v=v.reshape(1, 300, model.HV, model.V), g=g, beta=beta, ssm_states=cache.temporal,
+            cache_indices=torch.cat(seqs).to(torch.int32), query_start_loc=torch.tensor([0, 90, 300]))
+        state_of(dispatcher).extending = (pool, layer, fb)
+        record_capture.keep_chunk_states(result, dispatcher, cache.temporal)
+    state_of(dispatcher).extending = None
+    # Kept: depth 128 (first chunk start past 128 of the second prefill: 90 + 64 = 154), 282.
+    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
+    jobs, want = [], []
+    for n in (160, 154, 299):
+        start = _from_interval_state(pool, kv[:n])
+        assert start is not None
+        state, lead, slots = start
+        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=slots, state=state, lead=lead))
+        want.append(n)
+    assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
+    rebuild(pool, req_pool, jobs)
+    _check(model, req_pool, layers, inputs, jobs, want)
+
+
+def test_kda_kept_chunk_states_are_the_prefill_states(radix_adapter):
+    """KDA's extend returns ``(o, h)`` while SGLang tracks a request of the batch: its chunk states are kept
+    at the interval (``h_at=1``) and a rebuild from them equals the fp64 recurrence. An extend that returns
+    no ``h`` keeps nothing and its assigned keys lose their slots (never a slot the forward did not write)."""
+    from sglang_replayssm.cpu.kda import chunk_kda
+    from sglang_replayssm.radix.records import capture as record_capture
+    from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
+    from sglang_replayssm.radix.records.match import _from_interval_state
+    from sglang_replayssm.state import state_of
+
+    model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=5, kind="kda")
+    prefix, lens = [0, 90], [90, 210]
+    loc = torch.cat([kv[:90], kv[90:300]])
+    tokens, _ = kept_positions(prefix, lens, 128)
+    alloc = req_pool.mamba_allocator
+    for with_h in (False, True):
+        pool.states = IntervalStates(kv_size=512, capacity=8, interval=128, device=torch.device("cpu"))
+        pool.states.assign(loc[torch.tensor(tokens)])
+        dispatcher = types.SimpleNamespace()
+        fb = types.SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens, out_cache_loc=loc)
+        seqs = [alloc.alloc(1), alloc.alloc(1)]
+        for layer, (x, a, b) in zip(layers, inputs):
+            cache = req_pool.mamba2_layer_cache(layer.layer_id)
+            cache.temporal[seqs[0]] = 0
+            cache.temporal[seqs[1]] = _kda_oracle(layer, model, x, a, b, 90).float()
+            conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
+            mixed = torch.stack([(conv[t:t + model.win + 1].T * layer.conv_weights).sum(-1) for t in range(300)])
+            q, k, v = torch.split(torch.nn.functional.silu(mixed + layer.bias), [layer.q_dim, layer.k_dim, layer.v_dim],
+                                  dim=-1)
+            result = chunk_kda(q.reshape(1, 300, model.H, model.K), k.reshape(1, 300, model.H, model.K),
+                               v.reshape(1, 300, model.HV, model.V), a.reshape(1, 300, model.HV, model.K),
+                               b.unsqueeze(0), ssm_states=cache.temporal, cache_indices=torch.cat(seqs).to(torch.int32),
+                               query_start_loc=torch.tensor([0, 90, 300]), A_log=layer.A_log, dt_bias=layer.dt_bias,
+                               beta_is_raw=True, return_intermediate_states=with_h, track_state=None,
+                               track_chunk_idx=None)
+            state_of(dispatcher).extending = (pool, layer, fb)
+            record_capture.keep_chunk_states(result, dispatcher, cache.temporal, h_at=1)
+        if not with_h:  # keys without a written state: no state found anywhere on the path
+            assert not bool((pool.states.state_of >= 0).any()) and _from_interval_state(pool, kv[:299]) is None
+    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
+    jobs, want = [], []
+    for n in (160, 282, 299):
+        start = _from_interval_state(pool, kv[:n])
+        assert start is not None
+        state, lead, slots = start
+        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=slots, state=state, lead=lead))
+        want.append(n)
+    assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
+    rebuild(pool, req_pool, jobs)
+    _check(model, req_pool, layers, inputs, jobs, want, oracle=_kda_oracle, kda=True)
