@@ -113,3 +113,25 @@ def test_kda_kept_chunk_states_are_the_prefill_states(radix_adapter):
     assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
     rebuild(pool, req_pool, jobs)
     _check(model, req_pool, layers, inputs, jobs, want, oracle=_kda_oracle, kda=True)
+
+
+def test_a_replayed_prefill_graph_keeps_no_records():
+    """KDA's extend inside a breakable prefill CUDA graph runs none of our Python at replay: the refresh hook
+    SGLang calls before each replay drops the batch's record slots and interval states (tokens without records
+    are lost hits, never rebuilt from rows no forward wrote); other tokens keep theirs."""
+    from sglang_replayssm.radix.records.hooks import drop_graph_replayed_records
+    from sglang_replayssm.radix.records.interval_states import IntervalStates
+    from sglang_replayssm.radix.records.pool import RecordPool, attach
+
+    req_pool = types.SimpleNamespace()
+    pool = attach(req_pool, RecordPool(kv_size=64, capacity=32, device=torch.device("cpu")))
+    pool.states = IntervalStates(kv_size=64, capacity=4, interval=64, device=torch.device("cpu"))
+    kept, replayed = torch.arange(1, 9), torch.arange(20, 30)
+    for loc in (kept, replayed):
+        pool.assign(loc)
+        pool.states.assign(loc[-1:])
+    assert pool.covered(kept) and pool.covered(replayed)
+    backend = types.SimpleNamespace(req_to_token_pool=req_pool)
+    drop_graph_replayed_records(None, backend, object(), types.SimpleNamespace(out_cache_loc=replayed))
+    assert bool((pool.slots(replayed) < 0).all()) and pool.states.deepest(replayed) is None
+    assert pool.covered(kept) and pool.states.deepest(kept) == (7, int(pool.states.state_of[8]))

@@ -29,7 +29,9 @@ The pool exists only with a ReplaySSM ring (the decode ring, or the spec-verify 
 ``record_spec_ring``, :func:`ring_captured`); it is built with SGLang's memory pools (:mod:`startup`).
 On CUDA only prefill tokens are captured (a decode step replayed from a CUDA graph could not be
 captured); decode tokens keep the deepest state. The CUDA graphs SGLang captures at startup hold no
-record operation (capture, invalidation, kept chunk states): graph-capture forwards touch no record.
+record operation (capture, invalidation, kept chunk states): graph-capture forwards touch no record. A
+breakable prefill graph that replays KDA's extend inside the graph runs none of it: its tokens get no records
+(:func:`drop_graph_replayed`, before each replay).
 """
 
 from __future__ import annotations
@@ -149,6 +151,16 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
     if cached is None or cached[0] is not loc:  # the forward's first layer: one gather for every layer
         cached = batch_state.record_dest = (loc, pool.dest_of(loc))
     pool.write(layer, backend, loc, x, ra, rb, cached[1], stage=True)
+
+
+def drop_graph_replayed(backend: Any, forward_batch: Any) -> None:
+    """Before a prefill CUDA graph replays KDA's in-graph extend (``refresh_prefill_graph_metadata``): no
+    Python of the layers runs, so nothing is captured; the batch's tokens lose their record slots and
+    interval states (their hits are lost, never rebuilt from rows no forward wrote)."""
+    pool = pool_of(backend.req_to_token_pool)
+    loc = getattr(forward_batch, "out_cache_loc", None)
+    if pool is not None and loc is not None and not _graph_capturing():
+        pool.invalidate(loc)
 
 
 def _token_rows(t: Any) -> torch.Tensor | None:

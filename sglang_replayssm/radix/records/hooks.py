@@ -85,6 +85,15 @@ def keep_kda_interval_states(original: Callable[..., Any], dispatcher: Any, *arg
     return result
 
 
+def drop_graph_replayed_records(result: Any, backend: Any, meta: Any, forward_batch: Any, *args: Any,
+                                **kwargs: Any) -> None:
+    """A breakable prefill CUDA graph is about to replay KDA's extend inside the graph: its tokens keep no
+    records (nothing of ours runs in a replay)."""
+    from sglang_replayssm.radix.records.capture import drop_graph_replayed
+
+    drop_graph_replayed(backend, forward_batch)
+
+
 def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """A records-only best match gets a planted state, rebuilt before the copy-on-write reads it."""
     from sglang_replayssm.radix.records.match import plant_and_match
@@ -178,6 +187,8 @@ RECORD_HOOKS: tuple[Hook, ...] = (
                keep_interval_states, at=f"{_LINEAR_AT}/gdn_backend.py:441", fix="record_hits"),
     gated_hook("sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.extend", "AROUND",
                keep_kda_interval_states, at=f"{_LINEAR_AT}/kda_backend.py:420", fix="record_hits"),
+    gated_hook(f"{_KDA_BACKEND}.refresh_prefill_graph_metadata", "AFTER", drop_graph_replayed_records,
+               at=f"{_LINEAR_AT}/kda_backend.py:665", fix="record_hits"),
     gated_hook(_MATCH, "AROUND", plant_rebuilt_state,
                at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hits"),
     gated_hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "BEFORE", rebuild_planted_states,
