@@ -30,3 +30,15 @@ def test_a_short_soak_serves_right_and_leaves_nothing_behind(models, tmp_path):
     brief = {k: v for k, v in report.items() if k != "samples"}
     assert report["ok"] > 0 and len(report["probes"]) >= 2, brief  # probes: during the traffic, after the drain
     assert soak.problems(report, min_retractions=1) == [], brief
+
+
+def test_a_probe_may_differ_only_at_a_near_tie():
+    """The read-copy arm's probes (``probe_match``): equal tokens pass; a first difference passes only where
+    HF's own top-2 logit gap there is under the tie tolerance; without margins (exact arms) any difference fails."""
+    want = [5, 6, 7, 8]
+    gaps = [3.0, 0.01, 2.0, 0.02]
+    assert soak.probe_match([5, 6, 7, 8], want, None, 0.0)
+    assert soak.probe_match([5, 9, 1, 1], want, gaps, 0.05)  # flipped at a near tie, diverged after
+    assert not soak.probe_match([5, 6, 9, 8], want, gaps, 0.05)  # flipped where HF was sure
+    assert not soak.probe_match([5, 9, 1, 1], want, None, 0.05) and not soak.probe_match(None, want, gaps, 0.05)
+    assert not soak.probe_match([5, 6], want, gaps, 0.05)  # cut short where HF was sure (index 2)

@@ -168,3 +168,22 @@ def hf_greedy(
                                        "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos,
                                        "output_ids": results[i]})
     return [list(r) for r in results if r is not None]
+
+
+def hf_margins(model_dir: str | os.PathLike[str], prompts: Sequence[Sequence[int]],
+               continuations: Sequence[Sequence[int]]) -> list[list[float]]:
+    """Per prompt, per token ``i`` of its continuation: transformers' float32 gap between the two largest
+    logits at the step that chose token ``i`` (teacher forced on ``prompt + continuation[:i]``). A small gap
+    is a near tie, which a kernel that rounds differently (a bf16 state copy) may decide the other way."""
+    import torch
+
+    model_dir = str(Path(model_dir).resolve())
+    model, _, _ = _load(model_dir, model_fingerprint(model_dir))
+    out: list[list[float]] = []
+    with torch.inference_mode():
+        for ids, cont in zip(prompts, continuations):
+            seq = [int(t) for t in ids] + [int(t) for t in cont][:-1]
+            logits = model(torch.tensor([seq], dtype=torch.long)).logits[0, len(ids) - 1:].float()
+            top2 = logits.topk(2, dim=-1).values
+            out.append((top2[:, 0] - top2[:, 1]).tolist())
+    return out
