@@ -55,7 +55,9 @@ def _generate(url: str, ids: list[int]) -> dict:
 
 @pytest.mark.server
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("case", list(SERVER_CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.skipif(
+    c == "gdn-direct" and os.environ.get("SGLANG_REPLAYSSM_SLOW") != "1",
+    reason="opt-in (the direct io backend; gdn-kernel covers the path): SGLANG_REPLAYSSM_SLOW=1")) for c in SERVER_CASES])
 def test_evicted_prefix_loads_back_from_host(models, tmp_path, case):
     from tests.support.hf_reference import hf_greedy
     from tests.support.serve import cpu_server
