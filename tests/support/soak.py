@@ -309,8 +309,9 @@ ARMS: dict[str, list[str]] = {
 }
 ARM_ENV: dict[str, dict[str, str]] = {"read-copy": {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}}
 #: Arms whose probes may first differ from HF's tokens where HF's top-2 logit gap is below this (a near tie
-#: the bf16 copy's rounding decides the other way); every other arm must equal HF's tokens exactly.
-NEAR_TIE: dict[str, float] = {"read-copy": 0.05}
+#: the bf16 copy's rounding decides the other way; tiny-gdn's gaps at the probes go down to 0.001); every other
+#: arm must equal HF's tokens exactly. The report's ``exact`` says whether a probe needed the rule.
+NEAR_TIE: dict[str, float] = {"read-copy": 0.01}
 
 
 def run(model_dir: Path, workdir: Path, *, seconds: float, workers: int = 4, probe_every_s: float = 180.0,
