@@ -13,12 +13,41 @@ from sglang_replayssm.radix.records.rebuild import rebuild
 from tests.test_radix_records import _check, _kda_oracle, _oracle, _setup_rebuild
 
 
+def _two_prefills(req_pool, layer, seqs, after_90, model, x):
+    """The layer's cache with the two prefills' start states (zero; the fp64 state after the first 90 tokens),
+    and its ``q, k, v`` for all 300 tokens (conv from zero, SiLU): what the forward's extend receives."""
+    cache = req_pool.mamba2_layer_cache(layer.layer_id)
+    cache.temporal[seqs[0]] = 0
+    cache.temporal[seqs[1]] = after_90.float()
+    conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
+    mixed = torch.stack([(conv[t:t + model.win + 1].T * layer.conv_weights).sum(-1) for t in range(300)])
+    return cache, torch.split(torch.nn.functional.silu(mixed + layer.bias), [layer.q_dim, layer.k_dim, layer.v_dim],
+                              dim=-1)
+
+
+def _rebuild_from_kept(model, req_pool, layers, inputs, pool, kv, depths, kda=False):
+    """The two prefills (``[0, 90)``, then ``[90, 300)``) kept depths 154 and 282 (the first chunk starts at or
+    past 128 and 256); each depth rebuilds from the deepest kept state at or above it, folding only the records
+    past it, and equals the fp64 recurrence."""
+    from sglang_replayssm.radix.records.match import _from_interval_state
+
+    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
+    jobs = []
+    for n in depths:
+        start = _from_interval_state(pool, kv[:n])
+        assert start is not None
+        state, lead, slots = start
+        jobs.append(Rebuild(dst=req_pool.mamba_allocator.alloc(1), src=None, slots=slots, state=state, lead=lead))
+    assert [j.slots.numel() - j.lead for j in jobs] == [n - (282 if n >= 282 else 154) for n in depths]
+    rebuild(pool, req_pool, jobs)
+    _check(model, req_pool, layers, inputs, jobs, list(depths), oracle=_kda_oracle if kda else None, kda=kda)
+
+
 def test_kept_chunk_states_are_the_prefill_states(radix_adapter):
     """A prefill through the CPU extend kernel keeps its chunk states (``keep_chunk_states``) at the
     interval; a match's rebuild from them equals the fp64 recurrence of the path."""
     from sglang_replayssm.radix.records import capture as record_capture
     from sglang_replayssm.radix.records.interval_states import IntervalStates, kept_positions
-    from sglang_replayssm.radix.records.match import _from_interval_state
     from sglang_replayssm.state import state_of
 
     model, req_pool, layers, backend, pool, kv, inputs = _setup_rebuild(300, seed=3)
@@ -33,14 +62,7 @@ def test_kept_chunk_states_are_the_prefill_states(radix_adapter):
     alloc = req_pool.mamba_allocator
     seqs = [alloc.alloc(1), alloc.alloc(1)]
     for layer, (x, a, b) in zip(layers, inputs):
-        cache = req_pool.mamba2_layer_cache(layer.layer_id)
-        cache.temporal[seqs[0]] = 0
-        cache.temporal[seqs[1]] = _oracle(layer, model, x, a, b, 90).float()
-        conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
-        w = layer.conv_weights
-        mixed = torch.stack([(conv[t:t + model.win + 1].T * w).sum(-1) for t in range(300)]) + layer.bias
-        mixed = torch.nn.functional.silu(mixed)
-        q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        cache, (q, k, v) = _two_prefills(req_pool, layer, seqs, _oracle(layer, model, x, a, b, 90), model, x)
         g, beta = backend._prefill_gates(layer, a, b)
         result = backend.kernel_dispatcher.extend(
             q=q.reshape(1, 300, model.H, model.K), k=k.reshape(1, 300, model.H, model.K),
@@ -49,18 +71,7 @@ def test_kept_chunk_states_are_the_prefill_states(radix_adapter):
         state_of(dispatcher).extending = (pool, layer, fb)
         record_capture.keep_chunk_states(result, dispatcher, cache.temporal)
     state_of(dispatcher).extending = None
-    # Kept: depth 128 (first chunk start past 128 of the second prefill: 90 + 64 = 154), 282.
-    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
-    jobs, want = [], []
-    for n in (160, 154, 299):
-        start = _from_interval_state(pool, kv[:n])
-        assert start is not None
-        state, lead, slots = start
-        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=slots, state=state, lead=lead))
-        want.append(n)
-    assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
-    rebuild(pool, req_pool, jobs)
-    _check(model, req_pool, layers, inputs, jobs, want)
+    _rebuild_from_kept(model, req_pool, layers, inputs, pool, kv, (160, 154, 299))
 
 
 def test_kda_kept_chunk_states_are_the_prefill_states(radix_adapter):
@@ -85,13 +96,7 @@ def test_kda_kept_chunk_states_are_the_prefill_states(radix_adapter):
         fb = types.SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=lens, out_cache_loc=loc)
         seqs = [alloc.alloc(1), alloc.alloc(1)]
         for layer, (x, a, b) in zip(layers, inputs):
-            cache = req_pool.mamba2_layer_cache(layer.layer_id)
-            cache.temporal[seqs[0]] = 0
-            cache.temporal[seqs[1]] = _kda_oracle(layer, model, x, a, b, 90).float()
-            conv = torch.cat([torch.zeros(model.win, x.shape[1]), x])
-            mixed = torch.stack([(conv[t:t + model.win + 1].T * layer.conv_weights).sum(-1) for t in range(300)])
-            q, k, v = torch.split(torch.nn.functional.silu(mixed + layer.bias), [layer.q_dim, layer.k_dim, layer.v_dim],
-                                  dim=-1)
+            cache, (q, k, v) = _two_prefills(req_pool, layer, seqs, _kda_oracle(layer, model, x, a, b, 90), model, x)
             result = chunk_kda(q.reshape(1, 300, model.H, model.K), k.reshape(1, 300, model.H, model.K),
                                v.reshape(1, 300, model.HV, model.V), a.reshape(1, 300, model.HV, model.K),
                                b.unsqueeze(0), ssm_states=cache.temporal, cache_indices=torch.cat(seqs).to(torch.int32),
@@ -102,17 +107,7 @@ def test_kda_kept_chunk_states_are_the_prefill_states(radix_adapter):
             record_capture.keep_chunk_states(result, dispatcher, cache.temporal, h_at=1)
         if not with_h:  # keys without a written state: no state found anywhere on the path
             assert not bool((pool.states.state_of >= 0).any()) and _from_interval_state(pool, kv[:299]) is None
-    assert [int(kv.tolist().index(int(k))) + 1 for k in pool.states.owner[:2]] == [154, 282]
-    jobs, want = [], []
-    for n in (160, 282, 299):
-        start = _from_interval_state(pool, kv[:n])
-        assert start is not None
-        state, lead, slots = start
-        jobs.append(Rebuild(dst=alloc.alloc(1), src=None, slots=slots, state=state, lead=lead))
-        want.append(n)
-    assert [j.slots.numel() - j.lead for j in jobs] == [160 - 154, 0, 299 - 282]
-    rebuild(pool, req_pool, jobs)
-    _check(model, req_pool, layers, inputs, jobs, want, oracle=_kda_oracle, kda=True)
+    _rebuild_from_kept(model, req_pool, layers, inputs, pool, kv, (160, 282, 299), kda=True)
 
 
 def test_a_replayed_prefill_graph_keeps_no_records():
