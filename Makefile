@@ -28,8 +28,9 @@ test-matrix: env
 # disconnects, retraction, HiCache and the L3 file store, records), probes against HF, then the drain checks
 # (tests/support/soak.py; a 60 s version runs in `make test`). Report: out/soak/soak.json.
 SOAK_MINUTES ?= 30
+SOAK_ARM ?= records
 soak: env
-	@$(PY) -m tests.support.soak --minutes $(SOAK_MINUTES)
+	@$(PY) -m tests.support.soak --minutes $(SOAK_MINUTES) --arm $(SOAK_ARM)
 
 bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)
