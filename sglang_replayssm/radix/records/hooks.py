@@ -65,24 +65,22 @@ def _capture_records(name: str, what: str) -> Callable[..., Any]:
     return hook
 
 
-def keep_interval_states(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
-    """A forward's own GDN extend: keep its per-chunk states (``h``, the result's third item) at the
-    state interval."""
-    from sglang_replayssm.radix.records.capture import keep_chunk_states
+def _keep_interval_states(name: str, what: str, h_at: int) -> Callable[..., Any]:
+    def hook(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
+        from sglang_replayssm.radix.records.capture import keep_chunk_states
 
-    result = original(dispatcher, *args, **kwargs)
-    keep_chunk_states(result, dispatcher, kwargs.get("ssm_states"))
-    return result
+        result = original(dispatcher, *args, **kwargs)
+        keep_chunk_states(result, dispatcher, kwargs.get("ssm_states"), h_at=h_at)
+        return result
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__doc__ = f"A forward's own {what} extend: keep its per-chunk states (``h``, {what}'s result[{h_at}]) at the interval."
+    return hook
 
 
-def keep_kda_interval_states(original: Callable[..., Any], dispatcher: Any, *args: Any, **kwargs: Any) -> Any:
-    """A forward's own KDA extend: keep its per-chunk states (``h``, the second item of the ``(o, h)`` it
-    returns while SGLang tracks a request of the batch) at the state interval."""
-    from sglang_replayssm.radix.records.capture import keep_chunk_states
-
-    result = original(dispatcher, *args, **kwargs)
-    keep_chunk_states(result, dispatcher, kwargs.get("ssm_states"), h_at=1)
-    return result
+#: GDN's extend returns ``(o, final, h)``; KDA's ``(o, h)``, and only while SGLang tracks a request of the batch.
+keep_interval_states = _keep_interval_states("keep_interval_states", "GDN", 2)
+keep_kda_interval_states = _keep_interval_states("keep_kda_interval_states", "KDA", 1)
 
 
 def drop_graph_replayed_records(result: Any, backend: Any, meta: Any, forward_batch: Any, *args: Any,
