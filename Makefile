@@ -26,7 +26,7 @@ test-matrix: env
 
 # The soak (opt-in): SOAK_MINUTES of mixed traffic on one CPU-runtime server (RAG, sessions, client
 # disconnects, retraction, HiCache and the L3 file store, records), probes against HF, then the drain checks
-# (tests/support/soak.py; a 60 s version runs in `make test`). Report: out/soak/soak.json.
+# (tests/support/soak.py; a 3-minute version runs in `make test`). Report: out/soak/soak.json.
 SOAK_MINUTES ?= 30
 SOAK_ARM ?= records
 soak: env

@@ -1,7 +1,7 @@
 """The short soak on the CPU runtime with a real server (slow, `server` marker): ``tests/support/soak.py`` for
-60 s of mixed traffic (RAG, multi-turn sessions, client disconnects; retraction, also forced every 40 steps by
+3 minutes of mixed traffic (RAG, multi-turn sessions, client disconnects; retraction, also forced every 40 steps by
 SGLang's ``SGLANG_TEST_RETRACT``; HiCache eviction and load-back, the L3 file store, records) with a probe every
-25 s, then the drain. The same acceptance as ``make soak``'s
+45 s, then the drain. The same acceptance as ``make soak``'s
 30 minutes: no failed request (client aborts aside), every probe equal to HF's greedy tokens, every
 ``sglang:replayssm_*`` gauge back to idle, the scheduler's RSS growth over the second half under 2%.
 """
@@ -23,12 +23,12 @@ def models() -> dict[str, Path]:
 
 
 @pytest.mark.server
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_a_short_soak_serves_right_and_leaves_nothing_behind(models, tmp_path):
-    report = soak.run(models["tiny-gdn"], tmp_path, seconds=60, workers=4, probe_every_s=25, sample_every_s=5,
+    report = soak.run(models["tiny-gdn"], tmp_path, seconds=180, workers=4, probe_every_s=45, sample_every_s=5,
                       retract_every=40)
     brief = {k: v for k, v in report.items() if k != "samples"}
-    assert report["ok"] > 0 and len(report["probes"]) >= 2, brief  # probes: during the traffic, after the drain
+    assert report["ok"] > 0 and len(report["probes"]) >= 4, brief  # probes: during the traffic, after the drain
     assert soak.problems(report, min_retractions=1) == [], brief
 
 

@@ -19,7 +19,7 @@ and the queued record jobs must be 0 at once, and after ``/flush_cache`` every g
 pool's size aside) must be 0. :func:`problems` lists what failed: failed requests (client aborts excluded),
 probes that differ, gauges not back to idle, RSS growth over the second half of 2% or more.
 
-``python -m tests.support.soak --minutes 30`` (``make soak``); ``tests/test_cpu_soak_server.py`` runs 60 s (``make test``).
+``python -m tests.support.soak --minutes 30`` (``make soak``); ``tests/test_cpu_soak_server.py`` runs 3 minutes (``make test``).
 """
 
 from __future__ import annotations
