@@ -5,7 +5,9 @@ runtime's extend kernels; the helpers are tests/test_radix_records.py's)."""
 from __future__ import annotations
 
 import types
+from typing import Any
 
+import pytest
 import torch
 
 from sglang_replayssm.radix.records.match import Rebuild
@@ -110,11 +112,25 @@ def test_kda_kept_chunk_states_are_the_prefill_states(radix_adapter):
     _rebuild_from_kept(model, req_pool, layers, inputs, pool, kv, (160, 282, 299), kda=True)
 
 
-def test_a_replayed_prefill_graph_keeps_no_records():
-    """KDA's extend inside a breakable prefill CUDA graph runs none of our Python at replay: the refresh hook
-    SGLang calls before each replay drops the batch's record slots and interval states (tokens without records
-    are lost hits, never rebuilt from rows no forward wrote); other tokens keep theirs."""
-    from sglang_replayssm.radix.records.hooks import drop_graph_replayed_records
+def _replay(hook: str, req_pool: Any, loc: torch.Tensor) -> None:
+    """Call ``hook`` as SGLang does before a prefill graph replay of a batch whose tokens are ``loc``."""
+    from sglang_replayssm.radix.records import hooks
+
+    batch = types.SimpleNamespace(out_cache_loc=loc)
+    if hook == "kda-breakable":  # KDAAttnBackend.refresh_prefill_graph_metadata (AFTER)
+        hooks.drop_graph_replayed_records(None, types.SimpleNamespace(req_to_token_pool=req_pool), object(), batch)
+    else:  # PrefillCudaGraphRunner.execute (BEFORE), a full graph or a breakable one
+        runner = types.SimpleNamespace(_is_full_backend=hook == "full",
+                                       model_runner=types.SimpleNamespace(req_to_token_pool=req_pool))
+        hooks.drop_full_graph_records(runner, batch)
+
+
+@pytest.mark.parametrize("hook", ["kda-breakable", "full", "gdn-breakable"])
+def test_a_replayed_prefill_graph_keeps_no_records(hook):
+    """A linear layer's extend inside a prefill CUDA graph (KDA's in a breakable graph, every layer in a full
+    one) runs none of our Python at replay: the hook SGLang calls before each replay drops the batch's record
+    slots and interval states (tokens without records are lost hits, never rebuilt from rows no forward
+    wrote); other tokens keep theirs. A breakable graph's GDN layers run eagerly (captured): nothing dropped."""
     from sglang_replayssm.radix.records.interval_states import IntervalStates
     from sglang_replayssm.radix.records.pool import RecordPool, attach
 
@@ -126,7 +142,9 @@ def test_a_replayed_prefill_graph_keeps_no_records():
         pool.assign(loc)
         pool.states.assign(loc[-1:])
     assert pool.covered(kept) and pool.covered(replayed)
-    backend = types.SimpleNamespace(req_to_token_pool=req_pool)
-    drop_graph_replayed_records(None, backend, object(), types.SimpleNamespace(out_cache_loc=replayed))
-    assert bool((pool.slots(replayed) < 0).all()) and pool.states.deepest(replayed) is None
+    _replay(hook, req_pool, replayed)
+    if hook == "gdn-breakable":
+        assert pool.covered(replayed) and pool.states.deepest(replayed) is not None
+    else:
+        assert bool((pool.slots(replayed) < 0).all()) and pool.states.deepest(replayed) is None
     assert pool.covered(kept) and pool.states.deepest(kept) == (7, int(pool.states.state_of[8]))

@@ -30,8 +30,8 @@ The pool exists only with a ReplaySSM ring (the decode ring, or the spec-verify 
 On CUDA only prefill tokens are captured (a decode step replayed from a CUDA graph could not be
 captured); decode tokens keep the deepest state. The CUDA graphs SGLang captures at startup hold no
 record operation (capture, invalidation, kept chunk states): graph-capture forwards touch no record. A
-breakable prefill graph that replays KDA's extend inside the graph runs none of it: its tokens get no records
-(:func:`drop_graph_replayed`, before each replay).
+prefill graph that replays a linear layer's extend inside the graph (KDA's in a breakable graph; every layer
+in a full one) runs none of it: its tokens get no records (:func:`drop_graph_replayed`, before each replay).
 """
 
 from __future__ import annotations
@@ -154,9 +154,11 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
 
 
 def drop_graph_replayed(backend: Any, forward_batch: Any) -> None:
-    """Before a prefill CUDA graph replays KDA's in-graph extend (``refresh_prefill_graph_metadata``): no
-    Python of the layers runs, so nothing is captured; the batch's tokens lose their record slots and
-    interval states (their hits are lost, never rebuilt from rows no forward wrote)."""
+    """Before a prefill CUDA graph replays a linear layer's extend inside the graph (KDA's in a breakable
+    graph, ``refresh_prefill_graph_metadata``; every layer's in a full one, ``PrefillCudaGraphRunner.execute``;
+    ``backend``: anything holding the ``req_to_token_pool``): no Python of the layers runs, so nothing is
+    captured; the batch's tokens lose their record slots and interval states (their hits are lost, never
+    rebuilt from rows no forward wrote)."""
     pool = pool_of(backend.req_to_token_pool)
     loc = getattr(forward_batch, "out_cache_loc", None)
     if pool is not None and loc is not None and not _graph_capturing():

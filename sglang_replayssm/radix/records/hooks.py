@@ -92,6 +92,15 @@ def drop_graph_replayed_records(result: Any, backend: Any, meta: Any, forward_ba
     drop_graph_replayed(backend, forward_batch)
 
 
+def drop_full_graph_records(runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+    """A full prefill CUDA graph is about to replay the whole forward, every linear layer inside it: its
+    tokens keep no records (nothing of ours runs in a replay)."""
+    if config.enabled("record_hits") and getattr(runner, "_is_full_backend", False):
+        from sglang_replayssm.radix.records.capture import drop_graph_replayed
+
+        drop_graph_replayed(runner.model_runner, forward_batch)
+
+
 def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
     """A records-only best match gets a planted state, rebuilt before the copy-on-write reads it."""
     from sglang_replayssm.radix.records.match import plant_and_match
@@ -187,6 +196,9 @@ RECORD_HOOKS: tuple[Hook, ...] = (
                keep_kda_interval_states, at=f"{_LINEAR_AT}/kda_backend.py:420", fix="record_hits"),
     gated_hook(f"{_KDA_BACKEND}.refresh_prefill_graph_metadata", "AFTER", drop_graph_replayed_records,
                at=f"{_LINEAR_AT}/kda_backend.py:665", fix="record_hits"),
+    gated_hook("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.execute",
+               "BEFORE", drop_full_graph_records,
+               at="sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py:2347", fix="record_hits", gate=False),
     gated_hook(_MATCH, "AROUND", plant_rebuilt_state,
                at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hits"),
     gated_hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "BEFORE", rebuild_planted_states,
