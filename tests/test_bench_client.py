@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -31,6 +32,15 @@ def test_iter_sse_events_keeps_partial_event() -> None:
     assert bytes(buf) == b'data: {"b"'
     buf += b": 2}\n\n"
     assert client.iter_sse_events(buf) == ['{"b": 2}']
+
+
+def test_iter_sse_events_keeps_unicode_line_separators_inside_a_payload() -> None:
+    """Generated text is arbitrary: a JSON string may hold U+0085 / U+2028 / U+2029 raw (json.dumps with
+    ensure_ascii=False does not escape them), which ``str.splitlines`` treats as line ends."""
+    payload = json.dumps({"text": "a\x85b\u2028c\u2029d\x1ce", "output_ids": [7]}, ensure_ascii=False)
+    buf = bytearray(f"data: {payload}\n\ndata: [DONE]\n\n".encode())
+    events = client.iter_sse_events(buf)
+    assert json.loads(events[0]) == json.loads(payload) and events[1:] == ["[DONE]"]
 
 
 @pytest.mark.parametrize("incremental", [False, True])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -37,7 +38,9 @@ def merge_output_ids(acc: list[int], chunk_ids: list[int], completion_tokens: in
 
 
 def iter_sse_events(buffer: bytearray) -> list[str]:
-    """Pop complete ``data: ...`` payloads off ``buffer`` (events end with a blank line)."""
+    """Pop complete ``data: ...`` payloads off ``buffer`` (events end with a blank line). Lines end at CR / LF
+    only (the SSE rule): a payload's JSON text may hold U+0085, U+2028 or U+2029 raw, where ``str.splitlines``
+    would cut it."""
     events: list[str] = []
     while True:
         end = buffer.find(b"\n\n")
@@ -45,7 +48,7 @@ def iter_sse_events(buffer: bytearray) -> list[str]:
             return events
         raw = bytes(buffer[:end]).decode("utf-8", errors="replace")
         del buffer[:end + 2]
-        for line in raw.splitlines():
+        for line in re.split(r"\r\n|\r|\n", raw):
             if line.startswith("data:"):
                 events.append(line[5:].strip())
 
