@@ -16,7 +16,6 @@ import argparse
 import json
 import random
 import shlex
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -28,6 +27,7 @@ from profile_step import _generate  # noqa: E402
 from serve_check import LAB_FLAGS  # noqa: E402
 
 from sglang_replayssm.bench.arms import ARMS, server_command, server_env  # noqa: E402
+from sglang_replayssm.bench.metrics import percentile  # noqa: E402
 from sglang_replayssm.bench.server import ServerProcess, pick_port  # noqa: E402
 from sglang_replayssm.models.build import build_model  # noqa: E402
 from sglang_replayssm.models.specs import SPECS  # noqa: E402
@@ -40,7 +40,7 @@ def deep_model(out: Path) -> Path:
     return build_model(spec, out)
 
 
-def floor(model: Path, arm: str, device: str, n: int, log: Path, extra: list[str]) -> dict[str, float]:
+def floor(model: Path, arm: str, device: str, n: int, log: Path, extra: list[str]) -> dict[str, float | None]:
     name, _, envs = arm.partition(":")
     rng = random.Random(7)
     port = pick_port()
@@ -53,9 +53,8 @@ def floor(model: Path, arm: str, device: str, n: int, log: Path, extra: list[str
     with ServerProcess(cmd, env, log, f"http://127.0.0.1:{port}", 300) as srv:
         times = [_generate(srv.base_url, [rng.randrange(10, 2000) for _ in range(32)], 1)["client_s"] * 1e3
                  for _ in range(n + 5)][5:]
-    times.sort()
-    return {"p50_ms": statistics.median(times), "p10_ms": times[len(times) // 10],
-            "p90_ms": times[9 * len(times) // 10], "requests": len(times)}
+    return {"p50_ms": percentile(times, 50.0), "p10_ms": percentile(times, 10.0), "p90_ms": percentile(times, 90.0),
+            "requests": len(times)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,13 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     extra = shlex.split(LAB_FLAGS) if args.lab else []
     args.out.mkdir(parents=True, exist_ok=True)
     model = deep_model(args.out / "models")
-    res: dict[str, dict[str, float]] = {}
+    res: dict[str, dict[str, float | None]] = {}
     for i, arm in enumerate(a for a in args.arms.split(",") if a):
         if time.monotonic() > t_end - 60:
             print(arm, "cut by the budget", flush=True)
             continue
         res[f"{i}:{arm}"] = floor(model, arm, args.device, args.requests, args.out / f"server-{i}.log", extra)
-        print(arm, {k: round(v, 2) for k, v in res[f"{i}:{arm}"].items()}, flush=True)
+        print(arm, {k: round(v or 0.0, 2) for k, v in res[f"{i}:{arm}"].items()}, flush=True)
     (args.out / "floor_depth.json").write_text(json.dumps(res, indent=1) + "\n")
     return 0
 

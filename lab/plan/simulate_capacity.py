@@ -116,13 +116,13 @@ def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[l
 def ring_on_rows(doc: dict[str, Any], rows: int) -> None:
     """What-if: the decode ring on ``rows`` ring rows (the running requests' working slots) instead of on every
     mamba slot, which is how SGLang allocates it (``MambaPool``: ``size + 1`` rings). The plugin arms' mamba
-    share then buys ``(share - rows * ring - state) // state`` slots (SGLang's auto-fit, one padding slot);
-    the KV and record bytes stay as planned. Edits ``doc["policies"]`` in place."""
+    share less the rows' rings buys state-only slots (SGLang's auto-fit, ``plan._mamba_pool``); the KV and
+    record bytes stay as planned. Edits ``doc["policies"]`` in place."""
     from sglang_replayssm.bench import plan as capacity
 
-    s = doc["sizes"]
-    share = doc["budget_bytes"] * capacity.MAMBA_FULL_MEMORY_RATIO / (1 + capacity.MAMBA_FULL_MEMORY_RATIO)
-    slots = max(int((share - rows * s["ring"] - s["state"]) // s["state"]), 0)
+    s, ratio = doc["sizes"], capacity.MAMBA_FULL_MEMORY_RATIO
+    rings = rows * s["ring"] * (1 + ratio) / ratio  # the budget whose mamba share is the rows' rings
+    slots, _ = capacity._mamba_pool(int(doc["budget_bytes"] - rings), s["state"], ratio)
     for pol in doc["policies"]:
         if pol["policy"] != "sglang":
             pol["state_slots"] = slots
