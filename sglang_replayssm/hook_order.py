@@ -29,8 +29,10 @@ ORDER: dict[str, tuple[str, ...]] = {
     f"{_KERNELS}.kda_triton.TritonKDAKernel.packed_decode": ("kda_ring_kernel", "kda-ring-decode"),
     # The read copy marks a destination stale after the exact (folded) copy wrote it.
     f"{_MP}.MambaPool.copy_from": ("read_copy_stale_on_copy", "exact_copy_from"),
-    # The read copy attaches to the pool the PD decode ring built and the allocator was linked to.
-    f"{_MP}.HybridReqToTokenPool._init_mamba_pool": ("attach_read_copy", "decode_pool_ring", "link_slot_allocator"),
+    # The read copy attaches to the pool the PD decode ring built and the allocator was linked to; the
+    # allocator links to the cursor the request-row rings allocated.
+    f"{_MP}.HybridReqToTokenPool._init_mamba_pool": (
+        "attach_read_copy", "decode_pool_ring", "link_slot_allocator", "ring_rows_pool"),
     "sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc": (
         "read_copy_stale_on_alloc", "empty_ring_on_alloc"),
     # Spec rows fold, then decode-ring rows, then SGLang's copy-on-write; then extend rows' copies go stale.

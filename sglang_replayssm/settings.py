@@ -27,7 +27,7 @@ __all__ = [
     "FIXES", "SETTINGS", "Fix", "Setting", "by_name", "main", "markdown_table", "validate",
     "ADAPTER", "CPU_RUNTIME", "CUDA_CACHE", "CUDA_KERNELS", "DISABLE_FIXES", "HOST_RECORD_TOKENS", "READ_COPY",
     "STATE_INTERVAL_ROUNDED",
-    "READ_COPY_MODES", "REBUILD_SEQUENTIAL_TOKENS", "RECORD_TOKENS", "RING_TRACE", "STATE_INTERVAL",
+    "READ_COPY_MODES", "REBUILD_SEQUENTIAL_TOKENS", "RECORD_TOKENS", "RING_ROWS", "RING_TRACE", "STATE_INTERVAL",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -171,6 +171,9 @@ READ_COPY = Setting(f"{PREFIX}READ_COPY", "off|bf16|fp8", "off", _choice(*READ_C
                     "--enable-linear-replayssm and an fp32 checkpoint; refused with speculative decoding and the Helion "
                     "decode backend",
                     "read copy")
+RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "bool", False, _flag, "decode rings only for running requests (one per "
+                    "request row, not one per mamba slot): the slots' ring bytes go to more slots; CPU only for now, "
+                    "refused with the read copy, PD, speculative decoding and CUDA tensors", "ring")
 CPU_RUNTIME = Setting(f"{PREFIX}CPU_RUNTIME", "bool", True, _flag, "without a CUDA driver, route `sgl_kernel` to the "
                       "torch stand-in (cpu/autoload.py); off: never", "cpu runtime")
 RING_TRACE = Setting(f"{PREFIX}RING_TRACE", "path prefix", None, _text, "tests: each process appends its CPU ring "
@@ -200,7 +203,7 @@ _OUTSIDE = (
 
 #: Every variable, in table order.
 SETTINGS: tuple[Setting[Any], ...] = (
-    ADAPTER, DISABLE_FIXES, CUDA_KERNELS, CUDA_CACHE, RECORD_TOKENS, STATE_INTERVAL, STATE_INTERVAL_ROUNDED,
+    ADAPTER, DISABLE_FIXES, CUDA_KERNELS, CUDA_CACHE, RING_ROWS, RECORD_TOKENS, STATE_INTERVAL, STATE_INTERVAL_ROUNDED,
     HOST_RECORD_TOKENS,
     REBUILD_SEQUENTIAL_TOKENS, READ_COPY, CPU_RUNTIME, RING_TRACE, LAB_GPU, *_OUTSIDE,
 )  # fmt: skip

@@ -4,7 +4,8 @@ SGLang's objects carry no slot for a plugin, so what the package keeps beside th
 one attribute (``_replayssm_state``) set in one place (:func:`state_of`); nothing else of ours is set
 on an SGLang object. Which fields an object uses depends on its kind:
 
-* a ``MambaPool``: ``read_copy`` (radix/read_copy/store.py);
+* a ``MambaPool``: ``read_copy`` (radix/read_copy/store.py), ``ring_rows`` (the slot -> ring row map of rings
+  keyed by request row, radix/ring/rows.py);
 * a linear-attention decode kernel (``TritonGDNKernel`` / ``TritonKDAKernel``): ``mamba_pool``, the pool
   its backend decodes into, linked when the backend is built (radix/read_copy/hooks.py); the decode step
   reaches the pool's read copy through it;
@@ -12,7 +13,8 @@ on an SGLang object. Which fields an object uses depends on its kind:
   tokens the KV-budget reservation fixed for it (radix/records/budget.py), read when ``configure`` has
   built the pools (radix/records/startup.py);
 * a ``HybridReqToTokenPool``: ``record_pool``, built once with the pools, and ``records_off``
-  (radix/records/startup.py, radix/records/pool.py);
+  (radix/records/startup.py, radix/records/pool.py); ``ring_rows``, its mamba pool's slot -> ring row map
+  (radix/ring/rows.py);
 * the KV allocator: ``record_pool`` (linked by radix/records/capture.py);
 * the mamba slot allocator: ``write_pos`` (radix/ring/alloc_reset.py), ``read_copy``;
 * a host KV pool: ``host_records``; a tree core: ``planted_nodes`` (radix/records/hicache/);
@@ -47,6 +49,7 @@ class ReplaySSMState:
     """What the package keeps on one SGLang object (module docstring: which object uses which field)."""
 
     read_copy: Any = None
+    ring_rows: Any = None
     mamba_pool: Any = None
     record_capacity: int | None = None
     record_pool: Any = None

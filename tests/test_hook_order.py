@@ -33,7 +33,8 @@ INTENDED: dict[str, tuple[str, ...]] = {
     "sglang.srt.layers.attention.linear.kernels.kda_triton.TritonKDAKernel.packed_decode": (
         "kda_ring_kernel", "kda-ring-decode"),
     f"{_MP}.MambaPool.copy_from": ("read_copy_stale_on_copy", "exact_copy_from"),
-    f"{_MP}.HybridReqToTokenPool._init_mamba_pool": ("attach_read_copy", "decode_pool_ring", "link_slot_allocator"),
+    f"{_MP}.HybridReqToTokenPool._init_mamba_pool": ("attach_read_copy", "decode_pool_ring", "link_slot_allocator",
+                                                     "ring_rows_pool"),
     "sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc": ("read_copy_stale_on_alloc",
                                                                       "empty_ring_on_alloc"),
     f"{_RUNNER}._maybe_execute_deferred_mamba_cow_and_clear": (

@@ -12,7 +12,8 @@ GDN and KDA x no_buffer / extra_buffer / extra_buffer_lazy, with track intervals
 the ring length L=4 and that do not, and checkpoint grids 1 and 2, and with records (hits at any
 depth, states planted and rebuilt from stored inputs: GDN with a full pool and interval states, GDN
 with a 40-token first-in-first-out pool, KDA with a 60-token pool): every planted node is checked
-like any other; 15,300 steps in total, derandomised so CI runs the same streams every time.
+like any other; and with decode rings keyed by request row (three configurations here, two across
+the moves below); 20,400 steps in total, derandomised so CI runs the same streams every time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ CONFIGS = [
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, state_interval=4),
     SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, records=True, record_tokens=40),
     SimConfig(kind="kda", strategy="extra_buffer", track_interval=3, records=True, record_tokens=60),
+    # Decode rings keyed by request row (radix/ring/rows.py): a slot reads its records at its request's row.
+    SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, ring_rows=True),
+    SimConfig(kind="kda", strategy="extra_buffer", track_interval=3, ring_rows=True),
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, state_interval=4,
+              ring_rows=True),
 ]
 FAMILIES = [
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3],
@@ -140,7 +146,8 @@ def _run(cfg: SimConfig, stream: list[tuple], apply=None, setup=None) -> None:
 @pytest.mark.parametrize(
     "cfg", CONFIGS,
     ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
-    + (f"-records{c.record_tokens}" if c.records else "") + (f"-states{c.state_interval}" if c.state_interval else ""),
+    + (f"-records{c.record_tokens}" if c.records else "") + (f"-states{c.state_interval}" if c.state_interval else "")
+    + ("-ring-rows" if c.ring_rows else ""),
 )
 def test_every_cached_and_live_state_is_exact(cfg):
     @settings(
@@ -160,7 +167,7 @@ def test_every_cached_and_live_state_is_exact(cfg):
 
 
 def test_the_suite_ran_enough_steps():
-    """Runs after the parametrised cases (file order); 9 x 34 x 50 = 15,300 steps."""
+    """Runs after the parametrised cases (file order); 12 x 34 x 50 = 20,400 steps."""
     assert _steps_run["count"] >= 10_000, _steps_run["count"]
     assert _steps_run["rebuilds"] >= 100, _steps_run  # the records configurations plant and rebuild
     assert _steps_run["state_rebuilds"] >= 20, _steps_run  # ... some from a kept prefill state
@@ -198,6 +205,9 @@ MOVER_CONFIGS = [
     SimConfig(kind="gdn", strategy="no_buffer", track_interval=3, mamba_slots=32, records=True),
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=32, records=True,
               record_tokens=40),
+    SimConfig(kind="kda", strategy="no_buffer", track_interval=4, chunk=2, mamba_slots=32, ring_rows=True),
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=32, records=True,
+              ring_rows=True),
 ]
 _MOVER_ARGS = {
     **_OP_ARGS,
@@ -306,7 +316,7 @@ def _apply_mover(sim: Sim, op: tuple) -> None:
 
 @pytest.mark.parametrize(
     "cfg", MOVER_CONFIGS, ids=lambda c: f"{c.kind}-{c.strategy}-interval{c.track_interval}-grid{c.chunk}"
-    + (f"-records{c.record_tokens}" if c.records else "")
+    + (f"-records{c.record_tokens}" if c.records else "") + ("-ring-rows" if c.ring_rows else "")
 )
 def test_every_state_is_exact_across_moves(cfg, monkeypatch):
     from sglang.srt.mem_cache.pool_host import common

@@ -293,8 +293,8 @@ def test_the_decode_kernel_reaches_its_pools_read_copy():
     ``ssm_states`` view's place in the pool's checkpoints; no link, another tensor: no copy."""
     from types import SimpleNamespace
 
-    from sglang_replayssm.radix.read_copy.hooks import link_decode_kernel
     from sglang_replayssm.radix.read_copy.store import layer_of
+    from sglang_replayssm.radix.ring.hooks import link_decode_kernel
 
     with config.override(True), config.override_read_copy("bf16"):
         sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_len=4, head_dim=16))
@@ -310,8 +310,7 @@ def test_the_decode_kernel_reaches_its_pools_read_copy():
         assert layer is not None and layer.copy.is_set_to(rc.copy[li]) and layer.stale.is_set_to(rc.stale[li])
     assert layer_of(kernel, temporal[0].clone()) is None and layer_of(kernel, temporal[0, 1:]) is None
     assert layer_of(SimpleNamespace(), temporal[0]) is None and layer_of(None, temporal[0]) is None
-    with config.override_read_copy("off"):
-        other = SimpleNamespace()
-        link_decode_kernel(None, SimpleNamespace(kernel_dispatcher=SimpleNamespace(decode_kernel=other),
-                                                 req_to_token_pool=backend.req_to_token_pool))  # fmt: skip
-    assert layer_of(other, temporal[0]) is None  # off: never linked
+    other = SimpleNamespace()
+    link_decode_kernel(None, SimpleNamespace(kernel_dispatcher=SimpleNamespace(decode_kernel=other),
+                                             req_to_token_pool=SimpleNamespace(mamba_pool=None)))  # fmt: skip
+    assert layer_of(other, temporal[0]) is None  # no pool: never linked

@@ -13,6 +13,12 @@ from sglang_replayssm.cpu.standin import gdn
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 from sglang_replayssm.radix.read_copy.store import decode_step, layer_of
+from sglang_replayssm.radix.ring.rows import ring_map_of
+
+
+def _by_slot(d: torch.Tensor, ring_map: torch.Tensor | None) -> torch.Tensor:
+    """The ring records ``[slots, ...]`` of each slot: ``d`` itself, or its rows gathered by ``ring_map``."""
+    return d if ring_map is None else d[ring_map.long()]
 
 
 def _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out) -> None:
@@ -41,12 +47,13 @@ def gdn_packed_decode(original, self, mixed_qkv, a, b, *, A_log, dt_bias, scale,
             if PROBE is not None:
                 PROBE.call("gdn", True, out.shape[0])
             return out.transpose(0, 1)
-        if PROBE is not None:
-            PROBE.before_ring_step(ssm_states, d, cache_indices, wp)
+        ring_map = ring_map_of(self)
+        if PROBE is not None:  # the probe reads records by slot
+            PROBE.before_ring_step(ssm_states, _by_slot(d, ring_map), cache_indices, wp)
         ring_decode_torch(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, d, k, g, out, cache_indices, wp,
-                          kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True)
+                          kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True, ring_map=ring_map)
         if PROBE is not None:
-            PROBE.after_ring_step(ssm_states, d, cache_indices, wp)
+            PROBE.after_ring_step(ssm_states, _by_slot(d, ring_map), cache_indices, wp)
             PROBE.call("gdn", True, out.shape[0])
     else:
         _packed_decode_plain(mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, cache_indices, out)

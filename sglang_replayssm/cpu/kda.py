@@ -28,6 +28,7 @@ from sglang_replayssm.cpu.standin import gdn, ops
 from sglang_replayssm.kernels.read_copy_ref import read_copy_decode_torch
 from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
 from sglang_replayssm.radix.read_copy.store import decode_step, layer_of
+from sglang_replayssm.radix.ring.rows import ring_map_of
 
 logger = logging.getLogger("sglang_replayssm")
 #: The original SGLang method an AROUND hook wraps.
@@ -151,7 +152,8 @@ def packed_decode(original: Hooked, self: Any, mixed_qkv: Tensor, a: Tensor, b: 
                         out, cache_indices, wp, kwargs.get("replayssm_force_flush"), is_kda=True)  # fmt: skip
         else:
             ring_decode_torch(mixed_qkv, a_, b_, A_log_, dt_bias_, scale, ssm_states, d, kc, gc, out, cache_indices,
-                              wp, kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True, is_kda=True)  # fmt: skip
+                              wp, kwargs.get("replayssm_force_flush"), use_qk_l2norm_in_kernel=True, is_kda=True,
+                              ring_map=ring_map_of(self))  # fmt: skip
         if not _ring_logged:
             _ring_logged = True
             logger.warning("KDA decode runs the ReplaySSM ring decode on CPU (torch ring_decode_torch, is_kda=True, "

@@ -33,6 +33,7 @@ def materialize(
     *,
     is_kda: bool,
     check_values: bool = True,
+    ring_src: torch.Tensor | None = None,
 ) -> None:
     """Fold ``counts[i]`` ring records of ``src_slots[i]`` into ``temporal[:, dst_slots[i]]``, in place.
 
@@ -45,11 +46,17 @@ def materialize(
         check_values: validate index values on the host (a device sync on CUDA). Pass False only
             when the caller guarantees the invariants (distinct destinations, no destination that
             another row reads, ``0 <= count <= L``).
+        ring_src: the ring row of each row's records (``[R]``) when the ring tensors hold one row per
+            running request instead of one per slot (``[n_layers, rows, ...]``); None: ``src_slots``.
     """
     call = check_materialize_args(
-        temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values
+        temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda=is_kda, check_values=check_values,
+        ring_src=ring_src,
     )
     if temporal.is_cuda:
+        if ring_src is not None:
+            raise NotImplementedError("sglang-replayssm: rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS) "
+                                      "have no CUDA materialize yet")
         from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
         materialize_triton(call)

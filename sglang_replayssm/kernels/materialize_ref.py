@@ -38,6 +38,12 @@ class MaterializeCall:
     counts: torch.Tensor
     is_kda: bool
     dims: tuple[int, int, int, int, int, int, int]
+    ring_src: torch.Tensor | None = None
+
+    @property
+    def ring_rows(self) -> torch.Tensor:
+        """The ring row each row's records are read from: ``ring_src``, or ``src_slots`` (one ring per slot)."""
+        return self.src_slots if self.ring_src is None else self.ring_src
 
 
 def check_materialize_args(
@@ -51,6 +57,7 @@ def check_materialize_args(
     *,
     is_kda: bool,
     check_values: bool = True,
+    ring_src: torch.Tensor | None = None,
 ) -> MaterializeCall:
     """Validate a materialize call; returns it checked, with ``dims = (n_layers, R, H, HV, K, V, L)``.
 
@@ -65,6 +72,9 @@ def check_materialize_args(
     of live rows are pairwise distinct; and no live row's destination is another live row's source
     (reads and writes of different rows never overlap, so rows can run in any order). A row may
     have ``dst == src`` (in-place fold).
+
+    ``ring_src`` (1-D integer ``[R]``): the ring row each row's records are read from, when the ring
+    tensors hold their own rows (``[n_layers, rows, ...]``, any row count) instead of one per slot.
     """
     if temporal.dim() != 5:
         raise ValueError(f"temporal must be [n_layers, slots, HV, V, K], got {tuple(temporal.shape)}")
@@ -73,11 +83,12 @@ def check_materialize_args(
         raise ValueError(f"ring_d/ring_k must be 5-D, got {tuple(ring_d.shape)}, {tuple(ring_k.shape)}")
     L = ring_d.shape[3]
     H = ring_k.shape[2]
-    if tuple(ring_d.shape) != (n_layers, n_slots, HV, L, V):
-        raise ValueError(f"ring_d must be {(n_layers, n_slots, HV, L, V)}, got {tuple(ring_d.shape)}")
-    if H <= 0 or HV % H != 0 or tuple(ring_k.shape) != (n_layers, n_slots, H, L, K):
-        raise ValueError(f"ring_k must be {(n_layers, n_slots, 'H', L, K)} with HV % H == 0, got {tuple(ring_k.shape)}")
-    g_shape = (n_layers, n_slots, HV, L, K) if is_kda else (n_layers, n_slots, HV, L)
+    n_ring = n_slots if ring_src is None else ring_d.shape[1]
+    if tuple(ring_d.shape) != (n_layers, n_ring, HV, L, V):
+        raise ValueError(f"ring_d must be {(n_layers, n_ring, HV, L, V)}, got {tuple(ring_d.shape)}")
+    if H <= 0 or HV % H != 0 or tuple(ring_k.shape) != (n_layers, n_ring, H, L, K):
+        raise ValueError(f"ring_k must be {(n_layers, n_ring, 'H', L, K)} with HV % H == 0, got {tuple(ring_k.shape)}")
+    g_shape = (n_layers, n_ring, HV, L, K) if is_kda else (n_layers, n_ring, HV, L)
     if tuple(ring_g.shape) != g_shape:
         raise ValueError(f"ring_g must be {g_shape} (is_kda={is_kda}), got {tuple(ring_g.shape)}")
     if ring_g.dtype != torch.float32:
@@ -93,7 +104,8 @@ def check_materialize_args(
                 raise ValueError(f"{name}: the last {inner} dims must be contiguous (strides {t.stride()})")
             expect *= t.shape[dim]
     R = src_slots.shape[0] if src_slots.dim() == 1 else -1
-    for name, t in (("src_slots", src_slots), ("dst_slots", dst_slots), ("counts", counts)):
+    named = (("src_slots", src_slots), ("dst_slots", dst_slots), ("counts", counts))
+    for name, t in named + ((("ring_src", ring_src),) if ring_src is not None else ()):
         if t.dim() != 1 or t.shape[0] != R or t.dtype.is_floating_point or t.dtype == torch.bool:
             raise ValueError(f"{name} must be a 1-D integer tensor of length {R}, got {t.dtype} {tuple(t.shape)}")
         if t.device != temporal.device:
@@ -106,6 +118,8 @@ def check_materialize_args(
                 raise ValueError(f"row {i}: slot index out of range ({src[i]} -> {dst[i]}, {n_slots} slots)")
             if not 0 <= cnt[i] <= L:
                 raise ValueError(f"row {i}: count {cnt[i]} outside [0, {L}]")
+            if ring_src is not None and cnt[i] > 0 and not 0 <= int(ring_src[i]) < n_ring:
+                raise ValueError(f"row {i}: ring row {int(ring_src[i])} outside [0, {n_ring})")
         dsts = [dst[i] for i in live]
         if len(set(dsts)) != len(dsts):
             raise ValueError(f"destination slots of live rows must be distinct, got {dsts}")
@@ -114,7 +128,7 @@ def check_materialize_args(
                 if i != j and dst[i] == src[j]:
                     raise ValueError(f"row {i} writes slot {dst[i]} that row {j} reads")
     return MaterializeCall(temporal, ring_d, ring_k, ring_g, src_slots, dst_slots, counts, is_kda,
-                           (n_layers, R, H, HV, K, V, L))
+                           (n_layers, R, H, HV, K, V, L), ring_src)
 
 
 def materialize_torch(call: MaterializeCall) -> None:
@@ -136,9 +150,10 @@ def materialize_torch(call: MaterializeCall) -> None:
     S = temporal[:, src].to(torch.float32)  # [n_layers, n, HV, V, K]
     n_steps = int(cnt.max())
     if n_steps > 0:
-        d = ring_d[:, src, :, :n_steps].to(torch.float32)  # [n_layers, n, HV, c, V]
-        k = ring_k[:, src, :, :n_steps].to(torch.float32).repeat_interleave(HV // H, dim=2)  # [.., HV, c, K]
-        g = ring_g[:, src, :, :n_steps]  # [n_layers, n, HV, c(, K)]
+        ring = call.ring_rows[live].long().clamp(min=0)  # rows with count 0 read nothing of theirs
+        d = ring_d[:, ring, :, :n_steps].to(torch.float32)  # [n_layers, n, HV, c, V]
+        k = ring_k[:, ring, :, :n_steps].to(torch.float32).repeat_interleave(HV // H, dim=2)  # [.., HV, c, K]
+        g = ring_g[:, ring, :, :n_steps]  # [n_layers, n, HV, c(, K)]
         for j in range(n_steps):
             on = (j < cnt)[None, :, None, None, None]
             decay = torch.exp(g[:, :, :, j])[..., None, :] if is_kda else torch.exp(g[:, :, :, j])[..., None, None]

@@ -67,9 +67,12 @@ def check_ring_decode_args(
     mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     initial_state: torch.Tensor, d_cache: torch.Tensor, k_cache: torch.Tensor, g_cache: torch.Tensor,
     out: torch.Tensor, ssm_state_indices: torch.Tensor, write_pos: torch.Tensor, force_flush: torch.Tensor | None,
-    is_kda: bool,
+    is_kda: bool, ring_map: torch.Tensor | None = None,
 ) -> RingShape:  # fmt: skip
     """SGLang's shape/dtype checks (``ValueError`` naming the argument); returns the step's sizes.
+
+    With ``ring_map`` (int32 ``[slots]``: the ring row of each state slot) the ring tensors hold their
+    own number of rows; without it, one ring per state slot.
 
     Shapes: ``mixed_qkv`` ``[B, 2*H*K + HV*V]`` (q | k | v); GDN ``a`` ``[B, HV]``, ``dt_bias``
     ``[HV]``, ``g_cache`` ``[slots, HV, L]``; KDA ``a`` ``[B, HV, K]``, ``dt_bias`` ``[HV, K]``,
@@ -118,8 +121,14 @@ def check_ring_decode_args(
             f"(got {write_pos.shape[0]}, {ssm_state_indices.shape[0]}).")  # fmt: skip
     _expect(force_flush is None or force_flush.shape[0] == B,
             f"`force_flush` must have length B={B} (got {force_flush.shape[0] if force_flush is not None else 0}).")
-    _expect(d_cache.shape[0] == k_cache.shape[0] == g_cache.shape[0] == initial_state.shape[0],
-            "ring tensors and `initial_state` must have the same number of slots.")  # fmt: skip
+    if ring_map is None:
+        _expect(d_cache.shape[0] == k_cache.shape[0] == g_cache.shape[0] == initial_state.shape[0],
+                "ring tensors and `initial_state` must have the same number of slots.")  # fmt: skip
+    else:
+        _expect(d_cache.shape[0] == k_cache.shape[0] == g_cache.shape[0],
+                "ring tensors must have the same number of rows.")  # fmt: skip
+        _expect(ring_map.ndim == 1 and ring_map.shape[0] == initial_state.shape[0] and ring_map.dtype == torch.int32,
+                f"`ring_map` must be int32 [{initial_state.shape[0]}] (one ring row per state slot).")  # fmt: skip
     return RingShape(B, H, HV, K, V, L)
 
 

@@ -37,7 +37,7 @@ import torch
 from .constants import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from .ring_decode_args import check_ring_decode_args
 
-__all__ = ["current_token", "ring_decode_torch", "valid_rows"]
+__all__ = ["current_token", "ring_decode_torch", "ring_rows_of", "valid_rows"]
 
 
 def valid_rows(
@@ -59,6 +59,17 @@ def valid_rows(
     if torch.unique(slots).numel() != slots.numel():
         raise ValueError(f"a state slot appears in two valid rows: {slots.tolist()}")
     return rows, slots, m
+
+
+def ring_rows_of(ring_map: torch.Tensor, slots: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """``ring_map[slots]`` as long, checked: in ``[0, n_rows)`` and distinct (two valid rows writing one
+    ring row would race on it)."""
+    ring = ring_map[slots].to(torch.long)
+    if bool(((ring < 0) | (ring >= n_rows)).any()):
+        raise ValueError(f"ring row outside [0, {n_rows}): {ring.tolist()}")
+    if torch.unique(ring).numel() != ring.numel():
+        raise ValueError(f"a ring row appears in two valid rows: {ring.tolist()}")
+    return ring
 
 
 def current_token(
@@ -106,6 +117,8 @@ def ring_decode_torch(
     num_warps: int = 1,
     num_stages: int = 3,
     nk: int = 2,
+    *,
+    ring_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for ``B`` rows, in place; see the module docstring.
 
@@ -115,17 +128,21 @@ def ring_decode_torch(
     ``[slots, HV, V, K]``; ``d_cache`` ``[slots, HV, L, V]``; ``k_cache`` ``[slots, H, L, K]``;
     ``out`` ``[B, 1, HV, V]``; ``ssm_state_indices``, ``write_pos`` (int32), ``force_flush``
     (int32 or None) ``[B]``. Returns ``(out, initial_state)``.
+
+    With ``ring_map`` (int32 ``[slots]``) slot ``s``'s records live in ring row ``ring_map[s]`` of
+    ``d_cache`` / ``k_cache`` / ``g_cache`` (``[rows, ...]``); valid rows' ring rows must be distinct.
     """
     del block_v, num_warps, num_stages, nk  # launch tuning of the Triton kernel only
     B, H, HV, K, V, L = check_ring_decode_args(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out,
-        ssm_state_indices, write_pos, force_flush, is_kda,
+        ssm_state_indices, write_pos, force_flush, is_kda, ring_map,
     )  # fmt: skip
     out.zero_()
     picked = valid_rows(ssm_state_indices, write_pos, initial_state.shape[0], L)
     if picked is None:
         return out, initial_state
     rows, slots, m = picked
+    ring = slots if ring_map is None else ring_rows_of(ring_map, slots, d_cache.shape[0])
 
     f32 = torch.float32
     io = out.dtype
@@ -145,11 +162,11 @@ def ring_decode_torch(
     # Reconstruct the state before this token from the checkpoint and the m valid records.
     valid = torch.arange(L, device=dev)[None, :] < m[:, None]  # [n, L]
     S0 = initial_state[slots].to(f32)  # [n, HV, V, K]
-    d_all = torch.where(valid[:, None, :, None], d_cache[slots].to(f32), 0.0)  # [n, HV, L, V]
-    k_all = torch.where(valid[:, None, :, None], k_cache[slots].to(io).to(f32), 0.0)  # [n, H, L, K]
+    d_all = torch.where(valid[:, None, :, None], d_cache[ring].to(f32), 0.0)  # [n, HV, L, V]
+    k_all = torch.where(valid[:, None, :, None], k_cache[ring].to(io).to(f32), 0.0)  # [n, H, L, K]
     k_all = k_all.repeat_interleave(G, dim=1)  # [n, HV, L, K]
     if is_kda:
-        g_all = torch.where(valid[:, None, :, None], g_cache[slots], 0.0)  # [n, HV, L, K]
+        g_all = torch.where(valid[:, None, :, None], g_cache[ring], 0.0)  # [n, HV, L, K]
         g_tot = g_all.sum(2)  # [n, HV, K]
         replay = torch.where(valid[:, None, :, None], torch.exp(g_tot[:, :, None, :] - g_all.cumsum(2)), 0.0)
         k_scaled = (k_all * replay).to(io).to(f32)
@@ -157,7 +174,7 @@ def ring_decode_torch(
         state_q = torch.einsum("nhvk,nhk->nhv", S, q_v * alpha)
         state_k = torch.einsum("nhvk,nhk->nhv", S, k_v * alpha)
     else:
-        g_all = torch.where(valid[:, None, :], g_cache[slots], 0.0)  # [n, HV, L]
+        g_all = torch.where(valid[:, None, :], g_cache[ring], 0.0)  # [n, HV, L]
         g_tot = g_all.sum(2)  # [n, HV]
         replay = torch.where(valid[:, None, :], torch.exp(g_tot[:, :, None] - g_all.cumsum(2)), 0.0)
         d_tc = (d_all * replay[..., None]).to(io).to(f32)
@@ -179,7 +196,7 @@ def ring_decode_torch(
         S_new = S[fl] * decay + d_cur[fl][..., :, None] * k_v[fl][..., None, :]
         initial_state[slots[fl]] = S_new.to(initial_state.dtype)
     if nf.numel():
-        s_nf, m_nf = slots[nf], m[nf]
+        s_nf, m_nf = ring[nf], m[nf]
         d_cache[s_nf, :, m_nf] = d_cur[nf].to(d_cache.dtype)
         k_cache[s_nf, :, m_nf] = k[nf].to(io).to(k_cache.dtype)
         g_cache[s_nf, :, m_nf] = g_cur[nf]

@@ -108,7 +108,7 @@ CORE_HOOKS: tuple[Hook, ...] = (
 
 #: Each room's hooks table, and its ``install`` of its parts of core behaviours (None: nothing to install).
 ROOMS: dict[str, tuple[tuple[Hook, ...], Callable[[], None] | None]] = {
-    "ring": (ring_hooks.RING_HOOKS, None),
+    "ring": (ring_hooks.RING_HOOKS, ring_hooks.install),
     "records": (records_hooks.RECORD_HOOKS, records_hooks.install),
     "records.hicache": (hicache_hooks.HICACHE_HOOKS + hicache_hooks.HOST_HIT_HOOKS + hicache_hooks.STORAGE_HOOKS
                          + hicache_hooks.PLANT_BUDGET_HOOKS,

@@ -309,7 +309,7 @@ class Sim(SimInvariants):
                     mixed_qkv, a, b, m.A_log[li], m.dt_bias[li].contiguous(), m.K**-0.5, cache.temporal[li],
                     cache.replayssm_d[li], cache.replayssm_k[li], cache.replayssm_g[li], out,
                     md.mamba_cache_indices, md.replayssm_write_pos, md.replayssm_force_flush,
-                    use_qk_l2norm_in_kernel=True, is_kda=self.cfg.is_kda,
+                    use_qk_l2norm_in_kernel=True, is_kda=self.cfg.is_kda, ring_map=self.ring_map,
                 )
             for row, slot in enumerate(md.mamba_cache_indices.tolist()):
                 self.conv[li, slot] = m.extend_conv(self.conv[li, slot], li, [int(fed[row])])

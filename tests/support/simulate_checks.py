@@ -39,6 +39,19 @@ class SimInvariants:
     def write_pos(self) -> torch.Tensor:
         return self.mamba_pool.replayssm_write_pos
 
+    @property
+    def ring_map(self) -> torch.Tensor | None:
+        """The slot -> ring row map of rings keyed by request row, or None (one ring per slot)."""
+        from sglang_replayssm.radix.ring.pool import ring_pool
+
+        view = ring_pool(self.mamba_pool)
+        return None if view is None else view.rows
+
+    def ring_row(self, slot: int) -> int:
+        """The ring row holding ``slot``'s records."""
+        ring_map = self.ring_map
+        return slot if ring_map is None else int(ring_map[slot])
+
     def slot_state(self, slot: int) -> list[torch.Tensor]:
         """Checkpoint of ``slot`` folded with its live ring records (fp64), per layer."""
         from sglang_replayssm.kernels.naive import fold_records_fp64
@@ -52,12 +65,13 @@ class SimInvariants:
             full = cache.temporal[:, [slot]] if folded is None else folded
             return [full[li, 0].double() for li in range(self.cfg.mamba_layers)]
         count = int(self.write_pos[slot])
+        row = self.ring_row(slot)
         return [
             fold_records_fp64(
                 cache.temporal[li, slot],
-                cache.replayssm_d[li, slot],
-                cache.replayssm_k[li, slot],
-                cache.replayssm_g[li, slot],
+                cache.replayssm_d[li, row],
+                cache.replayssm_k[li, row],
+                cache.replayssm_g[li, row],
                 count,
                 self.cfg.is_kda,
             )

@@ -9,12 +9,14 @@ simulated steps read. Test-only: patches SGLang's kit with ``unittest.mock`` for
 from __future__ import annotations
 
 import functools
+import os
 from contextlib import ExitStack
 from typing import Any
 from unittest import mock
 
 import torch
 
+from sglang_replayssm.settings import RING_ROWS
 from tests.support.simulate_model import SimConfig, ToyModel
 
 __all__ = [
@@ -81,7 +83,8 @@ def build_fixture(cfg: SimConfig, model: ToyModel) -> tuple[Any, Any, Any]:
     """SGLang's ``build_fixture`` on CPU with a GDN/KDA decode-ring pool: ``(cache, allocator, pool)``.
 
     The kit builds a Mamba2 pool without ReplaySSM; its constructors are wrapped so the same build
-    gets this config's cache params, ``enable_linear_replayssm`` and the strategy's server args.
+    gets this config's cache params, ``enable_linear_replayssm`` and the strategy's server args (and,
+    with ``cfg.ring_rows``, decode rings keyed by request row).
     """
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -125,6 +128,7 @@ def build_fixture(cfg: SimConfig, model: ToyModel) -> tuple[Any, Any, Any]:
         dtype=torch.float32,
     )
     with (
+        mock.patch.dict(os.environ, {RING_ROWS.name: "on" if cfg.ring_rows else "off"}),  # read at the build only
         mock.patch.object(fixtures, "get_device", lambda: "cpu"),
         mock.patch.object(fixtures, "ServerArgs", server_args),
         mock.patch.object(fixtures, "Mamba2CacheParams", lambda shape, layers: params),

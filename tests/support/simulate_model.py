@@ -52,6 +52,8 @@ class SimConfig:
     #: Run SGLang's Triton track-copy kernel (interpreted on CPU, ~0.1 s a launch) instead of
     #: an equivalent torch copy.
     triton_track_copy: bool = False
+    #: Decode rings keyed by request row (``SGLANG_REPLAYSSM_RING_ROWS``, radix/ring/rows.py).
+    ring_rows: bool = False
     #: Keep records (``radix/records/pool.py``, GDN): prefix hits at any depth, rebuilt from them.
     records: bool = False
     #: Record-pool capacity in tokens (first in, first out).

@@ -4,10 +4,8 @@ each ``at`` checked against SGLang by ``tests/test_hook_table.py``).
 * ``attach_read_copy`` (always registered; a no-op while ``SGLANG_REPLAYSSM_READ_COPY=off``): after
   ``HybridReqToTokenPool._init_mamba_pool`` allocated the decode ring, allocate the read copy beside it
   and link the slot allocator to it. A pool without the decode ring is refused in one line.
-* ``link_decode_kernel`` (always registered; a no-op while ``SGLANG_REPLAYSSM_READ_COPY=off``): after
-  ``GDNAttnBackend`` / ``KDAAttnBackend.__init__`` (built after the pool), link the backend's decode kernel
-  to its pool, so the packed-decode hooks reach the read copy of the layer they run through the kernel
-  SGLang calls them with (:func:`store.layer_of`), with no registry.
+* The packed-decode hooks reach the read copy of the layer they run through the kernel SGLang calls them
+  with (:func:`store.layer_of`), linked to its pool by the ring room (``link_decode_kernel``), with no registry.
 * The stale marks (fix ``read_copy_refresh``), at every writer of a checkpoint other than the flush:
   a slot handed out by ``MambaSlotAllocator.alloc`` (copy-on-write destinations, HiCache load-back,
   int8 / CPU loads, PD transfers and record rebuilds all write into an allocated slot before its first
@@ -47,17 +45,6 @@ def attach_read_copy(result: Any, req_to_token_pool: Any, *args: Any, **kwargs: 
     allocator = getattr(req_to_token_pool, "mamba_allocator", None)
     if allocator is not None:
         state_of(allocator).read_copy = rc
-
-
-def link_decode_kernel(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``GDNAttnBackend`` / ``KDAAttnBackend.__init__``: its decode kernel decodes into its pool."""
-    if config.read_copy_mode() == "off":
-        return
-    from sglang_replayssm.radix.read_copy.store import link_kernel
-
-    dispatcher = getattr(backend, "kernel_dispatcher", None)
-    pool = getattr(getattr(backend, "req_to_token_pool", None), "mamba_pool", None)
-    link_kernel(getattr(dispatcher, "decode_kernel", None), pool)
 
 
 def stale_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
@@ -116,17 +103,11 @@ def install() -> None:
 
 _MP = "sglang.srt.mem_cache.memory_pool"
 _AT = "sglang/srt/mem_cache/memory_pool.py"
-_LINEAR = "sglang.srt.layers.attention.linear"
-_LINEAR_AT = "sglang/srt/layers/attention/linear"
 
 #: The read copy's hooks (module docstring).
 READ_COPY_HOOKS: tuple[Hook, ...] = (
     Hook(f"{_MP}.HybridReqToTokenPool._init_mamba_pool", "AFTER", attach_read_copy, f"{_AT}:1426",
          "attach_read_copy"),
-    Hook(f"{_LINEAR}.gdn_backend.GDNAttnBackend.__init__", "AFTER", link_decode_kernel,
-         f"{_LINEAR_AT}/gdn_backend.py:522", "read_copy_link_gdn_kernel"),
-    Hook(f"{_LINEAR}.kda_backend.KDAAttnBackend.__init__", "AFTER", link_decode_kernel,
-         f"{_LINEAR_AT}/kda_backend.py:487", "read_copy_link_kda_kernel"),
     Hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc", "AFTER", stale_on_alloc,
          "sglang/srt/mem_cache/allocator/mamba.py:65", "read_copy_stale_on_alloc", "read_copy_refresh"),
     Hook(f"{_MP}.MambaPool.copy_from", "AFTER", stale_on_copy, f"{_AT}:1163", "read_copy_stale_on_copy",

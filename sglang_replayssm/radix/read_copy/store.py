@@ -57,7 +57,7 @@ from sglang_replayssm.state import peek, state_of
 
 __all__ = [
     "ReadCopyLayer", "ReadCopyPool", "attach", "bytes_per_slot", "copy_of", "decode_step", "exact_fold",
-    "gathered", "layer_of", "link_kernel", "mark_stale", "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
+    "gathered", "layer_of", "mark_stale", "read_copy_of", "records_in_d_ring", "refusal", "replay_into",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -242,12 +242,6 @@ def layer_of(kernel: Any, ssm_states: torch.Tensor) -> ReadCopyLayer | None:
     state = peek(kernel)
     rc = None if state is None else read_copy_of(state.mamba_pool)
     return None if rc is None else rc.layer_for(ssm_states)
-
-
-def link_kernel(kernel: Any, mamba_pool: Any) -> None:
-    """Link a decode ``kernel`` to the ``mamba_pool`` its backend decodes into (:func:`layer_of`)."""
-    if kernel is not None and mamba_pool is not None:
-        state_of(kernel).mamba_pool = mamba_pool
 
 
 def mark_stale(rc: ReadCopyPool | None, slots: Any) -> None:

@@ -1,5 +1,6 @@
 """The ring room's hooks: decode kernels, decode metadata, track snapshot, slot movers, the cursor reset
-at every slot hand-out and the no_buffer finish donation. Each hook is a thin call into this room's
+at every slot hand-out, the no_buffer finish donation, the decode kernels' link to their pool and the
+rings keyed by request row (``SGLANG_REPLAYSSM_RING_ROWS``, :mod:`rows`). Each hook is a thin call into this room's
 modules, imported on first use; each runs behind its fix switch (:mod:`sglang_replayssm.radix.gated`).
 The two decode-metadata hooks carry two fixes and switch each part themselves (:mod:`decode_metadata`).
 """
@@ -13,7 +14,7 @@ from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.gated import gated_hook
 
-__all__ = ["RING_HOOKS"]
+__all__ = ["RING_HOOKS", "install"]
 
 _BACKEND = "sglang.srt.layers.attention.hybrid_linear_attn_backend.MambaAttnBackendBase"
 _BACKEND_AT = "sglang/srt/layers/attention/hybrid_linear_attn_backend.py"
@@ -80,6 +81,33 @@ def link_slot_allocator(result: Any, req_to_token_pool: Any, *args: Any, **kwarg
     link_allocator(req_to_token_pool)
 
 
+def ring_rows_pool(original: Callable[..., Any], req_to_token_pool: Any, *args: Any, **kwargs: Any) -> Any:
+    """With ``SGLANG_REPLAYSSM_RING_ROWS`` on, the decode ring is allocated per request row."""
+    from sglang_replayssm.radix.ring.rows import rows_pool
+
+    return rows_pool(original, req_to_token_pool, *args, **kwargs)
+
+
+def ring_rows_map(result: Any, req_to_token_pool: Any, reqs: Any, *args: Any, **kwargs: Any) -> None:
+    """Each allocated request row's slot reads its ring at that row (rings keyed by request row)."""
+    from sglang_replayssm.radix.ring.rows import map_rows
+
+    map_rows(result, req_to_token_pool, reqs)
+
+
+def link_decode_kernel(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``GDNAttnBackend`` / ``KDAAttnBackend.__init__`` (built after the pool): its decode kernel
+    decodes into its pool, so a packed-decode hook reaches that pool's read copy or row map through the
+    kernel SGLang calls it with (whatever the fixes: a link changes nothing)."""
+    from sglang_replayssm.state import state_of
+
+    dispatcher = getattr(backend, "kernel_dispatcher", None)
+    kernel = getattr(dispatcher, "decode_kernel", None)
+    pool = getattr(getattr(backend, "req_to_token_pool", None), "mamba_pool", None)
+    if kernel is not None and pool is not None:
+        state_of(kernel).mamba_pool = pool
+
+
 def empty_ring_on_alloc(result: Any, allocator: Any, *args: Any, **kwargs: Any) -> None:
     """Every slot the allocator hands out starts with an empty ring."""
     if result is None:
@@ -132,8 +160,18 @@ def exact_finish_donation(
     return original(component, req, insert_params, token_ids_len, is_finished)
 
 
+def install() -> None:
+    """Install the ring's admission check of rings keyed by request row (idempotent)."""
+    from sglang_replayssm.radix import admission
+    from sglang_replayssm.radix.ring.rows import check_args
+
+    admission.add_check("ring_rows", check_args)
+
+
 _KERNELS = "sglang.srt.layers.attention.linear.kernels"
 _KERNELS_AT = "sglang/srt/layers/attention/linear/kernels"
+_LINEAR = "sglang.srt.layers.attention.linear"
+_LINEAR_AT = "sglang/srt/layers/attention/linear"
 
 #: The ring room's hooks.
 RING_HOOKS: tuple[Hook, ...] = (
@@ -148,8 +186,15 @@ RING_HOOKS: tuple[Hook, ...] = (
                fix="materialize_track"),
     gated_hook(f"{_MP}.MambaPool.copy_from", "AROUND", exact_copy_from, at=f"{_MP_AT}:1163",
                fix="materialize_copy"),
+    # Inside the allocator link (registered first = inner): the link sees the cursor the rows allocated.
+    gated_hook(f"{_MP}.HybridReqToTokenPool._init_mamba_pool", "AROUND", ring_rows_pool, at=f"{_MP_AT}:1426"),
     gated_hook(f"{_MP}.HybridReqToTokenPool._init_mamba_pool", "AFTER", link_slot_allocator,
                at=f"{_MP_AT}:1426", fix="cursor_reset", gate=False),
+    gated_hook(f"{_MP}.HybridReqToTokenPool.alloc", "AFTER", ring_rows_map, at=f"{_MP_AT}:1572"),
+    gated_hook(f"{_LINEAR}.gdn_backend.GDNAttnBackend.__init__", "AFTER", link_decode_kernel,
+               at=f"{_LINEAR_AT}/gdn_backend.py:522", name="link_gdn_decode_kernel"),
+    gated_hook(f"{_LINEAR}.kda_backend.KDAAttnBackend.__init__", "AFTER", link_decode_kernel,
+               at=f"{_LINEAR_AT}/kda_backend.py:487", name="link_kda_decode_kernel"),
     gated_hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.alloc", "AFTER", empty_ring_on_alloc,
                at="sglang/srt/mem_cache/allocator/mamba.py:65", fix="cursor_reset"),
     gated_hook("sglang.srt.mem_cache.mamba_checkpoint_pool.MambaCheckpointPool.load_to_active", "AFTER",

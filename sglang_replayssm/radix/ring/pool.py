@@ -8,6 +8,11 @@ ring records``; ``conv[slot]`` is always current. SGLang 0.5.23's pool holds (la
   ``[layers, slots, HV, L]`` (GDN) or ``[layers, slots, HV, L, K]`` (KDA);
 * ``write_pos``: int32 ``[slots]`` cursors (the record count of each slot's ring).
 
+With rings keyed by request row (``SGLANG_REPLAYSSM_RING_ROWS``, :mod:`.rows`) the ring tensors hold
+``rows`` (the req-to-token pool's rows) instead of ``slots`` in their second dim, and ``RingPool.rows``
+(int32 ``[slots]``) maps a slot to the ring row of the request decoding into it; every fold reads a
+slot's records there. The cursor stays per slot.
+
 Slot 0 is SGLang's reserved padding slot (never handed to a request, its ring never live); ``-1``
 marks padding / empty rows in index tensors. :func:`ring_pool` is the one test of "is this a
 decode-ring pool": the spec-verify ring (``enable_linear_replayssm`` off, its own cursors), pools
@@ -27,6 +32,7 @@ from typing import Any
 import torch
 
 from sglang_replayssm.kernels.materialize import materialize
+from sglang_replayssm.state import peek
 from sglang_replayssm.strategies import STRATEGIES, CheckpointCopies
 
 __all__ = ["RingPool", "empty_rings", "ring_pool", "ring_pool_of"]
@@ -67,6 +73,7 @@ class RingPool:
     d: torch.Tensor
     k: torch.Tensor
     g: torch.Tensor
+    rows: torch.Tensor | None = None
 
     @property
     def temporal(self) -> torch.Tensor:
@@ -97,6 +104,11 @@ class RingPool:
         """Pending record counts of the flat long slots (a -1 row reads the padding slot 0's)."""
         return self.write_pos[flat.clamp(min=0)].to(torch.long)
 
+    def ring_rows(self, flat: torch.Tensor) -> torch.Tensor | None:
+        """The ring row of each flat long slot (``rows[slot]``; a -1 row reads slot 0's), or None
+        with one ring per slot."""
+        return None if self.rows is None else self.rows[flat.clamp(min=0)].to(torch.long)
+
     def materialize(
         self, src: torch.Tensor, dst: torch.Tensor, counts: torch.Tensor, *, layers: slice | None = None
     ) -> None:
@@ -125,7 +137,8 @@ class RingPool:
             d = (rc.d if layers is None else rc.d[layers]).to(temporal.dtype)  # exact fold off: fold d~
         # Host-side index validation would sync the device on every copy; rows built here satisfy
         # it (distinct destinations from SGLang's allocator, skipped rows marked -1): CPU only.
-        materialize(temporal, d, k, g, src, dst, cnt, is_kda=self.is_kda, check_values=not temporal.is_cuda)
+        materialize(temporal, d, k, g, src, dst, cnt, is_kda=self.is_kda, check_values=not temporal.is_cuda,
+                    ring_src=self.ring_rows(src))
 
     def fold(self, slots: Any) -> None:
         """Fold each live slot's pending records into its own checkpoint and empty its ring.
@@ -158,7 +171,8 @@ class RingPool:
         idx = flat.clamp(min=0)
         temporal = self.temporal[:, idx].clone()
         rows = torch.arange(flat.numel(), device=flat.device, dtype=torch.long)
-        d, k, g = (t[:, idx].contiguous() for t in (self.d, self.k, self.g))
+        ring = self.ring_rows(idx)
+        d, k, g = (t[:, idx if ring is None else ring].contiguous() for t in (self.d, self.k, self.g))
         rc, exact = self.read_copy
         copies = STRATEGIES.checkpoint_copies
         if rc is not None and exact and copies is not None:  # exact replay of the raw records, into the copy only
@@ -186,7 +200,8 @@ def ring_pool(mamba_pool: Any) -> RingPool | None:
     d, k, g = (getattr(cache, name, None) for name in ("replayssm_d", "replayssm_k", "replayssm_g"))
     if d is None or k is None or g is None:
         return None
-    return RingPool(mamba_pool, write_pos, d, k, g)
+    state = peek(mamba_pool)
+    return RingPool(mamba_pool, write_pos, d, k, g, None if state is None else state.ring_rows)
 
 
 def ring_pool_of(owner: Any) -> RingPool | None:

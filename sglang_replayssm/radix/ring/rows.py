@@ -1,0 +1,151 @@
+"""Decode rings keyed by request row (``SGLANG_REPLAYSSM_RING_ROWS``): rings only for running requests.
+
+SGLang 0.5.23's ``MambaPool`` gives every mamba slot (``size + 1``: working, ping-pong and radix slots
+alike) a decode ring, but only the working slot a running request decodes into ever holds records.
+Here the ring is allocated per row of the req-to-token pool instead (``req_to_token.shape[0]`` rows,
+as SGLang's own GDN spec ring is), and the cursor stays per slot:
+
+* ``d``: ``[layers, rows, HV, L, V]``, ``k``: ``[layers, rows, H_k, L, K]`` (SSM dtype), ``g`` (fp32):
+  ``[layers, rows, HV, L]`` (GDN) or ``[layers, rows, HV, L, K]`` (KDA);
+* ``write_pos``: int32 ``[slots]`` (unchanged); ``ring_rows``: int32 ``[slots]``, the ring row of the
+  request decoding into each slot, written where SGLang writes the row -> slot mapping
+  (``HybridReqToTokenPool.alloc``), on the device.
+
+A slot's state is ``temporal[s]`` folded with ``ring[ring_rows[s]][:write_pos[s]]``.
+
+Invariant: ``write_pos[s] > 0`` for an allocated slot ``s`` implies that ``ring_rows[s]`` is the live
+request row mapped to ``s``. Every way a working slot outlives its request row folds first (no_buffer
+finish donation) or frees the slot (extra_buffer finish, retraction, abort); a slot handed out again
+starts with an empty ring (alloc_reset.py); a streaming session keeps its row with its slot. Rows
+cannot run out: every request row has its ring row. Stale map entries of slots whose cursor is 0 are
+never read.
+
+This slice runs on CPU tensors only; the pool refuses a CUDA device, and the admission refuses what
+does not follow the row (the read copy, PD, speculative decoding, the fixes the invariant rests on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sglang_replayssm.radix import config
+from sglang_replayssm.settings import READ_COPY, RING_ROWS
+from sglang_replayssm.state import peek, state_of
+
+__all__ = ["FIXES_NEEDED", "attach_rows", "check_args", "map_rows", "ring_map_of", "rows_pool"]
+
+logger = logging.getLogger(__name__)
+
+#: The fixes invariant I rests on (a cursor trusted only if it starts at 0, folded copies, folded finish
+#: donation and retraction backup).
+FIXES_NEEDED = ("cursor_reset", "materialize_copy", "finish_donation", "retract_backup")
+_GIB = float(1 << 30)
+_MIB = float(1 << 20)
+
+
+def _why(what: str) -> str:
+    return f"sglang-replayssm: SGLANG_REPLAYSSM_RING_ROWS=on {what}; unset it or set it off"
+
+
+def _refusal(what: str) -> ValueError:
+    return ValueError(_why(what))
+
+
+def check_args(server_args: Any) -> None:
+    """Admission: refuse, in one line, what rings keyed by request row do not cover yet."""
+    from sglang_replayssm.radix.admission import ReplaySSMArgsError, _value
+
+    if not RING_ROWS.value() or not _value(server_args, "enable_linear_replayssm", False):
+        return
+    why = None
+    if READ_COPY.value() != "off":
+        why = "does not cover SGLANG_REPLAYSSM_READ_COPY (its records are per slot)"
+    elif _value(server_args, "disaggregation_mode", "null") not in (None, "null"):
+        why = "does not cover --disaggregation-mode"
+    elif _value(server_args, "speculative_algorithm", None) or _value(server_args, "enable_linear_replayssm_spec", False):
+        why = "does not cover speculative decoding (draft pools would need the shared row map)"
+    elif str(_value(server_args, "device", None) or "cpu").split(":")[0] not in ("cpu",):
+        why = "runs on CPU tensors only for now"
+    else:
+        off = [name for name in FIXES_NEEDED if not config.enabled(name)]
+        if off:
+            why = f"needs the fixes {', '.join(off)} (remove them from SGLANG_REPLAYSSM_DISABLE_FIXES)"
+    if why is not None:
+        raise ReplaySSMArgsError(_why(why))
+
+
+def rows_pool(original: Callable[..., Any], req_pool: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``HybridReqToTokenPool._init_mamba_pool``: with rows on and the decode ring asked for, SGLang
+    builds the pool without its per-slot ring, then :func:`attach_rows` adds the per-row ring."""
+    if not RING_ROWS.value() or not kwargs.get("enable_linear_replayssm", False):
+        return original(req_pool, *args, **kwargs)
+    device = torch.device(kwargs.get("device", "cpu"))
+    if device.type != "cpu":
+        raise _refusal(f"runs on CPU tensors only for now (the pool is on {device})")
+    if kwargs.get("enable_linear_replayssm_spec"):
+        raise _refusal("does not cover --enable-linear-replayssm-spec")
+    result = original(req_pool, *args, **{**kwargs, "enable_linear_replayssm": False})
+    pool = req_pool.mamba_pool
+    attach_rows(pool, req_pool.req_to_token.shape[0], int(kwargs.get("linear_replayssm_cache_len", 16)),
+                kwargs["cache_params"])  # fmt: skip
+    state_of(req_pool).ring_rows = state_of(pool).ring_rows  # what :func:`map_rows` writes
+    return result
+
+
+def attach_rows(mamba_pool: Any, n_rows: int, record_len: int, cache_params: Any) -> None:
+    """Give ``mamba_pool`` (built without a ring) the decode ring of ``n_rows`` request rows, the per-slot
+    cursor and the slot -> row map, and mark it a decode-ring pool as SGLang's constructor would."""
+    cache = mamba_pool.mamba_cache
+    temporal = cache.temporal
+    layers, slots, hv, v_dim, k_dim = temporal.shape
+    h_k = getattr(cache_params.shape, "num_k_heads_per_tp", hv)
+    is_kda = bool(cache_params.is_kda)
+    dev, dtype = temporal.device, temporal.dtype
+    d = torch.zeros((layers, n_rows, hv, record_len, v_dim), dtype=dtype, device=dev)
+    k = torch.zeros((layers, n_rows, h_k, record_len, k_dim), dtype=dtype, device=dev)
+    g_shape = (layers, n_rows, hv, record_len, k_dim) if is_kda else (layers, n_rows, hv, record_len)
+    g = torch.zeros(g_shape, dtype=torch.float32, device=dev)
+    mamba_pool.mamba_cache = dataclasses.replace(cache, replayssm_d=d, replayssm_k=k, replayssm_g=g)
+    mamba_pool.enable_linear_replayssm = True
+    mamba_pool.linear_replayssm_cache_len = record_len
+    mamba_pool.replayssm_is_kda = is_kda
+    mamba_pool.replayssm_write_pos = torch.zeros((slots,), dtype=torch.int32, device=dev)
+    state_of(mamba_pool).ring_rows = torch.zeros((slots,), dtype=torch.int32, device=dev)
+    ring_bytes = sum(t.numel() * t.element_size() for t in (d, k, g)) + 8 * slots
+    mamba_pool.mem_usage += ring_bytes / _GIB
+    per_slot = ring_bytes / n_rows * slots
+    logger.info("sglang-replayssm: decode rings for %d request rows (not %d slots): %.2f MiB, %.2f MiB less than "
+                "a ring per slot", n_rows, slots, ring_bytes / _MIB, (per_slot - ring_bytes) / _MIB)  # fmt: skip
+
+
+def map_rows(result: Any, req_pool: Any, reqs: Any) -> None:
+    """AFTER ``HybridReqToTokenPool.alloc``: each allocated request row's slot reads its ring at that row
+    (``ring_rows[mapping[row]] = row``; on the device, in the stream SGLang writes the mapping in)."""
+    state = peek(req_pool)
+    ring_rows = None if state is None else state.ring_rows
+    if ring_rows is None or result is None:
+        return
+    rows = torch.as_tensor(list(result), dtype=torch.long, device=ring_rows.device)
+    if rows.numel() == 0:
+        return
+    slots = req_pool.req_index_to_mamba_index_mapping[rows].to(torch.long)
+    ring_rows[slots] = rows.to(torch.int32)
+
+
+def ring_map_of(kernel: Any) -> torch.Tensor | None:
+    """The slot -> ring row map of the pool a decode ``kernel`` decodes into (linked when its backend was
+    built, :func:`sglang_replayssm.radix.ring.hooks.link_decode_kernel`), or None (one ring per slot).
+
+    Raises when rows are on but the kernel reaches no pool: slot indices would then address request rows."""
+    state = peek(kernel)
+    pool_state = None if state is None else peek(state.mamba_pool)
+    ring_rows = None if pool_state is None else pool_state.ring_rows
+    if ring_rows is None and RING_ROWS.value():
+        raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_RING_ROWS=on but a decode kernel is linked to no "
+                           "pool with request-row rings")  # fmt: skip
+    return ring_rows

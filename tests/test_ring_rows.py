@@ -1,0 +1,204 @@
+"""Decode rings keyed by request row (``SGLANG_REPLAYSSM_RING_ROWS``, radix/ring/rows.py), on SGLang's real
+pools: the ring has one row per request row, a slot reads its records at its request's row, every kernel and
+fold with a row map equals the slot-keyed one, the budget charges the rows, and what rows do not cover is
+refused in one line. The random request streams (copies, finishes, evictions, retraction, HiCache, records)
+run in tests/test_radix_property.py (``-ring-rows`` configurations)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_replayssm.kernels.materialize import materialize
+from sglang_replayssm.kernels.ring_decode_ref import ring_decode_torch
+from sglang_replayssm.radix import config, hooks
+from sglang_replayssm.radix.admission import ReplaySSMArgsError
+from sglang_replayssm.radix.ring import rows
+from sglang_replayssm.radix.ring.alloc_reset import linked_write_pos
+from sglang_replayssm.radix.ring.pool import ring_pool
+from sglang_replayssm.settings import RING_ROWS
+from tests.support.simulate import Sim, SimConfig
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _adapter_installed():
+    hooks.install()
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_the_pool_holds_one_ring_per_request_row_and_maps_each_slot_to_its_row(kind):
+    with config.override(True):
+        sim = Sim(SimConfig(kind=kind, strategy="no_buffer", ring_rows=True, mamba_slots=24, max_reqs=5))
+        pool, req_pool = sim.mamba_pool, sim.req_pool
+        cache = pool.mamba_cache
+        n_rows, slots = req_pool.req_to_token.shape[0], pool.size + 1
+        assert n_rows == 6 and slots == 25
+        assert cache.replayssm_d.shape[1] == cache.replayssm_k.shape[1] == cache.replayssm_g.shape[1] == n_rows
+        assert cache.replayssm_g.dim() == (5 if kind == "kda" else 4)
+        assert pool.replayssm_write_pos.shape == (slots,) and pool.enable_linear_replayssm
+        # The allocator's cursor link runs after the rows are allocated (the cursor choke point holds).
+        assert linked_write_pos(req_pool.mamba_allocator) is pool.replayssm_write_pos
+        view = ring_pool(pool)
+        assert view is not None and view.rows is not None and view.rows.shape == (slots,)
+        a = sim.admit([1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7])
+        b = sim.admit([5, 4, 3], [1, 2, 3, 4, 5, 6, 7])
+        for sreq in (a, b):
+            slot, row = int(sreq.req.kv.mamba_pool_idx), int(sreq.req.kv.req_pool_idx)
+            assert int(view.rows[slot]) == row
+        sim.decode()
+        sim.decode()
+        sim.check()
+        # Records land at the request's ring row, never at the slot's index.
+        slot, row = int(a.req.kv.mamba_pool_idx), int(a.req.kv.req_pool_idx)
+        assert int(pool.replayssm_write_pos[slot]) > 0
+        assert bool(cache.replayssm_g[:, row].ne(0).any())
+
+
+def test_without_the_setting_the_pool_keeps_a_ring_per_slot():
+    with config.override(True):
+        sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_rows=False))
+        assert sim.mamba_pool.mamba_cache.replayssm_d.shape[1] == sim.mamba_pool.size + 1
+        assert ring_pool(sim.mamba_pool).rows is None  # type: ignore[union-attr]
+
+
+def _decode_args(kind: str, B: int, slots: int, n_rows: int, L: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    H, HV, K, V = (1, 2, 8, 8) if kind == "gdn" else (2, 2, 8, 8)
+    kda = kind == "kda"
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    args = dict(
+        mixed_qkv=r(B, 2 * H * K + HV * V), a=r(B, HV, K) if kda else r(B, HV), b=r(B, HV), A_log=r(HV),
+        dt_bias=r(HV, K) if kda else r(HV), scale=K**-0.5, initial_state=r(slots, HV, V, K),
+        d_cache=r(n_rows, HV, L, V), k_cache=r(n_rows, H, L, K),
+        g_cache=-r(n_rows, HV, L, K).abs() if kda else -r(n_rows, HV, L).abs(),
+    )  # fmt: skip
+    return args
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_ring_decode_with_a_row_map_equals_the_slot_keyed_decode(kind):
+    """Rows [flush, non-flush, padding, non-flush]: the row-keyed ring (rows permuted) gives the same output,
+    checkpoint and written records as the ring keyed by slot."""
+    slots, n_rows, L = 7, 4, 4
+    slot_of = torch.tensor([5, 2, -1, 3])
+    row_of_slot = torch.zeros(slots, dtype=torch.int32)
+    row_of_slot[torch.tensor([5, 2, 3])] = torch.tensor([1, 3, 2], dtype=torch.int32)
+    args = _decode_args(kind, 4, slots, n_rows, L)
+    by_slot = {**args, "d_cache": torch.zeros(slots, *args["d_cache"].shape[1:]),
+               "k_cache": torch.zeros(slots, *args["k_cache"].shape[1:]),
+               "g_cache": torch.zeros(slots, *args["g_cache"].shape[1:])}  # fmt: skip
+    for s in (5, 2, 3):
+        for name in ("d_cache", "k_cache", "g_cache"):
+            by_slot[name][s] = args[name][int(row_of_slot[s])]
+    by_row = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    write_pos = torch.tensor([L - 1, 1, 0, 2], dtype=torch.int32)
+    outs = []
+    for kw, ring_map in ((by_slot, None), (by_row, row_of_slot)):
+        out = torch.empty(4, 1, 2, 8)
+        ring_decode_torch(**kw, out=out, ssm_state_indices=slot_of, write_pos=write_pos, force_flush=None,
+                          use_qk_l2norm_in_kernel=True, is_kda=kind == "kda", ring_map=ring_map)  # fmt: skip
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(by_slot["initial_state"], by_row["initial_state"])
+    for s in (2, 3):  # the non-flush rows wrote their record at their ring row
+        for name in ("d_cache", "k_cache", "g_cache"):
+            assert torch.equal(by_slot[name][s], by_row[name][int(row_of_slot[s])])
+    bad = row_of_slot.clone()
+    bad[3] = bad[2]  # two live slots on one ring row: they would race
+    with pytest.raises(ValueError, match="ring row appears in two valid rows"):
+        ring_decode_torch(**by_row, out=torch.empty(4, 1, 2, 8), ssm_state_indices=slot_of, write_pos=write_pos,
+                          is_kda=kind == "kda", ring_map=bad)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_materialize_reads_each_rows_records_at_its_ring_row(kind):
+    layers, slots, n_rows, HV, H, K, V, L = 2, 6, 3, 2, 1, 4, 4, 4
+    g = torch.Generator().manual_seed(1)
+    temporal = torch.randn(layers, slots, HV, V, K, generator=g)
+    d = torch.randn(layers, n_rows, HV, L, V, generator=g)
+    k = torch.randn(layers, n_rows, H, L, K, generator=g)
+    gate = -torch.rand((layers, n_rows, HV, L, K) if kind == "kda" else (layers, n_rows, HV, L), generator=g)
+    src, dst, cnt, ring = (torch.tensor(x) for x in ([4, 1, 2], [5, 1, 3], [3, 2, 0], [2, 0, 1]))
+    want = temporal.clone()
+    by_slot = [torch.zeros(layers, slots, *t.shape[2:]) for t in (d, k, gate)]
+    for s, r in zip(src.tolist(), ring.tolist()):
+        for full, rows_t in zip(by_slot, (d, k, gate)):
+            full[:, s] = rows_t[:, r]
+    materialize(want, *by_slot, src, dst, cnt, is_kda=kind == "kda")
+    got = temporal.clone()
+    materialize(got, d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=ring)
+    assert torch.equal(got, want) and not torch.equal(got, temporal)
+    with pytest.raises(ValueError, match="ring row 3 outside"):
+        materialize(temporal.clone(), d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=torch.tensor([3, 0, 1]))
+
+
+def _server_args(**kw):
+    base = dict(enable_linear_replayssm=True, disaggregation_mode="null", speculative_algorithm=None,
+                enable_linear_replayssm_spec=False, device="cpu")  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(("change", "env", "fix_off", "match"), [
+    ({"disaggregation_mode": "decode"}, {}, None, "--disaggregation-mode"),
+    ({"speculative_algorithm": "NEXTN"}, {}, None, "speculative decoding"),
+    ({"device": "cuda"}, {}, None, "CPU tensors only"),
+    ({}, {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}, None, "SGLANG_REPLAYSSM_READ_COPY"),
+    ({}, {}, "retract_backup", "needs the fixes retract_backup"),
+])  # fmt: skip
+def test_what_rows_do_not_cover_is_refused_in_one_line(monkeypatch, change, env, fix_off, match):
+    monkeypatch.setenv(RING_ROWS.name, "on")
+    with config.override(True):
+        rows.check_args(_server_args())  # the plain case is admitted
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with config.override(True, **({fix_off: False} if fix_off else {})):
+        with pytest.raises(ReplaySSMArgsError, match=match) as err:
+            rows.check_args(_server_args(**change))
+        assert "\n" not in str(err.value) and "SGLANG_REPLAYSSM_RING_ROWS=on" in str(err.value)
+        monkeypatch.setenv(RING_ROWS.name, "off")
+        rows.check_args(_server_args(**change))  # off: nothing to refuse
+
+
+def test_the_pool_refuses_a_cuda_device_before_allocating(monkeypatch):
+    monkeypatch.setenv(RING_ROWS.name, "on")
+    called = []
+    with pytest.raises(ValueError, match="CPU tensors only"):
+        rows.rows_pool(lambda *a, **k: called.append(1), None, enable_linear_replayssm=True, device="cuda")
+    assert not called
+    rows.rows_pool(lambda *a, **k: called.append(1), None, enable_linear_replayssm=False, device="cuda")
+    assert called == [1]  # no decode ring asked for: SGLang's pool as it is
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+@pytest.mark.parametrize("explicit_size", [None, 100], ids=["auto-fit", "max-mamba-cache-size"])
+def test_the_budget_charges_one_ring_per_request_row(monkeypatch, kind, explicit_size):
+    """Each slot pays ``ceil(ring / ratio)`` + its cursor and map entry, the padding row comes out of the rest:
+    the rows SGLang can then allocate (``max_mamba_cache_size // ratio + 1``) fit what was charged, and more
+    slots fit than with a ring per slot."""
+    from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot, ring_row_bytes
+    from tests.test_radix_budget import GIB, _pool_bytes_per_slot, _publish, _sizing
+
+    ring_len, rest_gib = 16, 0.02
+    params, per_slot, _ = _pool_bytes_per_slot(kind, ring_len)
+    sizes, lefts = [], []
+    for on in ("off", "on"):
+        monkeypatch.setenv(RING_ROWS.name, on)
+        schedule = _publish(enable_linear_replayssm=True, linear_replayssm_cache_len=ring_len,
+                            max_mamba_cache_size=explicit_size)  # fmt: skip
+        sizing = _sizing(params, kda=kind == "kda")
+        with config.override(True, record_hits=False):
+            lefts.append(sizing._handle_max_mamba_cache(rest_gib))
+            ratio = sizing._calculate_mamba_ratio()
+        sizes.append(schedule.max_mamba_cache_size)
+    row = ring_row_bytes(params, ring_len)
+    priced = params.mamba_cache_per_req + -(-row // ratio) + 8
+    size = sizes[1]
+    if explicit_size is None:
+        assert sizes[1] > sizes[0]  # the ring bytes of slots that never decode went to more slots
+        budget = rest_gib * schedule.mamba_full_memory_ratio / (1 + schedule.mamba_full_memory_ratio) * GIB
+        real = (size + 1) * (params.mamba_cache_per_req + 8) + (size // ratio + 1) * row
+        assert real <= budget + row  # the padding row is the one charged to the rest
+    assert lefts[1] == pytest.approx(rest_gib - (size + 1) * priced / GIB - row / GIB, rel=1e-12)
+    assert decode_ring_bytes_per_slot(params, ring_len) == row + 4
