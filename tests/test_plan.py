@@ -102,6 +102,28 @@ def test_splits_agree_with_sglang_sizing_and_the_record_reservation(budget_mib, 
         assert abs(got.kv_tokens - left * GIB / s.kv_per_token) < 1, policy
 
 
+@pytest.mark.parametrize("budget_mib", [40, 400])
+def test_ring_rows_split_agrees_with_sglang_sizing(budget_mib, monkeypatch):
+    """With rings keyed by request row the plan prices the ring as ``radix/budget.py`` charges it (SGLang's real
+    sizing, ``SGLANG_REPLAYSSM_RING_ROWS=on``): same slots, same bytes left for the KV cache, and more slots
+    than a ring per slot."""
+    from tests.test_radix_budget import _publish
+
+    hooks.install()
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RING_ROWS", "on")
+    s = plan.sizes(plan.preset("small-gdn"), 1)
+    budget = budget_mib << 20
+    schedule = _publish(enable_linear_replayssm=True, linear_replayssm_cache_len=plan.DEFAULT_RING_LEN)
+    sizing = _sizing(s.params)
+    with config.override(True, record_hits=False):
+        left = sizing._handle_max_mamba_cache(budget / GIB)
+        per_request = sizing._calculate_mamba_ratio()
+    got = plan.split(s, budget, "records-off", ring_rows=per_request)
+    assert got.state_slots == schedule.max_mamba_cache_size > plan.split(s, budget, "records-off").state_slots
+    assert abs(got.kv_tokens - left * GIB / s.kv_per_token) < 1
+    assert got.total_bytes <= budget
+
+
 @pytest.mark.parametrize("name", ["qwen3-next-80b", "kimi-linear-48b", "small-gdn", "qnext-gdn", "kimi-kda"])
 @pytest.mark.parametrize("tp", [1, 8])
 @pytest.mark.parametrize("cache_gib", [0.5, 4, 40])

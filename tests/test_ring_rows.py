@@ -136,14 +136,15 @@ def test_materialize_reads_each_rows_records_at_its_ring_row(kind):
 
 def _server_args(**kw):
     base = dict(enable_linear_replayssm=True, disaggregation_mode="null", speculative_algorithm=None,
-                enable_linear_replayssm_spec=False, device="cpu")  # fmt: skip
+                enable_linear_replayssm_spec=False, linear_attn_decode_backend=None,
+                linear_attn_backend="triton")  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
 
 
 @pytest.mark.parametrize(("change", "env", "fix_off", "match"), [
     ({"disaggregation_mode": "decode"}, {}, None, "--disaggregation-mode"),
     ({"speculative_algorithm": "NEXTN"}, {}, None, "speculative decoding"),
-    ({"device": "cuda"}, {}, None, "CPU tensors only"),
+    ({"linear_attn_decode_backend": "helion"}, {}, None, "Triton linear-attention decode backend only"),
     ({}, {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}, None, "SGLANG_REPLAYSSM_READ_COPY"),
     ({}, {}, "retract_backup", "needs the fixes retract_backup"),
 ])  # fmt: skip
@@ -161,13 +162,14 @@ def test_what_rows_do_not_cover_is_refused_in_one_line(monkeypatch, change, env,
         rows.check_args(_server_args(**change))  # off: nothing to refuse
 
 
-def test_the_pool_refuses_a_cuda_device_before_allocating(monkeypatch):
+def test_the_pool_refuses_the_spec_ring_before_allocating(monkeypatch):
     monkeypatch.setenv(RING_ROWS.name, "on")
     called = []
-    with pytest.raises(ValueError, match="CPU tensors only"):
-        rows.rows_pool(lambda *a, **k: called.append(1), None, enable_linear_replayssm=True, device="cuda")
+    with pytest.raises(ValueError, match="--enable-linear-replayssm-spec"):
+        rows.rows_pool(lambda *a, **k: called.append(1), None, enable_linear_replayssm=True,
+                       enable_linear_replayssm_spec=True)  # fmt: skip
     assert not called
-    rows.rows_pool(lambda *a, **k: called.append(1), None, enable_linear_replayssm=False, device="cuda")
+    rows.rows_pool(lambda *a, **k: called.append(1), None, enable_linear_replayssm=False)
     assert called == [1]  # no decode ring asked for: SGLang's pool as it is
 
 
@@ -202,3 +204,61 @@ def test_the_budget_charges_one_ring_per_request_row(monkeypatch, kind, explicit
         assert real <= budget + row  # the padding row is the one charged to the rest
     assert lefts[1] == pytest.approx(rest_gib - (size + 1) * priced / GIB - row / GIB, rel=1e-12)
     assert decode_ring_bytes_per_slot(params, ring_len) == row + 4
+
+
+_TRITON_CONFIGS = {
+    "regs": dict(block_v=4, v_split=2, num_warps=1, prefetch=2, split=False),
+    "split": dict(block_v=8, v_split=1, num_warps=1, prefetch=1, split=True, row_major=True),
+    "slices": dict(block_v=8, v_split=1, num_warps=1, prefetch=1, split=True, engine="slices", slice_k=8,
+                   flush_block_v=8, row_major=True),
+}  # fmt: skip
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("engine", list(_TRITON_CONFIGS))
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_triton_ring_decode_with_a_row_map_equals_the_reference(kind, engine):
+    """sglang-replayssm's Triton engines (interpreted on CPU, compiled on CUDA) read and write a slot's records at
+    its ring row: output, checkpoint and rings equal the torch reference with the same map."""
+    from sglang_replayssm.kernels.ring_decode import RingDecodeConfig, ring_decode
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    slots, n_rows, L, B = 7, 5, 4, 4
+    args = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in _decode_args(kind, B, slots, n_rows, L).items()}
+    ring_map = torch.tensor([0, 0, 3, 1, 0, 4, 0], dtype=torch.int32, device=dev)
+    slot_of = torch.tensor([5, 2, -1, 3], device=dev)
+    write_pos = torch.tensor([L - 1, 1, 0, 2], dtype=torch.int32, device=dev)
+    force = torch.tensor([0, 0, 0, 1], dtype=torch.int32, device=dev)  # a forced flush too
+    got = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    out_ref, out = torch.empty(B, 1, 2, 8, device=dev), torch.empty(B, 1, 2, 8, device=dev)
+    for rows_write in (0, 1):  # non-flush row 1's record at ring row 3, then the next step reads it
+        wp = write_pos + rows_write * torch.tensor([0, 1, 0, 0], dtype=torch.int32, device=dev)
+        wp = torch.where(wp > L - 1, torch.zeros_like(wp), wp)
+        ring_decode_torch(**args, out=out_ref, ssm_state_indices=slot_of, write_pos=wp, force_flush=force,
+                          use_qk_l2norm_in_kernel=True, is_kda=kind == "kda", ring_map=ring_map)  # fmt: skip
+        ring_decode(**got, out=out, ssm_state_indices=slot_of, write_pos=wp, force_flush=force,
+                    use_qk_l2norm_in_kernel=True, is_kda=kind == "kda", ring_map=ring_map,
+                    config=RingDecodeConfig(**_TRITON_CONFIGS[engine]))  # fmt: skip
+        torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+        for name in ("initial_state", "d_cache", "k_cache", "g_cache"):
+            torch.testing.assert_close(got[name], args[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_triton_materialize_reads_each_rows_records_at_its_ring_row(kind):
+    from sglang_replayssm.kernels.materialize_ref import check_materialize_args, materialize_torch
+    from sglang_replayssm.kernels.materialize_triton import materialize_triton
+
+    layers, slots, n_rows, HV, H, K, V, L = 2, 6, 3, 2, 1, 8, 8, 4
+    g = torch.Generator().manual_seed(2)
+    temporal = torch.randn(layers, slots, HV, V, K, generator=g)
+    d = torch.randn(layers, n_rows, HV, L, V, generator=g)
+    k = torch.randn(layers, n_rows, H, L, K, generator=g)
+    gate = -torch.rand((layers, n_rows, HV, L, K) if kind == "kda" else (layers, n_rows, HV, L), generator=g)
+    src, dst, cnt, ring = (torch.tensor(x) for x in ([4, 1, -1, 2], [5, 1, 0, 3], [3, 2, 1, 4], [2, 0, 0, 1]))
+    want, got = temporal.clone(), temporal.clone()
+    materialize_torch(check_materialize_args(want, d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=ring))
+    materialize_triton(check_materialize_args(got, d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=ring))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(got, temporal)

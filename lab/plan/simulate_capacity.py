@@ -113,21 +113,6 @@ def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[l
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def ring_on_rows(doc: dict[str, Any], rows: int) -> None:
-    """What-if: the decode ring on ``rows`` ring rows (the running requests' working slots) instead of on every
-    mamba slot, which is how SGLang allocates it (``MambaPool``: ``size + 1`` rings). The plugin arms' mamba
-    share less the rows' rings buys state-only slots (SGLang's auto-fit, ``plan._mamba_pool``); the KV and
-    record bytes stay as planned. Edits ``doc["policies"]`` in place."""
-    from sglang_replayssm.bench import plan as capacity
-
-    s, ratio = doc["sizes"], capacity.MAMBA_FULL_MEMORY_RATIO
-    rings = rows * s["ring"] * (1 + ratio) / ratio  # the budget whose mamba share is the rows' rings
-    slots, _ = capacity._mamba_pool(int(doc["budget_bytes"] - rings), s["state"], ratio)
-    for pol in doc["policies"]:
-        if pol["policy"] != "sglang":
-            pol["state_slots"] = slots
-
-
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the KDA rebuild's Triton kernels on CPU, as the tests run them
     from sglang_replayssm.bench import plan as capacity
@@ -146,16 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="fixes",
                    help=f"comma-separated record policies run on every plugin arm: {', '.join(VARIANTS)}")
     p.add_argument("--record-budgets", default="4096,16384,65536", help="record capacities planned (records-N arms)")
-    p.add_argument("--ring-rows", type=int, default=0,
-                   help="what-if: the decode ring on this many rows (running requests) instead of every slot")
+    p.add_argument("--ring-rows", type=int, default=0, metavar="SLOTS_PER_REQUEST",
+                   help="the plugin arms with SGLANG_REPLAYSSM_RING_ROWS=on, priced as radix/budget.py charges it "
+                        "(SGLang's state slots per request: 5 for extra_buffer with overlap); 0: a ring per slot")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()
     budgets = tuple(int(x) for x in args.record_budgets.split(",") if x)
     doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB),
-                        record_budgets=budgets)
-    if args.ring_rows:
-        ring_on_rows(doc, args.ring_rows)
+                        record_budgets=budgets, ring_rows=args.ring_rows)
     trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len)
     prompts = trace.prompts()
     wanted = args.policies.split(",")
@@ -167,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                             else variants[:1])]
     working_set = len({tuple(x[: trace.system_len + trace.doc_len]) for x in prompts}) * trace.doc_len
     print(f"{args.model} TP {args.tp}, {args.cache_gib:g} GiB/rank, counts / {args.scale}; "
-          f"ring rows: {args.ring_rows or 'every slot'}; fixes off: "
+          f"rings: {f'per request row ({args.ring_rows} slots/request)' if args.ring_rows else 'per slot'}; fixes off: "
           f"{', '.join(disabled) or 'none'}; trace {trace}; "
           f"distinct documents x doc_len = {working_set:,} tokens")
     print(f"{'policy':<34} {'KV tok':>8} {'slots':>6} {'rec tok':>8} {'hit rate':>9} {'ceiling':>8} "

@@ -239,13 +239,26 @@ def default_record_tokens(rest: int, per_token: int, kv_per_token: int = 0) -> t
     return default_record_policy(DEFAULT_RECORD_TOKENS, rest, per_token, kv_per_token)
 
 
+def ring_charge(s: Sizes, slots_per_request: int) -> tuple[int, int]:
+    """The decode ring's bytes ``(per slot, fixed)`` as ``radix/budget.py`` charges them: one ring per slot,
+    or with rings keyed by request row (``SGLANG_REPLAYSSM_RING_ROWS``; ``slots_per_request`` > 0 is SGLang's
+    state slots per running request, 3 for no_buffer, 5 for extra_buffer with overlap) ``ceil(ring /
+    slots_per_request)`` plus the cursor and map entry per slot and the padding row fixed."""
+    if slots_per_request <= 0:
+        return s.ring, 0
+    row = s.ring - 4  # Sizes.ring holds one ring and its int32 cursor
+    return -(-row // slots_per_request) + 8, row
+
+
 def split(s: Sizes, budget: int, policy: str, *, record_tokens: int | None = None,
-          ratio: float = MAMBA_FULL_MEMORY_RATIO) -> Split:
+          ratio: float = MAMBA_FULL_MEMORY_RATIO, ring_rows: int = 0) -> Split:
     """One policy's split of ``budget`` bytes. ``policy``: ``"sglang"`` (extra_buffer, ReplaySSM off),
     ``"records-off"`` (the plugin: decode ring, no records) or ``"records"`` (the plugin with
-    ``record_tokens`` tokens of records; None: the default rule)."""
-    ring = 0 if policy == "sglang" else s.ring
+    ``record_tokens`` tokens of records; None: the default rule). ``ring_rows`` > 0: the plugin's rings are
+    keyed by request row with that many state slots per request (:func:`ring_charge`)."""
+    ring, fixed = (0, 0) if policy == "sglang" else ring_charge(s, ring_rows)
     slots, state_bytes = _mamba_pool(budget, s.state + ring, ratio)
+    state_bytes += fixed if slots else 0
     rest = budget - state_bytes
     name, tokens, nbytes, refused, reason = policy, 0, 0, "", ""
     if policy == "records":
@@ -270,14 +283,17 @@ DEFAULT_RECORD_BUDGETS = (4096, 16384, 65536)
 
 def plan(model: ModelPreset, tp: int, budget: int, *, record_dtype: str | None = None, kv_dtype: str | None = None,
          record_budgets: tuple[int, ...] = DEFAULT_RECORD_BUDGETS, ring_len: int = DEFAULT_RING_LEN,
-         interval: int = DEFAULT_STATE_INTERVAL) -> dict[str, Any]:
-    """Every policy's split of ``budget`` bytes on one rank, with the sizes behind it (a JSON-able dict)."""
+         interval: int = DEFAULT_STATE_INTERVAL, ring_rows: int = 0) -> dict[str, Any]:
+    """Every policy's split of ``budget`` bytes on one rank, with the sizes behind it (a JSON-able dict);
+    ``ring_rows`` > 0: the plugin's rings keyed by request row (:func:`split`)."""
     s = sizes(model, tp, record_dtype=record_dtype, kv_dtype=kv_dtype, ring_len=ring_len, interval=interval)
-    splits = [split(s, budget, "sglang"), split(s, budget, "records-off"), split(s, budget, "records")]
-    splits += [split(s, budget, "records", record_tokens=n) for n in record_budgets]
+    splits = [split(s, budget, "sglang"), split(s, budget, "records-off", ring_rows=ring_rows),
+              split(s, budget, "records", ring_rows=ring_rows)]
+    splits += [split(s, budget, "records", record_tokens=n, ring_rows=ring_rows) for n in record_budgets]
     return {
         "model": asdict(model),
         "tp": tp,
+        "ring_rows": ring_rows,
         "budget_bytes": budget,
         "record_dtype": record_dtype or model.dtype,
         "kv_dtype": kv_dtype or model.dtype,
@@ -299,7 +315,9 @@ def format_plan(doc: dict[str, Any]) -> str:
         f"{m['name']} ({m['family']}, {m['linear_layers']} linear + {m['attention_layers']} attention layers), "
         f"TP {doc['tp']}, {_gib(doc['budget_bytes'])} GiB of cache per rank; records {doc['record_dtype']}, "
         f"KV {doc['kv_dtype']}",
-        f"per rank: a state {s['state']:,} B (+ ring {s['ring']:,} B with ReplaySSM), records "
+        f"per rank: a state {s['state']:,} B (+ ring {s['ring']:,} B with ReplaySSM"
+        + (f"; rings keyed by request row, {doc['ring_rows']} slots per request" if doc.get("ring_rows") else "")
+        + "), records "
         f"{s['record_per_token']:,} B/token, KV {s['kv_per_token']:,} B/token"
         + (f", an interval state {s['interval_state']:,} B per {s['interval']} tokens" if s["interval"] else ""),
         f"a state = {doc['state_in_record_tokens']:,.0f} tokens of records = {doc['state_in_kv_tokens']:,.0f} "
@@ -333,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-budgets", default=",".join(map(str, DEFAULT_RECORD_BUDGETS)),
                    help="comma-separated record capacities (tokens) to plan beside the default rule")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN, help="--linear-replayssm-cache-len")
+    p.add_argument("--ring-rows", type=int, default=0, metavar="SLOTS_PER_REQUEST",
+                   help="SGLANG_REPLAYSSM_RING_ROWS=on: rings keyed by request row, with SGLang's state slots per "
+                        "request (3 no_buffer, 5 extra_buffer with overlap); 0: a ring per slot")
     p.add_argument("--json", type=Path, help="also write the plan here as JSON")
     return p
 
@@ -354,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         budgets = tuple(int(x) for x in args.record_budgets.split(",") if x.strip())
         doc = plan(preset(args.model), args.tp, cache_budget(args), record_dtype=args.record_dtype,
-                   kv_dtype=args.kv_dtype, record_budgets=budgets, ring_len=args.ring_len)
+                   kv_dtype=args.kv_dtype, record_budgets=budgets, ring_len=args.ring_len, ring_rows=args.ring_rows)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

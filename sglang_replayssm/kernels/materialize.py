@@ -54,9 +54,6 @@ def materialize(
         ring_src=ring_src,
     )
     if temporal.is_cuda:
-        if ring_src is not None:
-            raise NotImplementedError("sglang-replayssm: rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS) "
-                                      "have no CUDA materialize yet")
         from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
         materialize_triton(call)

@@ -6,7 +6,8 @@ kernel performs the same sequential fp32 fold, so both agree to fp32 rounding of
 Launch: one program per ``(block of rows, layer, value head, V tile)``; grid
 ``(cdiv(R, RB) * n_layers, HV, cdiv(V, BV))`` (the unbounded grid axis carries the row blocks). A
 program walks its ``RB`` rows in order and skips a row whose source or destination is ``-1`` after
-two scalar loads: the decode track snapshot launches all B rows of a batch with only the tracked
+two scalar loads (with ``ring_src`` a live row's records are read at its ring row, one more load): the
+decode track snapshot launches all B rows of a batch with only the tracked
 ones live, and one program per row spent ~90 us per step at B=256 on empty programs (H200 profile).
 ``RB`` grows with ``R`` (:func:`rows_per_program`) so a few live rows still spread over the GPU.
 For each live row a program loads its ``[BV, K]`` tile of the source checkpoint once, walks the row's ``count`` records with a runtime-bounded loop (each
@@ -54,6 +55,7 @@ def materialize_kernel(
     src_slots,  # [R]
     dst_slots,  # [R]
     counts,  # [R]
+    ring_src,  # [R]: each row's ring row (read only with HAS_RING_SRC)
     R,
     rows_per_program,
     n_layers,
@@ -73,6 +75,7 @@ def materialize_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     IS_KDA: tl.constexpr,
+    HAS_RING_SRC: tl.constexpr,
 ):
     pid_rl = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -88,12 +91,15 @@ def materialize_kernel(
         dst = tl.load(dst_slots + i_row, mask=i_row < R, other=-1).to(tl.int64)
         if (src >= 0) & (dst >= 0):
             count = tl.load(counts + i_row).to(tl.int32)
+            ring = src
+            if HAS_RING_SRC:
+                ring = tl.load(ring_src + i_row).to(tl.int64)
             p_src = temporal + i_layer * stride_t_layer + src * stride_t_slot + tile
             S = tl.load(p_src, mask=mask_vk, other=0.0).to(tl.float32)
 
-            base_d = ring_d + i_layer * stride_d_layer + src * stride_d_slot + i_hv * (L * V)
-            base_k = ring_k + i_layer * stride_k_layer + src * stride_k_slot + i_h * (L * K)
-            base_g = ring_g + i_layer * stride_g_layer + src * stride_g_slot
+            base_d = ring_d + i_layer * stride_d_layer + ring * stride_d_slot + i_hv * (L * V)
+            base_k = ring_k + i_layer * stride_k_layer + ring * stride_k_slot + i_h * (L * K)
+            base_g = ring_g + i_layer * stride_g_layer + ring * stride_g_slot
             for j in range(0, count):
                 d_j = tl.load(base_d + j * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
                 k_j = tl.load(base_k + j * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -130,7 +136,7 @@ def materialize_triton(call: MaterializeCall, *, block_v: int = 32, num_warps: i
     grid = (triton.cdiv(R, RB) * n_layers, HV, triton.cdiv(V, BV))
     materialize_kernel[grid](
         temporal, ring_d, ring_k, ring_g,
-        call.src_slots, call.dst_slots, call.counts,
+        call.src_slots, call.dst_slots, call.counts, call.ring_rows,
         R, RB, n_layers,
         temporal.stride(0), temporal.stride(1),
         ring_d.stride(0), ring_d.stride(1),
@@ -138,6 +144,6 @@ def materialize_triton(call: MaterializeCall, *, block_v: int = 32, num_warps: i
         ring_g.stride(0), ring_g.stride(1),
         H=H, HV=HV, K=K, V=V, L=L,
         BK=triton.next_power_of_2(K), BV=BV,
-        IS_KDA=call.is_kda,
+        IS_KDA=call.is_kda, HAS_RING_SRC=call.ring_src is not None,
         num_warps=num_warps,
     )  # fmt: skip

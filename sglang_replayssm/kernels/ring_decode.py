@@ -112,17 +112,18 @@ def checked_step(
     scale: float, initial_state: torch.Tensor, d_cache: torch.Tensor, k_cache: torch.Tensor,
     g_cache: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor, write_pos: torch.Tensor,
     force_flush: torch.Tensor | None, use_qk_l2norm_in_kernel: bool, is_kda: bool,
+    ring_map: torch.Tensor | None = None,
 ) -> RingStep:  # fmt: skip
     """The step's one validation (SGLang's checks, then the fused kernels' layout) and its
     :class:`~.ring_decode_args.RingStep`."""
     shape = check_ring_decode_args(
         mixed_qkv, a, b, A_log, dt_bias, initial_state, d_cache, k_cache, g_cache, out, ssm_state_indices,
-        write_pos, force_flush, is_kda,
+        write_pos, force_flush, is_kda, ring_map,
     )  # fmt: skip
     check_fused_layout(shape, mixed_qkv, a, b, dt_bias, initial_state, d_cache, k_cache, g_cache, out, is_kda)
     return prepare_step(
         shape, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache, out,
-        ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda,
+        ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda, ring_map,
     )  # fmt: skip
 
 
@@ -131,6 +132,8 @@ def cuda_unfit(step: RingStep, *, forced: bool) -> str | None:
     that cannot happen here is a reason too (the default then runs Triton, same results); a forced
     ``engine="cuda"`` lets the build report its own error."""
     s = step.shape
+    if step.ring_map is not None:
+        return "rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS) run in Triton"
     why = supports(step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k,
                    step.g, step.slots, s.K, s.V, s.L)  # fmt: skip
     if why is None and not forced and not available():
@@ -189,13 +192,15 @@ def ring_decode(
     is_kda: bool = False,
     *,
     config: RingDecodeConfig | None = None,
+    ring_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One ReplaySSM decode step for a batch, in place (module docstring).
 
     Args: SGLang's (shapes in :func:`~.ring_decode_args.check_ring_decode_args`); ``config``:
     the launch (None: :func:`pick_config`'s, the CUDA passes where they fit and build; a config
     with ``engine="cuda"`` raises :class:`~.ring_decode_cuda.CudaReadUnsupported` when the inputs
-    do not fit them).
+    do not fit them); ``ring_map`` (int32 ``[slots]``): slot ``s``'s records live in ring row
+    ``ring_map[s]`` (the ring tensors then hold their own rows; Triton only).
 
     Writes ``out`` (``[B, 1, HV, V]``) for every row, appends one ring record for non-flush rows
     and rewrites ``initial_state[slot]`` for flush rows. Does not advance ``write_pos``. Returns
@@ -203,7 +208,7 @@ def ring_decode(
     """
     step = checked_step(
         mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, d_cache, k_cache, g_cache, out,
-        ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda,
+        ssm_state_indices, write_pos, force_flush, use_qk_l2norm_in_kernel, is_kda, ring_map,
     )  # fmt: skip
     if step.shape.B == 0:
         return out, initial_state

@@ -35,7 +35,8 @@ class RingShape(NamedTuple):
 class RingStep(NamedTuple):
     """One checked step in the form the kernels take: ``a`` ``[B, HV]`` (GDN) or ``[B, HV*K]``
     (KDA), ``b`` ``[B, HV]``, ``force_flush_arg`` = ``force_flush`` or (when it is None, never read)
-    ``write_pos``; ``strides`` = the leading strides of ``(qkv, a, b, state, d, k, g)``."""
+    ``write_pos``; ``strides`` = the leading strides of ``(qkv, a, b, state, d, k, g)``; ``ring_map``
+    (int32 ``[slots]``): the ring row of each slot, or None (one ring per slot)."""
 
     qkv: torch.Tensor
     a: torch.Tensor
@@ -56,6 +57,12 @@ class RingStep(NamedTuple):
     shape: RingShape
     is_kda: bool
     use_l2norm: bool
+    ring_map: torch.Tensor | None = None
+
+    @property
+    def ring_map_arg(self) -> torch.Tensor:
+        """The kernels' ``ring_map`` argument: the map, or (never read without one) the slots."""
+        return self.slots if self.ring_map is None else self.ring_map
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -157,6 +164,7 @@ def prepare_step(
     dt_bias: torch.Tensor, scale: float, initial_state: torch.Tensor, d_cache: torch.Tensor,
     k_cache: torch.Tensor, g_cache: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor,
     write_pos: torch.Tensor, force_flush: torch.Tensor | None, use_l2norm: bool, is_kda: bool,
+    ring_map: torch.Tensor | None = None,
 ) -> RingStep:  # fmt: skip
     """The checked arguments as the kernels take them (see :class:`RingStep`). No copies, except that
     ``A_log`` / ``dt_bias`` narrower than fp32 (SGLang creates ``dt_bias`` in the served dtype) are
@@ -175,5 +183,5 @@ def prepare_step(
     return RingStep(
         mixed_qkv, a_arg, b_arg, A_log, dt_bias, out, initial_state, d_cache, k_cache, g_cache,
         ssm_state_indices, write_pos, force_flush, force_flush if force_flush is not None else write_pos,
-        float(scale), strides, shape, is_kda, use_l2norm,
+        float(scale), strides, shape, is_kda, use_l2norm, ring_map,
     )  # fmt: skip

@@ -32,7 +32,7 @@ def flush_chunk(
     d_ring,
     k_ring,
     g_ring,
-    slot,
+    ring,
     stride_d,
     stride_k,
     stride_g,
@@ -57,10 +57,10 @@ def flush_chunk(
         g_run = tl.zeros([K], dtype=tl.float32)
         for j in tl.static_range(BC):
             ok = (j < m) & (j < L)
-            d_j = tl.load(d_ring + slot * stride_d + (hv * L + j) * V + v0 + o_r, mask=(o_r < BVC) & ok, other=0.0)
-            k_j = tl.load(k_ring + slot * stride_k + (i_h * L + j) * K + o_k, mask=(o_k < K) & ok, other=0.0)
+            d_j = tl.load(d_ring + ring * stride_d + (hv * L + j) * V + v0 + o_r, mask=(o_r < BVC) & ok, other=0.0)
+            k_j = tl.load(k_ring + ring * stride_k + (i_h * L + j) * K + o_k, mask=(o_k < K) & ok, other=0.0)
             if IS_KDA:
-                g_j = tl.load(g_ring + slot * stride_g + (hv * L + j) * K + o_k, mask=(o_k < K) & ok, other=0.0)
+                g_j = tl.load(g_ring + ring * stride_g + (hv * L + j) * K + o_k, mask=(o_k < K) & ok, other=0.0)
                 g_run += g_j
                 f_j = tl.where(ok, alpha * tl.exp(g_tot - g_run), 0.0) * k_j.to(tl.float32)
             else:
@@ -82,7 +82,7 @@ def head_setup(
     dt_bias,
     k_ring,
     g_ring,
-    slot,
+    ring,
     i_n,
     hv,
     i_h,
@@ -125,7 +125,7 @@ def head_setup(
     kq = tl.sum(k * q, axis=0)
 
     # Key ring of this key head: [BC, K], rows j >= m masked to zero.
-    p_kr = k_ring + slot * stride_k + (i_h * L + o_c[:, None]) * K + o_k[None, :]
+    p_kr = k_ring + ring * stride_k + (i_h * L + o_c[:, None]) * K + o_k[None, :]
     kr = tl.load(p_kr, mask=valid[:, None], other=0.0).to(tl.float32)
     a_decay = tl.exp(tl.load(A_log + hv).to(tl.float32))
     b_raw = tl.load(b + i_n * stride_b + hv).to(tl.float32)
@@ -133,7 +133,7 @@ def head_setup(
     # Per head: read-out vectors qv/kv (applied to S0 rows), record coefficients cqv/ckv
     # (applied to the delta ring), flush scale sa (on S0) and flush factors fw/fk (on the ring).
     if not IS_KDA:
-        gr = tl.load(g_ring + slot * stride_g + hv * L + o_c, mask=valid, other=0.0)
+        gr = tl.load(g_ring + ring * stride_g + hv * L + o_c, mask=valid, other=0.0)
         g_tot = tl.sum(gr, axis=0)
         suffix = tl.cumsum(gr, axis=0, reverse=True) - gr  # sum_{i>j} g_i
         x = tl.load(a + i_n * stride_a + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
@@ -149,7 +149,7 @@ def head_setup(
         ckv = fw * tl.sum(kr * k[None, :], axis=1)
         fk = kr * fw[:, None]
     else:
-        p_gr = g_ring + slot * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
+        p_gr = g_ring + ring * stride_g + (hv * L + o_c[:, None]) * K + o_k[None, :]
         gr = tl.load(p_gr, mask=valid[:, None], other=0.0)  # [BC, K]
         g_tot = tl.sum(gr, axis=0)  # [K]
         suffix = tl.cumsum(gr, axis=0, reverse=True) - gr
@@ -174,6 +174,7 @@ def head_setup(
 @triton.jit
 def program_row(
     slots,
+    ring_map,
     write_pos,
     force_flush,
     H: tl.constexpr,
@@ -181,9 +182,11 @@ def program_row(
     L: tl.constexpr,
     HAS_FF: tl.constexpr,
     ROW_MAJOR: tl.constexpr,
+    HAS_MAP: tl.constexpr,
 ):
-    """``(row, value head, key head, slot, cursor, is_flush)`` of this program (grid axes 1 and 2;
-    with ``ROW_MAJOR`` consecutive programs walk the heads of one row, one contiguous slot)."""
+    """``(row, value head, key head, slot, ring row, cursor, is_flush)`` of this program (grid axes 1
+    and 2; with ``ROW_MAJOR`` consecutive programs walk the heads of one row, one contiguous slot). The
+    ring row is the slot itself, or with ``HAS_MAP`` ``ring_map[slot]`` (padding rows read entry 0)."""
     if ROW_MAJOR:
         hv = tl.program_id(1)
         i_n = tl.program_id(2)
@@ -191,18 +194,21 @@ def program_row(
         i_n = tl.program_id(1)
         hv = tl.program_id(2)
     slot = tl.load(slots + i_n).to(tl.int64)
+    ring = slot
+    if HAS_MAP:
+        ring = tl.load(ring_map + tl.maximum(slot, 0)).to(tl.int64)
     m = tl.load(write_pos + i_n).to(tl.int32)
     is_flush = m == L - 1
     if HAS_FF:
         is_flush = is_flush | (tl.load(force_flush + i_n) != 0)
-    return i_n, hv, hv // (HV // H), slot, m, is_flush
+    return i_n, hv, hv // (HV // H), slot, ring, m, is_flush
 
 
 @triton.jit
 def append_key_record(
     g_ring,
     k_ring,
-    slot,
+    ring,
     stride_g,
     stride_k,
     hv,
@@ -221,12 +227,12 @@ def append_key_record(
     the key record, at ring position ``m`` (nothing when ``in_ring`` is false)."""
     o_k = tl.arange(0, K)
     if IS_KDA:
-        tl.store(g_ring + slot * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
+        tl.store(g_ring + ring * stride_g + (hv * L + m) * K + o_k, g_cur, mask=(o_k < K) & in_ring)
     else:
-        tl.store(g_ring + slot * stride_g + hv * L + m, g_cur, mask=in_ring)
+        tl.store(g_ring + ring * stride_g + hv * L + m, g_cur, mask=in_ring)
     if hv % (HV // H) == 0:
         tl.store(
-            k_ring + slot * stride_k + (i_h * L + m) * K + o_k,
+            k_ring + ring * stride_k + (i_h * L + m) * K + o_k,
             k.to(k_ring.dtype.element_ty),
             mask=(o_k < K) & in_ring,
         )

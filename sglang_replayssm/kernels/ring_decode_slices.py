@@ -61,6 +61,7 @@ def ring_read_rows_kernel(
     k_ring,
     g_ring,
     slots,
+    ring_map,
     write_pos,
     force_flush,
     scale,
@@ -87,6 +88,7 @@ def ring_read_rows_kernel(
     HAS_FF: tl.constexpr,
     USE_L2NORM: tl.constexpr,
     ROW_MAJOR: tl.constexpr,
+    HAS_MAP: tl.constexpr,
 ):
     """Non-flush read-out over row chunks, each chunk held as ``K / KS`` column slices.
 
@@ -100,7 +102,8 @@ def ring_read_rows_kernel(
     padded rows (slot < 0) get a zero output.
     """
     i_s = tl.program_id(0)
-    i_n, hv, i_h, slot, m, is_flush = program_row(slots, write_pos, force_flush, H, HV, L, HAS_FF, ROW_MAJOR)
+    i_n, hv, i_h, slot, ring, m, is_flush = program_row(slots, ring_map, write_pos, force_flush, H, HV, L, HAS_FF,
+                                                        ROW_MAJOR, HAS_MAP)
     NCH: tl.constexpr = VPER // BV
     NKS: tl.constexpr = K // KS
     v_base = i_s * VPER
@@ -127,12 +130,12 @@ def ring_read_rows_kernel(
         p_s = base + rows[None, :, None] * K + (o_q * KS)[:, None, None] + o_w[None, None, :]
     else:
         p_s = base + rows[:, None, None] * K + (o_q * KS)[None, :, None] + o_w[None, None, :]
-    p_d = d_ring + slot * stride_d + (hv * L + o_c[:, None]) * V + v_base + o_r[None, :]  # [BC, BV]
+    p_d = d_ring + ring * stride_d + (hv * L + o_c[:, None]) * V + v_base + o_r[None, :]  # [BC, BV]
     if NS == 1:  # first chunk requested before the setup
         s_cur = tl.load(p_s).to(tl.float32)
         d_cur_t = tl.load(p_d, mask=valid[:, None], other=0.0).to(tl.float32)
     k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, q_fac, k_fac = head_setup(
-        qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
+        qkv, a, b, A_log, dt_bias, k_ring, g_ring, ring, i_n, hv, i_h, valid, scale,
         stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
     )  # fmt: skip
     if QF:
@@ -142,7 +145,7 @@ def ring_read_rows_kernel(
         qv3 = tl.reshape(qv, [NKS, KS])[None, :, :]
         kv3 = tl.reshape(kv, [NKS, KS])[None, :, :]
     p_v = qkv + i_n * stride_qkv + 2 * H * K + hv * V + v_base + o_r
-    p_dw = d_ring + slot * stride_d + (hv * L + m) * V + v_base + o_r
+    p_dw = d_ring + ring * stride_d + (hv * L + m) * V + v_base + o_r
     if NS > 1:  # chunks through a software pipeline in shared memory
         for c in tl.range(0, NCH, num_stages=NS):
             s_c = tl.load(p_s + c * BV * K).to(tl.float32)
@@ -157,7 +160,7 @@ def ring_read_rows_kernel(
             s_cur = s_new
             d_cur_t = d_new
     if i_s == 0:
-        append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
+        append_key_record(g_ring, k_ring, ring, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
                            H, HV, K, L, IS_KDA)  # fmt: skip
 
 
@@ -176,9 +179,9 @@ def launch_read(
     grid = (cfg.v_split, s.HV, s.B) if cfg.row_major else (cfg.v_split, s.B, s.HV)
     ring_read_rows_kernel[grid](
         step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k, step.g,
-        step.slots, step.write_pos, step.force_flush_arg, step.scale, *step.strides,
+        step.slots, step.ring_map_arg, step.write_pos, step.force_flush_arg, step.scale, *step.strides,
         H=s.H, HV=s.HV, K=s.K, V=s.V, L=s.L, BC=triton.next_power_of_2(s.L), BV=bv, KS=ks,
         VPER=s.V // cfg.v_split, QF=slices_first, PERM=perm_rows, IS_KDA=step.is_kda, NS=num_stages,
         HAS_FF=step.force_flush is not None, USE_L2NORM=step.use_l2norm, ROW_MAJOR=cfg.row_major,
-        num_warps=cfg.num_warps, num_stages=1,
+        HAS_MAP=step.ring_map is not None, num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip

@@ -42,6 +42,7 @@ def ring_decode_kernel(
     k_ring,
     g_ring,
     slots,
+    ring_map,
     write_pos,
     force_flush,
     scale,
@@ -68,6 +69,7 @@ def ring_decode_kernel(
     PASS: tl.constexpr,
     EVICT: tl.constexpr,
     ROW_MAJOR: tl.constexpr,
+    HAS_MAP: tl.constexpr,
 ):
     """One program: decode row ``pid(1)``, value head ``pid(2)``, V rows ``[pid(0)*VPER, +VPER)``
     streamed in chunks of ``BVC`` rows with ``PF`` (1 or 2) chunks in flight ahead of the one being
@@ -78,7 +80,8 @@ def ring_decode_kernel(
     only. Padded rows (slot < 0) get a zero output in passes 0 and 1.
     """
     i_s = tl.program_id(0)
-    i_n, hv, i_h, slot, m, is_flush = program_row(slots, write_pos, force_flush, H, HV, L, HAS_FF, ROW_MAJOR)
+    i_n, hv, i_h, slot, ring, m, is_flush = program_row(slots, ring_map, write_pos, force_flush, H, HV, L, HAS_FF,
+                                                        ROW_MAJOR, HAS_MAP)
     NCH: tl.constexpr = VPER // BVC
     v_base = i_s * VPER
 
@@ -110,7 +113,7 @@ def ring_decode_kernel(
 
     # Request the first chunk(s) of S0 and of the delta ring now.
     p_s = state + slot * stride_state + (hv * V + v_base + o_r[:, None]) * K + o_k[None, :]
-    p_d = d_ring + slot * stride_d + (hv * L + o_c[None, :]) * V + v_base + o_r[:, None]
+    p_d = d_ring + ring * stride_d + (hv * L + o_c[None, :]) * V + v_base + o_r[:, None]
     s_cur = tl.load(p_s, eviction_policy=EVICT).to(tl.float32)  # [BVC, K]
     d_cur_t = tl.load(p_d, mask=valid[None, :], other=0.0).to(tl.float32)  # [BVC, BC]
     if PF == 2:
@@ -118,7 +121,7 @@ def ring_decode_kernel(
         d_nxt = tl.load(p_d + BVC, mask=valid[None, :] & (NCH > 1), other=0.0).to(tl.float32)
 
     k, kq, beta, qv, kv, cqv, ckv, sa, fw, fk, alpha, g_tot, g_cur, _, _ = head_setup(
-        qkv, a, b, A_log, dt_bias, k_ring, g_ring, slot, i_n, hv, i_h, valid, scale,
+        qkv, a, b, A_log, dt_bias, k_ring, g_ring, ring, i_n, hv, i_h, valid, scale,
         stride_qkv, stride_a, stride_b, stride_k, stride_g, H, K, L, BC, IS_KDA, USE_L2NORM,
     )  # fmt: skip
     p_row = qkv + i_n * stride_qkv
@@ -137,18 +140,18 @@ def ring_decode_kernel(
         d_cur = beta * (v - sk)
         tl.store(p_o + c * BVC, (sq + d_cur * kq).to(out.dtype.element_ty))
         v0 = v_base + c * BVC
-        p_dw = d_ring + slot * stride_d + (hv * L + m) * V + v0 + o_r
+        p_dw = d_ring + ring * stride_d + (hv * L + m) * V + v0 + o_r
         if PASS == 1:
             tl.store(p_dw, d_cur.to(d_ring.dtype.element_ty), mask=(o_r < BVC) & in_ring)
         elif PASS == 2:
-            acc = flush_chunk(s_cur, d_cur_t, fk, sa, fw, alpha, g_tot, d_cur, k, d_ring, k_ring, g_ring, slot,
+            acc = flush_chunk(s_cur, d_cur_t, fk, sa, fw, alpha, g_tot, d_cur, k, d_ring, k_ring, g_ring, ring,
                                stride_d, stride_k, stride_g, hv, i_h, v0, m, o_r, o_k, o_c,
                                K, V, L, BC, BVC, IS_KDA, FLUSH_MODE)  # fmt: skip
             tl.store(p_s + c * BVC * K, acc.to(state.dtype.element_ty))
         else:
             if is_flush:
                 acc = flush_chunk(s_cur, d_cur_t, fk, sa, fw, alpha, g_tot, d_cur, k, d_ring, k_ring, g_ring,
-                                   slot, stride_d, stride_k, stride_g, hv, i_h, v0, m, o_r, o_k, o_c,
+                                   ring, stride_d, stride_k, stride_g, hv, i_h, v0, m, o_r, o_k, o_c,
                                    K, V, L, BC, BVC, IS_KDA, FLUSH_MODE)  # fmt: skip
                 tl.store(p_s + c * BVC * K, acc.to(state.dtype.element_ty))
             else:
@@ -164,7 +167,7 @@ def ring_decode_kernel(
 
     if PASS != 2:
         if (not is_flush) and (i_s == 0):
-            append_key_record(g_ring, k_ring, slot, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
+            append_key_record(g_ring, k_ring, ring, stride_g, stride_k, hv, i_h, m, g_cur, k, in_ring,
                                H, HV, K, L, IS_KDA)  # fmt: skip
 
 
@@ -194,9 +197,9 @@ def launch_rows(
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     ring_decode_kernel[grid](
         step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k, step.g,
-        step.slots, step.write_pos, step.force_flush_arg, step.scale, *step.strides,
+        step.slots, step.ring_map_arg, step.write_pos, step.force_flush_arg, step.scale, *step.strides,
         H=s.H, HV=s.HV, K=s.K, V=s.V, L=s.L, BC=_record_block(s.L, fm), BVC=bv, VPER=s.V // cfg.v_split,
         IS_KDA=step.is_kda, HAS_FF=step.force_flush is not None, USE_L2NORM=step.use_l2norm,
         FLUSH_MODE=FLUSH_MODES[fm], PF=cfg.prefetch, PASS=rows, EVICT="evict_first" if evict_first else "",
-        ROW_MAJOR=cfg.row_major, num_warps=nw, num_stages=num_stages, **extra,
+        ROW_MAJOR=cfg.row_major, HAS_MAP=step.ring_map is not None, num_warps=nw, num_stages=num_stages, **extra,
     )  # fmt: skip

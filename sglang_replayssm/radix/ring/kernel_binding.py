@@ -10,7 +10,8 @@ With a read copy on the pool (``SGLANG_REPLAYSSM_READ_COPY``, the read copy room
 :class:`~sglang_replayssm.radix.ring.pool.CheckpointCopies`, installed when it attaches) the step is
 :func:`sglang_replayssm.kernels.read_copy_cuda.read_copy_decode_cuda`; inputs it does not handle raise
 its ``CudaReadUnsupported`` (never a silent fallback to the torch reference), and so does the KDA safe
-gate, which SGLang's kernel would run without the copy's records. Its stale-row refresh is one Triton
+gate, which SGLang's kernel would run without the copy's records (and so do rings keyed by request row,
+whose map SGLang's kernel cannot read). Its stale-row refresh is one Triton
 launch with no host sync (:mod:`sglang_replayssm.kernels.read_copy_refresh`): the step is capturable.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 from sglang_replayssm.kernels.ring_decode import ring_decode
 from sglang_replayssm.radix.ring.pool import checkpoint_copies
+from sglang_replayssm.radix.ring.rows import ring_map_of
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +61,11 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
     if kwargs.get("lower_bound") is not None and states is not None and layer_of(kernel, states) is not None:
         raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_READ_COPY does not cover the KDA safe gate "
                            "(lower_bound): run it with SGLANG_REPLAYSSM_READ_COPY=off")
+    ring_map = ring_map_of(kernel) if _has_ring(kwargs) else None
     if not _ours_applies(mixed_qkv, kwargs):
+        if ring_map is not None and mixed_qkv.is_cuda:  # SGLang's kernel reads the ring by slot
+            raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_RING_ROWS does not cover the KDA safe gate "
+                               "(lower_bound): run it with SGLANG_REPLAYSSM_RING_ROWS=off")
         return original(kernel, mixed_qkv, a, b, **kwargs)
 
     ssm_states = kwargs["ssm_states"]
@@ -88,6 +94,6 @@ def ring_packed_decode(original: Callable[..., Any], kernel: Any, mixed_qkv: Any
         mixed_qkv, a, b.reshape(rows, hv).contiguous(), kwargs["A_log"].reshape(-1), dt_bias,
         kwargs["scale"], ssm_states, kwargs["replayssm_d"], kwargs["replayssm_k"], kwargs["replayssm_g"],
         out, kwargs["cache_indices"], kwargs["replayssm_write_pos"], kwargs.get("replayssm_force_flush"),
-        use_qk_l2norm_in_kernel=True, is_kda=is_kda,
+        use_qk_l2norm_in_kernel=True, is_kda=is_kda, ring_map=ring_map,
     )
     return out.transpose(0, 1)

@@ -20,12 +20,15 @@ starts with an empty ring (alloc_reset.py); a streaming session keeps its row wi
 cannot run out: every request row has its ring row. Stale map entries of slots whose cursor is 0 are
 never read.
 
-This slice runs on CPU tensors only; the pool refuses a CUDA device, and the admission refuses what
-does not follow the row (the read copy, PD, speculative decoding, the fixes the invariant rests on).
+The decode kernels (the CPU reference, sglang-replayssm's Triton kernels on CUDA) and every fold read the
+map; SGLang's own ring kernels cannot, so the admission refuses what would reach them (the Helion decode
+backend, the ``ring_kernels`` fix off) and what does not follow the row (the read copy, PD, speculative
+decoding, the fixes the invariant rests on); the KDA safe gate raises at its first decode.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -43,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 #: The fixes invariant I rests on (a cursor trusted only if it starts at 0, folded copies, folded finish
 #: donation and retraction backup).
-FIXES_NEEDED = ("cursor_reset", "materialize_copy", "finish_donation", "retract_backup")
+FIXES_NEEDED = ("cursor_reset", "materialize_copy", "finish_donation", "retract_backup", "ring_kernels")
 _GIB = float(1 << 30)
 _MIB = float(1 << 20)
 
@@ -69,8 +72,9 @@ def check_args(server_args: Any) -> None:
         why = "does not cover --disaggregation-mode"
     elif _value(server_args, "speculative_algorithm", None) or _value(server_args, "enable_linear_replayssm_spec", False):
         why = "does not cover speculative decoding (draft pools would need the shared row map)"
-    elif str(_value(server_args, "device", None) or "cpu").split(":")[0] not in ("cpu",):
-        why = "runs on CPU tensors only for now"
+    elif "helion" in (_value(server_args, "linear_attn_decode_backend", None),
+                      _value(server_args, "linear_attn_backend", None)):
+        why = "runs on the Triton linear-attention decode backend only (got helion)"
     else:
         off = [name for name in FIXES_NEEDED if not config.enabled(name)]
         if off:
@@ -84,9 +88,6 @@ def rows_pool(original: Callable[..., Any], req_pool: Any, *args: Any, **kwargs:
     builds the pool without its per-slot ring, then :func:`attach_rows` adds the per-row ring."""
     if not RING_ROWS.value() or not kwargs.get("enable_linear_replayssm", False):
         return original(req_pool, *args, **kwargs)
-    device = torch.device(kwargs.get("device", "cpu"))
-    if device.type != "cpu":
-        raise _refusal(f"runs on CPU tensors only for now (the pool is on {device})")
     if kwargs.get("enable_linear_replayssm_spec"):
         raise _refusal("does not cover --enable-linear-replayssm-spec")
     result = original(req_pool, *args, **{**kwargs, "enable_linear_replayssm": False})
@@ -106,10 +107,11 @@ def attach_rows(mamba_pool: Any, n_rows: int, record_len: int, cache_params: Any
     h_k = getattr(cache_params.shape, "num_k_heads_per_tp", hv)
     is_kda = bool(cache_params.is_kda)
     dev, dtype = temporal.device, temporal.dtype
-    d = torch.zeros((layers, n_rows, hv, record_len, v_dim), dtype=dtype, device=dev)
-    k = torch.zeros((layers, n_rows, h_k, record_len, k_dim), dtype=dtype, device=dev)
     g_shape = (layers, n_rows, hv, record_len, k_dim) if is_kda else (layers, n_rows, hv, record_len)
-    g = torch.zeros(g_shape, dtype=torch.float32, device=dev)
+    with _kv_cache_region(mamba_pool):
+        d = torch.zeros((layers, n_rows, hv, record_len, v_dim), dtype=dtype, device=dev)
+        k = torch.zeros((layers, n_rows, h_k, record_len, k_dim), dtype=dtype, device=dev)
+        g = torch.zeros(g_shape, dtype=torch.float32, device=dev)
     mamba_pool.mamba_cache = dataclasses.replace(cache, replayssm_d=d, replayssm_k=k, replayssm_g=g)
     mamba_pool.enable_linear_replayssm = True
     mamba_pool.linear_replayssm_cache_len = record_len
@@ -121,6 +123,17 @@ def attach_rows(mamba_pool: Any, n_rows: int, record_len: int, cache_params: Any
     per_slot = ring_bytes / n_rows * slots
     logger.info("sglang-replayssm: decode rings for %d request rows (not %d slots): %.2f MiB, %.2f MiB less than "
                 "a ring per slot", n_rows, slots, ring_bytes / _MIB, (per_slot - ring_bytes) / _MIB)  # fmt: skip
+
+
+def _kv_cache_region(mamba_pool: Any) -> Any:
+    """The memory region SGLang allocates the pool's own tensors in (its memory saver's KV-cache region),
+    or a no-op context where the pool has none."""
+    adapter = getattr(mamba_pool, "memory_saver_adapter", None)
+    if adapter is None:
+        return contextlib.nullcontext()
+    from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+
+    return adapter.region(GPU_MEMORY_TYPE_KV_CACHE)
 
 
 def map_rows(result: Any, req_pool: Any, reqs: Any) -> None:
