@@ -1,18 +1,22 @@
 """Real SGLang 0.5.23 servers on the CPU runtime with decode rings keyed by request row
-(``SGLANG_REPLAYSSM_RING_ROWS=on``): greedy tokens equal HF transformers', one at a time and batched, and
-with extra_buffer the shared-prefix stream still hits the attention-only ceiling (records rebuilt into
-slots whose rings are rows). The pool logs its rows at startup."""
+(``SGLANG_REPLAYSSM_RING_ROWS=on``): greedy tokens equal HF transformers', one at a time and batched; with
+extra_buffer the shared-prefix stream still hits the attention-only ceiling (records rebuilt into slots whose
+rings are rows); with no_buffer, MIXED batches (short prompts arriving while a long answer decodes) and
+SGLang's forced retractions move slots whose rows hold records. The pool logs its rows at startup."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from sglang_replayssm.models import make_models
 from sglang_replayssm.settings import RING_ROWS
+from tests.support.hf_reference import hf_greedy
 from tests.support.serve import cpu_server
-from tests.test_server_e2e import RING_LEN, _check_against_hf, _check_radix_stream
+from tests.test_movers_e2e import _prefills_with_running_requests, _staggered
+from tests.test_server_e2e import RING_LEN, _check_against_hf, _check_radix_stream, _prompts
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
@@ -22,16 +26,31 @@ def models() -> dict[str, Path]:
     return make_models(names=("tiny-gdn", "tiny-kda"), log=lambda *a: None)
 
 
-@pytest.mark.parametrize(("model_name", "strategy", "extra"), [
-    ("tiny-gdn", "extra_buffer", ["--mamba-track-interval", "64"]),
-    ("tiny-kda", "no_buffer", ["--disable-overlap-schedule"]),
+_RETRACT = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "5"}
+
+
+@pytest.mark.parametrize(("model_name", "strategy", "extra", "env"), [
+    ("tiny-gdn", "extra_buffer", ["--mamba-track-interval", "64"], {}),
+    ("tiny-kda", "no_buffer", ["--disable-overlap-schedule", "--enable-mixed-chunk", "--chunked-prefill-size", "64"],
+     _RETRACT),
 ])  # fmt: skip
-def test_greedy_tokens_equal_hf_with_rings_keyed_by_request_row(models, tmp_path, model_name, strategy, extra):
+def test_greedy_tokens_equal_hf_with_rings_keyed_by_request_row(models, tmp_path, model_name, strategy, extra, env):
     flags = ["--mamba-radix-cache-strategy", strategy, *extra, "--enable-linear-replayssm",
              "--linear-replayssm-cache-len", str(RING_LEN)]  # fmt: skip
     log = tmp_path / "server.log"
-    with cpu_server(models[model_name], flags, log, env={RING_ROWS.name: "on"}) as url:
-        _check_against_hf(url, models[model_name])
+    model = models[model_name]
+    with cpu_server(model, flags, log, env={RING_ROWS.name: "on", **env}) as url:
+        _check_against_hf(url, model)
         if strategy != "no_buffer":
-            _check_radix_stream(url, models[model_name], replayssm=True)
-    assert "decode rings for" in log.read_text() and "request rows (not" in log.read_text()
+            _check_radix_stream(url, model, replayssm=True)
+        else:  # a long answer decoding while short prompts arrive (MIXED batches), retracted every 5 steps
+            prompts = _prompts(seed=3)
+            jobs = [(0.0, prompts[0], 40), (0.4, prompts[1], 24), (0.8, prompts[2], 24)]
+            results = _staggered(url, jobs)
+            expected = [hf_greedy(model, [p], n, ignore_eos=True)[0] for _, p, n in jobs]
+            assert [r["output_ids"] for r in results] == expected
+    text = log.read_text()
+    assert "decode rings for" in text and "request rows (not" in text
+    if env:  # MIXED batches ran; SGLang logs each forced retraction (meta_info does not count them)
+        assert _prefills_with_running_requests(log) > 0
+        assert re.search(r"Testing retraction\. #retracted_reqs: [1-9]", text), "no request was retracted"
