@@ -107,6 +107,10 @@ def test_spent_bytes_from_a_startup_log() -> None:
     assert spent_from_log(log, s, pool_bytes=123.0)["record_bytes"] == 123
     baseline = spent_from_log(log.replace("GDN ReplaySSM ring buffers allocated", "x"), s)
     assert baseline["ring_bytes"] == 0
+    # Rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS): SGLang logs no ring, the plugin logs its rows.
+    rows_log = log.replace("GDN ReplaySSM ring buffers allocated", "x") + (
+        "sglang-replayssm: decode rings for 5 request rows (not 15 slots): 7.00 MiB, 14.00 MiB less than a ring per slot\n")
+    assert spent_from_log(rows_log, s)["ring_bytes"] == 5 * (s.ring - 4) + 15 * 8 < spent["ring_bytes"]
     table = format_spent({"plugin": {"cache_bytes": spent, "hit_rate": 0.5, "ceiling_hit_rate": 0.6,
                                      "ttft_p50_s": 0.1, "ttft_p90_s": 0.2}})
     assert "plugin" in table and "50.0%" in table and "60.0%" in table

@@ -10,7 +10,8 @@ cache params and ``radix/records/budget.py``), turned into the server flags that
 
 Spent bytes: read back from the server's startup log (SGLang's ``Mamba Cache is allocated.
 max_mamba_cache_size: N`` and ``KV Cache is allocated. ... #tokens: N``; the plugin's ``records: N tokens of
-layer inputs ..., a prefill state every I tokens``; SGLang's ``ring buffers allocated``) and ``/metrics``
+layer inputs ..., a prefill state every I tokens``; SGLang's ``ring buffers allocated``, or the plugin's
+``decode rings for N request rows``) and ``/metrics``
 (``sglang:replayssm_record_pool_bytes``), priced at the same per-unit sizes.
 """
 
@@ -113,6 +114,7 @@ _MAMBA = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")
 _KV = re.compile(r"KV Cache is allocated\..*#tokens: (\d+)")
 _RECORDS = re.compile(r"sglang-replayssm records: (\d+) tokens of layer inputs.*a prefill state every (\d+|-)")
 _RING = re.compile(r"ReplaySSM ring buffers allocated")
+_RING_ROWS = re.compile(r"sglang-replayssm: decode rings for (\d+) request rows")
 
 
 def spent_from_log(text: str, s: Sizes, pool_bytes: float | None = None) -> dict[str, Any]:
@@ -129,7 +131,11 @@ def spent_from_log(text: str, s: Sizes, pool_bytes: float | None = None) -> dict
     out["state_slots"] = slots
     # SGLang allocates max_mamba_cache_size + 1 slots (the padding slot); the ring rides every slot.
     out["state_bytes"] = None if slots is None else (slots + 1) * s.state
-    out["ring_bytes"] = (slots + 1) * s.ring if slots is not None and _RING.search(text) else 0
+    rows = _RING_ROWS.findall(text)
+    if slots is not None and rows:  # rings keyed by request row: one ring a row, a cursor and map entry a slot
+        out["ring_bytes"] = int(rows[-1]) * (s.ring - 4) + (slots + 1) * 8
+    else:
+        out["ring_bytes"] = (slots + 1) * s.ring if slots is not None and _RING.search(text) else 0
     tokens = int(rec[-1][0]) if rec else 0
     interval = int(rec[-1][1]) if rec and rec[-1][1] != "-" else 0
     out["record_tokens"] = tokens
