@@ -112,14 +112,22 @@ def test_ring_decode_with_a_row_map_equals_the_slot_keyed_decode(kind):
                           is_kda=kind == "kda", ring_map=bad)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["gdn", "kda"])
-def test_materialize_reads_each_rows_records_at_its_ring_row(kind):
-    layers, slots, n_rows, HV, H, K, V, L = 2, 6, 3, 2, 1, 4, 4, 4
-    g = torch.Generator().manual_seed(1)
+def _row_pool(kind: str, head_dim: int, seed: int, layers: int = 2, slots: int = 6, n_rows: int = 3, HV: int = 2,
+              L: int = 4) -> tuple[torch.Tensor, ...]:
+    """``(temporal [layers, slots, ...], d, k, g [layers, n_rows, ...])``: checkpoints per slot, rings per row."""
+    g = torch.Generator().manual_seed(seed)
+    K = V = head_dim
     temporal = torch.randn(layers, slots, HV, V, K, generator=g)
     d = torch.randn(layers, n_rows, HV, L, V, generator=g)
-    k = torch.randn(layers, n_rows, H, L, K, generator=g)
+    k = torch.randn(layers, n_rows, 1, L, K, generator=g)
     gate = -torch.rand((layers, n_rows, HV, L, K) if kind == "kda" else (layers, n_rows, HV, L), generator=g)
+    return temporal, d, k, gate
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_materialize_reads_each_rows_records_at_its_ring_row(kind):
+    layers, slots = 2, 6
+    temporal, d, k, gate = _row_pool(kind, 4, seed=1)
     src, dst, cnt, ring = (torch.tensor(x) for x in ([4, 1, 2], [5, 1, 3], [3, 2, 0], [2, 0, 1]))
     want = temporal.clone()
     by_slot = [torch.zeros(layers, slots, *t.shape[2:]) for t in (d, k, gate)]
@@ -250,12 +258,7 @@ def test_triton_materialize_reads_each_rows_records_at_its_ring_row(kind):
     from sglang_replayssm.kernels.materialize_ref import check_materialize_args, materialize_torch
     from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
-    layers, slots, n_rows, HV, H, K, V, L = 2, 6, 3, 2, 1, 8, 8, 4
-    g = torch.Generator().manual_seed(2)
-    temporal = torch.randn(layers, slots, HV, V, K, generator=g)
-    d = torch.randn(layers, n_rows, HV, L, V, generator=g)
-    k = torch.randn(layers, n_rows, H, L, K, generator=g)
-    gate = -torch.rand((layers, n_rows, HV, L, K) if kind == "kda" else (layers, n_rows, HV, L), generator=g)
+    temporal, d, k, gate = _row_pool(kind, 8, seed=2)
     src, dst, cnt, ring = (torch.tensor(x) for x in ([4, 1, -1, 2], [5, 1, 0, 3], [3, 2, 1, 4], [2, 0, 0, 1]))
     want, got = temporal.clone(), temporal.clone()
     materialize_torch(check_materialize_args(want, d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=ring))
