@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix import config
 from sglang_replayssm.settings import READ_COPY, RING_ROWS
 from sglang_replayssm.state import peek, state_of
@@ -143,9 +144,9 @@ def map_rows(result: Any, req_pool: Any, reqs: Any) -> None:
     ring_rows = None if state is None else state.ring_rows
     if ring_rows is None or result is None:
         return
-    rows = torch.as_tensor(list(result), dtype=torch.long, device=ring_rows.device)
-    if rows.numel() == 0:
+    if len(result) == 0:
         return
+    rows = on_device([int(x) for x in result], torch.long, ring_rows.device)
     slots = req_pool.req_index_to_mamba_index_mapping[rows].to(torch.long)
     ring_rows[slots] = rows.to(torch.int32)
 
