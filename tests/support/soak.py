@@ -300,14 +300,17 @@ def problems(report: dict[str, Any], max_rss_growth: float = 0.02, min_retractio
 
 
 #: Extra server flags per arm: ``nextn`` adds speculative decoding (the tiny GDN's MTP layer, chain drafts);
-#: ``read-copy`` decodes non-flush steps from the bf16 read copy (:data:`ARM_ENV`).
+#: ``read-copy`` decodes non-flush steps from the bf16 read copy (:data:`ARM_ENV`); ``ring-rows`` keys the decode
+#: rings by request row (``SGLANG_REPLAYSSM_RING_ROWS``).
 ARMS: dict[str, list[str]] = {
     "records": [],
     "nextn": ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
               "--speculative-num-draft-tokens", "4"],
     "read-copy": [],
+    "ring-rows": [],
 }
-ARM_ENV: dict[str, dict[str, str]] = {"read-copy": {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}}
+ARM_ENV: dict[str, dict[str, str]] = {"read-copy": {"SGLANG_REPLAYSSM_READ_COPY": "bf16"},
+                                      "ring-rows": {"SGLANG_REPLAYSSM_RING_ROWS": "on"}}
 #: Arms whose probes may first differ from HF's tokens where HF's top-2 logit gap is below this (a near tie
 #: the bf16 copy's rounding decides the other way; tiny-gdn's gaps at the probes go down to 0.001); every other
 #: arm must equal HF's tokens exactly. The report's ``exact`` says whether a probe needed the rule.
@@ -366,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="traffic time (default 30)")
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--arm", choices=sorted(ARMS), default="records", help="records (default), nextn or read-copy")
+    parser.add_argument("--arm", choices=sorted(ARMS), default="records",
+                        help="records (default), nextn, read-copy or ring-rows")
     parser.add_argument("--probe-every", type=float, default=180.0, help="seconds between probes (default 180)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/gauge samples")
     parser.add_argument("--kv-tokens", type=int, default=0, help="--max-total-tokens (default 1024)")
