@@ -183,14 +183,14 @@ def test_the_same_streams_catch_sglang_without_the_adapter(kind):
         _run(SimConfig(kind=kind, strategy=strategy, track_interval=3), stream)
 
 
-# ---- issue 4: the same invariants across the paths that move a running request's state ----------
+# ---- the same invariants across the paths that move a running request's state ----------
 #
 # On top of the ops above: a MIXED forward (decode rows through the extend kernel), a streaming
 # session's next turn (extend of the kept slot), retraction with a CPU backup and its resume (PD
 # decode), retraction without backup and its recompute (everywhere else), and HiCache: back the
 # tree up to host, evict (backed-up nodes move to host), restore a host node by load-back. Every
 # retracted request's resumed state, every restored node and every live ring is checked after
-# every step. 4 configurations x 20 examples x 50 steps = 4,000 steps.
+# every step (records and request-row rings too). 8 configurations x 20 examples x 50 steps = 8,000 steps.
 
 MOVER_STEPS = 50
 MOVER_EXAMPLES = 20
