@@ -144,7 +144,7 @@ def test_materialize_reads_each_rows_records_at_its_ring_row(kind):
 
 def _server_args(**kw):
     base = dict(enable_linear_replayssm=True, disaggregation_mode="null", speculative_algorithm=None,
-                enable_linear_replayssm_spec=False, linear_attn_decode_backend=None,
+                enable_linear_replayssm_spec=False, linear_attn_decode_backend=None, enable_unified_memory=False,
                 linear_attn_backend="triton")  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
 
@@ -153,6 +153,7 @@ def _server_args(**kw):
     ({"disaggregation_mode": "decode"}, {}, None, "--disaggregation-mode"),
     ({"speculative_algorithm": "NEXTN"}, {}, None, "speculative decoding"),
     ({"linear_attn_decode_backend": "helion"}, {}, None, "Triton linear-attention decode backend only"),
+    ({"enable_unified_memory": True}, {}, None, "--enable-unified-memory"),
     ({}, {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}, None, "SGLANG_REPLAYSSM_READ_COPY"),
     ({}, {}, "retract_backup", "needs the fixes retract_backup"),
 ])  # fmt: skip

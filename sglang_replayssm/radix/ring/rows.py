@@ -23,7 +23,8 @@ never read.
 The decode kernels (the CPU reference, sglang-replayssm's Triton kernels on CUDA) and every fold read the
 map; SGLang's own ring kernels cannot, so the admission refuses what would reach them (the Helion decode
 backend, the ``ring_kernels`` fix off) and what does not follow the row (the read copy, PD, speculative
-decoding, the fixes the invariant rests on); the KDA safe gate raises at its first decode.
+decoding, the unified memory pool, the fixes the invariant rests on); the KDA safe gate raises at its first
+decode.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def check_args(server_args: Any) -> None:
         why = "does not cover --disaggregation-mode"
     elif _value(server_args, "speculative_algorithm", None) or _value(server_args, "enable_linear_replayssm_spec", False):
         why = "does not cover speculative decoding (draft pools would need the shared row map)"
+    elif _value(server_args, "enable_unified_memory", False):
+        why = "does not cover --enable-unified-memory (its pool allocates a ring per slot)"
     elif "helion" in (_value(server_args, "linear_attn_decode_backend", None),
                       _value(server_args, "linear_attn_backend", None)):
         why = "runs on the Triton linear-attention decode backend only (got helion)"
