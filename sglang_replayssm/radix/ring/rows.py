@@ -46,8 +46,9 @@ __all__ = ["FIXES_NEEDED", "attach_rows", "check_args", "map_rows", "ring_map_of
 
 logger = logging.getLogger(__name__)
 
-#: The fixes invariant I rests on (a cursor trusted only if it starts at 0, folded copies, folded finish
-#: donation and retraction backup).
+#: The fixes the invariant (module doc) rests on: a cursor trusted only if it starts at 0, folded copies,
+#: folded finish donation and retraction backup; and the ring kernel binding, the only CUDA decode that reads
+#: the map.
 FIXES_NEEDED = ("cursor_reset", "materialize_copy", "finish_donation", "retract_backup", "ring_kernels")
 _GIB = float(1 << 30)
 _MIB = float(1 << 20)
