@@ -54,6 +54,26 @@ def test_every_arm_gets_the_same_budget_and_flags_pin_its_split(mib: float) -> N
     assert dict(budgets["plugin"].env)["SGLANG_REPLAYSSM_RECORD_TOKENS"] == str(budgets["plugin"].split.record_tokens)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_rows_arm_turns_the_slots_ring_bytes_into_slots(overlap: bool) -> None:
+    """``plugin-rows`` (``SGLANG_REPLAYSSM_RING_ROWS=on``) is priced as the plugin's budget charges it: each slot
+    pays ``ceil(ring / slots per request)``, so the same bytes hold more slots than the plugin arm; its ring is one
+    per request row SGLang can run (``slots // slots per request + 1``) and every part still fits the budget."""
+    from sglang_replayssm.bench.memory import slots_per_request
+
+    s = small_gdn()
+    budget = int(RAG_MEM_MIB * MIB)
+    per_request = slots_per_request(ARMS["plugin-rows"], overlap)
+    assert per_request == (5 if overlap else 4) and slots_per_request(ARMS["upstream"], overlap) == 3
+    rows, plugin = (arm_budget(ARMS[n], s, budget, overlap=overlap) for n in ("plugin-rows", "plugin"))
+    d = rows.as_dict()
+    assert d["state_slots"] > plugin.split.state_slots
+    assert d["ring_bytes"] == (d["state_slots"] // per_request + 1) * (s.ring - 4) + (d["state_slots"] + 1) * 8
+    assert d["state_bytes"] >= (d["state_slots"] + 1) * s.state
+    assert d["state_bytes"] + d["ring_bytes"] + d["record_bytes"] + d["kv_bytes"] == d["total_bytes"] <= budget
+    assert 0 < d["record_tokens"] <= plugin.split.record_tokens  # the default rule on what the slots leave
+
+
 def test_record_tokens_override_and_refusals() -> None:
     s = small_gdn()
     off = arm_budget(ARMS["plugin"], s, int(RAG_MEM_MIB * MIB), record_tokens=0)

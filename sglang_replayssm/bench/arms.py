@@ -62,6 +62,10 @@ ARMS: dict[str, Arm] = {
         Arm("plugin-fp8", "plugin arm + fp8 read copy",
             ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
             ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_READ_COPY", "fp8"),)),
+        # Decode rings per request row (SGLANG_REPLAYSSM_RING_ROWS): the slots' ring bytes buy slots.
+        Arm("plugin-rows", "plugin arm + decode rings per request row",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_RING_ROWS", "on"),)),
         # SGLang's own way to halve the state's bytes: a bf16 SSM state, ReplaySSM off.
         Arm("bf16-state", "ReplaySSM off, bf16 SSM state, extra_buffer",
             ("--mamba-ssm-dtype", "bfloat16", "--mamba-radix-cache-strategy", "extra_buffer"),

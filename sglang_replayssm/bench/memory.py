@@ -45,7 +45,23 @@ OTHER_DEFAULTS: dict[str, Any] = {"rag_num_docs": 4, "rag_system_prompt_len": 25
                                   "rag_num_turns": 2, "gsp_range_ratio": 1.0, "gsp_group_distribution": "uniform"}
 RECORD_TOKENS_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
 #: The arms equal memory can size: ReplaySSM off (SGLang's pool), the ring alone, the ring with records.
-POLICY_OF_ARM = {"baseline": "sglang", "upstream": "records-off", "plugin": "records"}
+POLICY_OF_ARM = {"baseline": "sglang", "upstream": "records-off", "plugin": "records", "plugin-rows": "records"}
+#: SGLang's state slots per running request with the base ratio (``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``).
+_BASE_SLOTS_PER_REQUEST = 3
+
+
+def slots_per_request(arm: Arm, overlap: bool) -> int:
+    """The state slots SGLang counts per running request for ``arm`` (``_calculate_mamba_ratio``): 3, plus the
+    extra_buffer's tracking slots (2 with overlap scheduling, 1 without or lazy)."""
+    flags = " ".join(arm.flags)
+    if "extra_buffer" not in flags:
+        return _BASE_SLOTS_PER_REQUEST
+    return _BASE_SLOTS_PER_REQUEST + (2 if overlap and "extra_buffer_lazy" not in flags else 1)
+
+
+def ring_rows_of(arm: Arm, overlap: bool) -> int:
+    """``plan.split``'s ``ring_rows`` for ``arm``: its slots per request when it keys rings by request row, else 0."""
+    return slots_per_request(arm, overlap) if dict(arm.env).get("SGLANG_REPLAYSSM_RING_ROWS") == "on" else 0
 
 
 class EqualMemoryError(ValueError):
@@ -77,18 +93,26 @@ def model_sizes(model_name: str, dtype: str, interval: int) -> tuple[ModelPreset
 
 
 def arm_budget(arm: Arm, s: Sizes, budget: int, *, ratio: float = MAMBA_FULL_MEMORY_RATIO,
-               record_tokens: int | None = None) -> ArmBudget:
-    """``arm``'s split of ``budget`` bytes (:func:`plan.split`, ``record_tokens`` None: the default rule)."""
+               record_tokens: int | None = None, overlap: bool = False) -> ArmBudget:
+    """``arm``'s split of ``budget`` bytes (:func:`plan.split`, ``record_tokens`` None: the default rule;
+    ``overlap``: whether its server schedules with overlap, which sets a rows arm's slots per request)."""
     policy = POLICY_OF_ARM.get(arm.name)
     if policy is None:
         raise EqualMemoryError(f"equal memory sizes the arms {', '.join(POLICY_OF_ARM)}; not {arm.name}")
-    sp = split(s, budget, policy, record_tokens=record_tokens if policy == "records" else None, ratio=ratio)
+    rows = ring_rows_of(arm, overlap)
+    sp = split(s, budget, policy, record_tokens=record_tokens if policy == "records" else None, ratio=ratio,
+               ring_rows=rows)
     if sp.state_slots < 4 or sp.kv_tokens <= 0:
         raise EqualMemoryError(f"{budget / MIB:.1f} MiB leave arm {arm.name} {sp.state_slots} state slots and "
                                f"{sp.kv_tokens} KV tokens; raise --equal-memory-mib")
     if sp.refused:
         raise EqualMemoryError(f"arm {arm.name}: {sp.refused}")
-    ring = (sp.state_slots + 1) * s.ring if policy != "sglang" else 0
+    if policy == "sglang":
+        ring = 0
+    elif rows:  # one ring per request row (at most slots // rows + 1 of them), a cursor and map entry per slot
+        ring = (sp.state_slots // rows + 1) * (s.ring - 4) + (sp.state_slots + 1) * 8
+    else:
+        ring = (sp.state_slots + 1) * s.ring
     flags = ("--max-mamba-cache-size", str(sp.state_slots), "--max-total-tokens", str(sp.kv_tokens))
     env = ((RECORD_TOKENS_ENV, str(sp.record_tokens)),) if policy == "records" else ()
     return ArmBudget(arm.name, sp, ring, flags, env)
@@ -266,8 +290,9 @@ def equal_memory(args: Any, names: list[str], model_name: str, conversations: An
     if args.url is not None or s is None:
         raise EqualMemoryError("--equal-memory-mib sizes launched arms of an embedded model (not --url)")
     budget = int(args.equal_memory_mib * MIB)
+    overlap = device != "cpu" and "--disable-overlap-schedule" not in extra  # the arms' common flags (arms.py)
     budgets = {n: arm_budget(ARMS[n], s, budget, ratio=args.equal_memory_state_ratio,
-                             record_tokens=args.equal_memory_record_tokens) for n in names}
+                             record_tokens=args.equal_memory_record_tokens, overlap=overlap) for n in names}
     ws = working_set_tokens(conversations)
     doc = {"budget_bytes": budget, "working_set_tokens": ws, "sizes": s.as_dict(),
            "arms": {n: b.as_dict() for n, b in budgets.items()}}
