@@ -46,17 +46,17 @@ OTHER_DEFAULTS: dict[str, Any] = {"rag_num_docs": 4, "rag_system_prompt_len": 25
 RECORD_TOKENS_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
 #: The arms equal memory can size: ReplaySSM off (SGLang's pool), the ring alone, the ring with records.
 POLICY_OF_ARM = {"baseline": "sglang", "upstream": "records-off", "plugin": "records", "plugin-rows": "records"}
-#: SGLang's state slots per running request with the base ratio (``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``).
-_BASE_SLOTS_PER_REQUEST = 3
 
 
 def slots_per_request(arm: Arm, overlap: bool) -> int:
-    """The state slots SGLang counts per running request for ``arm`` (``_calculate_mamba_ratio``): 3, plus the
-    extra_buffer's tracking slots (2 with overlap scheduling, 1 without or lazy)."""
+    """The state slots SGLang counts per running request for ``arm`` (``KVCacheConfigurator.
+    _calculate_mamba_ratio``, no decode-lock skip): its base ratio plus the extra_buffer's tracking slots."""
+    from sglang.srt.mem_cache.allocation_sizing import get_mamba_tracking_slots
+    from sglang.srt.mem_cache.kv_cache_configurator import MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+
     flags = " ".join(arm.flags)
-    if "extra_buffer" not in flags:
-        return _BASE_SLOTS_PER_REQUEST
-    return _BASE_SLOTS_PER_REQUEST + (2 if overlap and "extra_buffer_lazy" not in flags else 1)
+    return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + get_mamba_tracking_slots(
+        extra_buffer="extra_buffer" in flags, overlap=overlap, lazy="extra_buffer_lazy" in flags)
 
 
 def ring_rows_of(arm: Arm, overlap: bool) -> int:
@@ -110,7 +110,7 @@ def arm_budget(arm: Arm, s: Sizes, budget: int, *, ratio: float = MAMBA_FULL_MEM
     if policy == "sglang":
         ring = 0
     elif rows:  # one ring per request row (at most slots // rows + 1 of them), a cursor and map entry per slot
-        ring = (sp.state_slots // rows + 1) * (s.ring - 4) + (sp.state_slots + 1) * 8
+        ring = (sp.state_slots // rows + 1) * s.ring_row + (sp.state_slots + 1) * 8
     else:
         ring = (sp.state_slots + 1) * s.ring
     flags = ("--max-mamba-cache-size", str(sp.state_slots), "--max-total-tokens", str(sp.kv_tokens))
@@ -157,7 +157,7 @@ def spent_from_log(text: str, s: Sizes, pool_bytes: float | None = None) -> dict
     out["state_bytes"] = None if slots is None else (slots + 1) * s.state
     rows = _RING_ROWS.findall(text)
     if slots is not None and rows:  # rings keyed by request row: one ring a row, a cursor and map entry a slot
-        out["ring_bytes"] = int(rows[-1]) * (s.ring - 4) + (slots + 1) * 8
+        out["ring_bytes"] = int(rows[-1]) * s.ring_row + (slots + 1) * 8
     else:
         out["ring_bytes"] = (slots + 1) * s.ring if slots is not None and _RING.search(text) else 0
     tokens = int(rec[-1][0]) if rec else 0

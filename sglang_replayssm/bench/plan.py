@@ -180,6 +180,11 @@ class Sizes:
     params: Any = field(default=None, repr=False, compare=False)  # SGLang's cache params of the rank
     itemsize: int = 0  # bytes of one record value
 
+    @property
+    def ring_row(self) -> int:
+        """One decode ring without its cursor (a request row's ring with ``SGLANG_REPLAYSSM_RING_ROWS``)."""
+        return self.ring - 4  # ``ring`` holds the int32 cursor too (radix/budget.py)
+
     def as_dict(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if k not in ("params", "itemsize")}
 
@@ -246,8 +251,7 @@ def ring_charge(s: Sizes, slots_per_request: int) -> tuple[int, int]:
     slots_per_request)`` plus the cursor and map entry per slot and the padding row fixed."""
     if slots_per_request <= 0:
         return s.ring, 0
-    row = s.ring - 4  # Sizes.ring holds one ring and its int32 cursor
-    return -(-row // slots_per_request) + 8, row
+    return -(-s.ring_row // slots_per_request) + 8, s.ring_row
 
 
 def split(s: Sizes, budget: int, policy: str, *, record_tokens: int | None = None,

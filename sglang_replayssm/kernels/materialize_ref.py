@@ -112,14 +112,15 @@ def check_materialize_args(
             raise ValueError(f"{name} is on {t.device}, temporal on {temporal.device}")
     if check_values and R > 0:
         src, dst, cnt = (t.tolist() for t in (src_slots, dst_slots, counts))
+        ring = src if ring_src is None else ring_src.tolist()
         live = [i for i in range(R) if src[i] >= 0 and dst[i] >= 0]
         for i in live:
             if src[i] >= n_slots or dst[i] >= n_slots:
                 raise ValueError(f"row {i}: slot index out of range ({src[i]} -> {dst[i]}, {n_slots} slots)")
             if not 0 <= cnt[i] <= L:
                 raise ValueError(f"row {i}: count {cnt[i]} outside [0, {L}]")
-            if ring_src is not None and cnt[i] > 0 and not 0 <= int(ring_src[i]) < n_ring:
-                raise ValueError(f"row {i}: ring row {int(ring_src[i])} outside [0, {n_ring})")
+            if cnt[i] > 0 and not 0 <= ring[i] < n_ring:
+                raise ValueError(f"row {i}: ring row {ring[i]} outside [0, {n_ring})")
         dsts = [dst[i] for i in live]
         if len(set(dsts)) != len(dsts):
             raise ValueError(f"destination slots of live rows must be distinct, got {dsts}")

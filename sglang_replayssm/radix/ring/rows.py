@@ -159,11 +159,15 @@ def ring_map_of(kernel: Any) -> torch.Tensor | None:
     """The slot -> ring row map of the pool a decode ``kernel`` decodes into (linked when its backend was
     built, :func:`sglang_replayssm.radix.ring.hooks.link_decode_kernel`), or None (one ring per slot).
 
-    Raises when rows are on but the kernel reaches no pool: slot indices would then address request rows."""
+    Raises when rows are on but the kernel reaches no pool: slot indices would then address request rows. A
+    linked kernel's pool says it all (its rows were attached, or not, when it was built), so the decode step
+    reads no environment."""
     state = peek(kernel)
-    pool_state = None if state is None else peek(state.mamba_pool)
-    ring_rows = None if pool_state is None else pool_state.ring_rows
-    if ring_rows is None and RING_ROWS.value():
-        raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_RING_ROWS=on but a decode kernel is linked to no "
-                           "pool with request-row rings")  # fmt: skip
-    return ring_rows
+    pool = None if state is None else state.mamba_pool
+    if pool is None:
+        if RING_ROWS.value():
+            raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_RING_ROWS=on but a decode kernel is linked to no "
+                               "pool with request-row rings")  # fmt: skip
+        return None
+    pool_state = peek(pool)
+    return None if pool_state is None else pool_state.ring_rows
