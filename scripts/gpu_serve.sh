@@ -4,7 +4,7 @@
 #   bash scripts/gpu_serve.sh [serve_check.py args, e.g. --arms baseline,plugin --stages main,kl]
 #   CHECK=decode_ab bash scripts/gpu_serve.sh [decode_ab.py args]   (decode side by side, servers up at once)
 #   TESTS="tests/a.py tests/b.py" bash scripts/gpu_serve.sh ...   (those tests first, on the GPU, at most
-#   TESTS_S seconds, default 180; pytest.log under $OUT)
+#   TESTS_S seconds, default 180; pytest.log under $OUT); CHECK=none: the tests alone (no model, no server)
 # Installs SGLang 0.5.23 and its missing dependencies from the carry into /tmp/site, this tree as the
 # plugin (its entry points through a dist-info), builds the model ($MODEL, default qnext-gdn) with
 # `make-models`, then runs lab/gpu_serve/serve_check.py: real `python -m sglang.launch_server`
@@ -34,7 +34,7 @@ export SGLANG_REPLAYSSM_LAB_GPU=1 SGLANG_REPLAYSSM_LAB_OPS_LOG=/tmp/ops/ops SGLA
 {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import sys, torch, triton, sglang; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__)"
-[ -f /tmp/models/$MODEL/config.json ] || python3 -m sglang_replayssm.cli make-models --out /tmp/models --names $MODEL
+[ "${CHECK:-}" = none ] || [ -f /tmp/models/$MODEL/config.json ] || python3 -m sglang_replayssm.cli make-models --out /tmp/models --names $MODEL
 echo "[$(el)s] model $MODEL built"
 } >> $OUT/setup.log 2>&1
 cat $OUT/setup.log
@@ -42,7 +42,7 @@ if [ -n "${TESTS:-}" ]; then
   timeout ${TESTS_S:-180} python3 -m pytest -q -p no:cacheprovider -rs $TESTS 2>&1 | tee $OUT/pytest.log | tail -25
   echo "[$(el)s] tests done"
 fi
-python3 lab/gpu_serve/${CHECK:-serve_check}.py --lab --model-path /tmp/models/$MODEL --out $W \
+[ "${CHECK:-}" = none ] || python3 lab/gpu_serve/${CHECK:-serve_check}.py --lab --model-path /tmp/models/$MODEL --out $W \
   --budget-s $(( BUDGET - $(el) - 40 )) "$@" 2>&1 | tee $W/serve_check.log | grep -v "^\[.*\] \(prefill\|decode\)"
 cp $W/tables.md $W/serve_check.json $W/decode_ab.md $W/decode_ab.json $OUT/ 2>/dev/null
 cat /tmp/ops/ops.* 2>/dev/null | awk '{c[$1]+=$2} END {for (k in c) print "lab stand-in op", k, c[k]}' | sort > $W/ops.txt

@@ -259,8 +259,9 @@ def test_triton_materialize_reads_each_rows_records_at_its_ring_row(kind):
     from sglang_replayssm.kernels.materialize_ref import check_materialize_args, materialize_torch
     from sglang_replayssm.kernels.materialize_triton import materialize_triton
 
-    temporal, d, k, gate = _row_pool(kind, 8, seed=2)
-    src, dst, cnt, ring = (torch.tensor(x) for x in ([4, 1, -1, 2], [5, 1, 0, 3], [3, 2, 1, 4], [2, 0, 0, 1]))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    temporal, d, k, gate = (t.to(dev) for t in _row_pool(kind, 8, seed=2))
+    src, dst, cnt, ring = (torch.tensor(x, device=dev) for x in ([4, 1, -1, 2], [5, 1, 0, 3], [3, 2, 1, 4], [2, 0, 0, 1]))
     want, got = temporal.clone(), temporal.clone()
     materialize_torch(check_materialize_args(want, d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=ring))
     materialize_triton(check_materialize_args(got, d, k, gate, src, dst, cnt, is_kda=kind == "kda", ring_src=ring))

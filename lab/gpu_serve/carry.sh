@@ -2,7 +2,7 @@
 # Build the lab GPU serving carry into .gpucarry/ (ignored by git; < 60 MiB), here, before a device call:
 #   lab/gpu_serve/carry.sh            (needs the project's .venv: `make env`; network to PyPI; nvcc)
 #   sglang.tar.xz  SGLang 0.5.23's cp312 wheel, less what a text server never imports (multimodal_gen/,
-#                  test/ but kl_test_utils, the gRPC / Rust-server / bench / multimodal Rust .so, __pycache__)
+#                  the gRPC / Rust-server / bench / multimodal Rust .so, __pycache__)
 #   whl/           cp312 wheels of SGLang's import-time dependencies the device image lacks, and the lock's
 #                  transformers (the device has an older one); versions from requirements.lock
 #   cuda/          ring_read.cu's default build and read_copy.cu's two serving builds, sm_90a (nvcc here)
@@ -19,12 +19,10 @@ if [ -z "$wheel" ]; then
     --platform manylinux_2_34_x86_64 -d /tmp/gpucarry-stage "sglang==$ver"
   wheel=$(ls /tmp/gpucarry-stage/sglang-$ver-cp312-*.whl | head -1)
 fi
-if [ ! -f $C/sglang.tar.xz ] || [ "$wheel" -nt $C/sglang.tar.xz ]; then
+if [ ! -f $C/sglang.tar.xz ] || [ "$wheel" -nt $C/sglang.tar.xz ] || [ "$0" -nt $C/sglang.tar.xz ]; then
   rm -rf /tmp/gpucarry-stage/site && mkdir -p /tmp/gpucarry-stage/site
   (cd /tmp/gpucarry-stage/site && unzip -q "$wheel" \
-    && mv sglang/test/kl_test_utils.py sglang/test/kl_multiturn_utils.py . \
-    && rm -rf sglang/multimodal_gen sglang/test sglang-$ver.dist-info/RECORD \
-    && mkdir -p sglang/test && touch sglang/test/__init__.py && mv kl_test_utils.py kl_multiturn_utils.py sglang/test/ \
+    && rm -rf sglang/multimodal_gen sglang-$ver.dist-info/RECORD \
     && rm -f sglang/srt/rust_extensions/_server.*.so sglang/srt/rust_extensions/_grpc.*.so \
              sglang/srt/rust_extensions/_bench.*.so sglang/srt/rust_extensions/_multimodal.*.so \
     && find . -name __pycache__ -prune -exec rm -rf {} + \
