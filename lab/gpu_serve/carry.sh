@@ -5,7 +5,7 @@
 #                  the gRPC / Rust-server / bench / multimodal Rust .so, __pycache__)
 #   whl/           cp312 wheels of SGLang's import-time dependencies the device image lacks, and the lock's
 #                  transformers (the device has an older one); versions from requirements.lock
-#   cuda/          ring_read.cu's default build and read_copy.cu's two serving builds, sm_90a (nvcc here)
+#   cuda/          ring_read.cu's default build (and its row-map twin) and read_copy.cu's serving builds, sm_90a
 #   caches.tar.xz  Triton / JIT caches a previous call brought back (copy it here from its $OUT), if any
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,8 +50,9 @@ from sglang_replayssm.kernels import read_copy_cuda as rc
 from sglang_replayssm.kernels.ring_decode_cuda import DEFAULT_BUILD, DEFAULT_FUSED, build
 out = Path(sys.argv[1])
 mb, fb, st, fst, bk, fbk = DEFAULT_BUILD
-print(build("90a", mb, out, flush_min_blocks=fb, stages=st, flush_stages=fst, bulk=bk, flush_bulk=fbk,
-            fused=DEFAULT_FUSED).name)
+for ring_map in (False, True):  # rings keyed by slot, and by request row (SGLANG_REPLAYSSM_RING_ROWS)
+    print(build("90a", mb, out, flush_min_blocks=fb, stages=st, flush_stages=fst, bulk=bk, flush_bulk=fbk,
+                fused=DEFAULT_FUSED, ring_map=ring_map).name)
 seen = set()
 for B in (1, 64, 128, 256, 512):
     for kda in (False, True):

@@ -132,11 +132,9 @@ def cuda_unfit(step: RingStep, *, forced: bool) -> str | None:
     that cannot happen here is a reason too (the default then runs Triton, same results); a forced
     ``engine="cuda"`` lets the build report its own error."""
     s = step.shape
-    if step.ring_map is not None:
-        return "rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS) run in Triton"
     why = supports(step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k,
                    step.g, step.slots, s.K, s.V, s.L)  # fmt: skip
-    if why is None and not forced and not available():
+    if why is None and not forced and not available(ring_map=step.ring_map is not None):
         why = "the CUDA passes cannot be built or loaded here"
     return why
 

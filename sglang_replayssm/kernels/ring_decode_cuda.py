@@ -37,7 +37,7 @@ __all__ = [
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"
 _LOG = logging.getLogger("sglang_replayssm")
-_LIBS: dict[tuple[str, int, int, int, int, bool, bool, int], ctypes.CDLL] = {}
+_LIBS: dict[tuple[str, int, int, int, int, bool, bool, int, bool], ctypes.CDLL] = {}
 _IO = {torch.float32: 0, torch.bfloat16: 1}
 STAGES = (0, 2, 3, 4)  # checkpoint staging depths a build may take (0: register double buffer)
 VSPLITS = (1, 2, 4, 8)  # warps per (row, value head): each streams V / vsplit rows in 8-row chunks
@@ -71,6 +71,7 @@ def cache_dir() -> Path:
 def build(
     arch: str | None = None, min_blocks: int = 4, out_dir: Path | None = None, flush_min_blocks: int = 1,
     stages: int = 0, flush_stages: int = 0, bulk: bool = False, flush_bulk: bool = False, fused: int = 0,
+    ring_map: bool = False,
 ) -> Path:
     """Compile ``ring_read.cu`` for ``arch`` (e.g. ``"90a"``) unless the cache holds it; return the .so.
 
@@ -80,7 +81,8 @@ def build(
     of that many chunks per warp in shared memory. ``bulk`` / ``flush_bulk`` (the two passes): a
     staged chunk's checkpoint rows arrive by one bulk copy (the sm_90 copy engine, completion on an
     mbarrier) instead of 8 ``cp.async`` per lane. ``fused``: 0 builds the two passes only; n >= 1 also
-    the one-launch kernel, with a register budget of n blocks per SM for both kinds of items."""
+    the one-launch kernel, with a register budget of n blocks per SM for both kinds of items. ``ring_map``:
+    the rings are read and written at ``ring_map[slot]`` (rings keyed by request row), not at the slot."""
     if stages not in STAGES or flush_stages not in STAGES:
         raise ValueError(f"stages and flush_stages must be in {STAGES} (got {stages}, {flush_stages})")
     arch = arch or _arch()
@@ -89,12 +91,14 @@ def build(
     src = _SRC.read_bytes()
     opts = f"{arch}:{min_blocks}:{flush_min_blocks}:{stages}:{flush_stages}"
     opts += (":bulk" if bulk else "") + (":fbulk" if flush_bulk else "") + (f":fused{fused}" if fused else "")
+    opts += ":map" if ring_map else ""
     key = hashlib.sha256(src + opts.encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     # the name shows the options that differ from the plain build (the hash tells builds apart)
     suffix = "" if flush_min_blocks == 1 else f"_f{flush_min_blocks}"
     suffix += f"_s{stages}{flush_stages}" if stages or flush_stages else ""
     suffix += ("_b" if bulk else "") + ("_fb" if flush_bulk else "") + (f"_u{fused}" if fused else "")
+    suffix += "_map" if ring_map else ""
     so = out_dir / f"ring_read_{arch}_{min_blocks}{suffix}_{key}.so"
     if so.exists():
         return so
@@ -104,6 +108,7 @@ def build(
                f"-DRR_STAGES={stages}", f"-DRR_FLUSH_STAGES={flush_stages}", f"-DRR_BULK={int(bulk)}",
                f"-DRR_FLUSH_BULK={int(flush_bulk)}"]
     defines += ["-DRR_FUSED=1", f"-DRR_FUSED_MIN_BLOCKS={fused}"] if fused else []
+    defines += ["-DRR_RING_MAP=1"] if ring_map else []
     return nvcc_shared(_SRC, so, arch, defines)
 
 
@@ -128,19 +133,19 @@ def nvcc_shared(src: Path, so: Path, arch: str, flags: list[str]) -> Path:
 _AVAILABLE: dict[str, bool] = {}
 
 
-def available() -> bool:
+def available(ring_map: bool = False) -> bool:
     """Whether the CUDA passes can run here without an error: a CUDA device of compute capability
     8.0 or newer, ``SGLANG_REPLAYSSM_CUDA_KERNELS`` not ``0``, and the default build
-    (:data:`DEFAULT_BUILD` with :data:`DEFAULT_FUSED`) cached or nvcc able to make it (built and loaded on the first call;
-    the answer is cached per process)."""
+    (:data:`DEFAULT_BUILD` with :data:`DEFAULT_FUSED`; ``ring_map``: its row-map twin) cached or nvcc able to
+    make it (built and loaded on the first call; the answer is cached per process)."""
     if not settings.CUDA_KERNELS.value() or not torch.cuda.is_available():
         return False
-    key = str(torch.cuda.current_device())
+    key = f"{torch.cuda.current_device()}{':map' if ring_map else ''}"
     if key not in _AVAILABLE:
         ok = torch.cuda.get_device_capability() >= (8, 0)
         if ok:
             try:
-                _lib(*DEFAULT_BUILD, fused=DEFAULT_FUSED)
+                _lib(*DEFAULT_BUILD, fused=DEFAULT_FUSED, ring_map=ring_map)
             except (CudaReadUnsupported, RuntimeError, OSError):
                 ok = False
         _AVAILABLE[key] = ok
@@ -149,14 +154,14 @@ def available() -> bool:
 
 def _lib(
     min_blocks: int, flush_min_blocks: int = 1, stages: int = 0, flush_stages: int = 0, bulk: bool = False,
-    flush_bulk: bool = False, fused: int = 0,
+    flush_bulk: bool = False, fused: int = 0, ring_map: bool = False,
 ) -> ctypes.CDLL:
     """The loaded shared object for this device's architecture and these build options (:func:`build`);
     built (or found in the cache) and loaded once per process, so decode steps only pay a dict lookup."""
-    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk, fused)
+    key = (_arch(), min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk, fused, ring_map)
     if key not in _LIBS:
         so = build(key[0], min_blocks, flush_min_blocks=flush_min_blocks, stages=stages, flush_stages=flush_stages,
-                   bulk=bulk, flush_bulk=flush_bulk, fused=fused)  # fmt: skip
+                   bulk=bulk, flush_bulk=flush_bulk, fused=fused, ring_map=ring_map)  # fmt: skip
         lib = ctypes.CDLL(str(so))
         lib.ring_step_launch.restype = ctypes.c_int
         lib.ring_step_launch_fused.restype = ctypes.c_int
@@ -199,7 +204,7 @@ def launch_step(
     arguments passed :mod:`.ring_decode_args`'s checks and :func:`supports` returned ``None``.
     ``fused`` > 0: one launch of both passes' work instead (``flush`` ignored; ``waves`` / ``tail``
     the non-flush rows', ``flush_waves`` the flush rows') from the build with that register budget."""
-    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk, fused)
+    lib = _lib(min_blocks, flush_min_blocks, stages, flush_stages, bulk, flush_bulk, fused, step.ring_map is not None)
     s = step.shape
     vp = ctypes.c_void_p
     st = (ctypes.c_int64 * 7)(*step.strides)
@@ -209,7 +214,8 @@ def launch_step(
         vp(step.qkv.data_ptr()), vp(step.a.data_ptr()), vp(step.b.data_ptr()), vp(step.A_log.data_ptr()),
         vp(step.dt_bias.data_ptr()), vp(step.out.data_ptr()), vp(step.state.data_ptr()), vp(step.d.data_ptr()),
         vp(step.k.data_ptr()), vp(step.g.data_ptr()), vp(step.slots.data_ptr()), vp(step.write_pos.data_ptr()),
-        vp(ff.data_ptr() if ff is not None else 0), ctypes.c_float(step.scale), st, ctypes.c_int(s.B),
+        vp(ff.data_ptr() if ff is not None else 0), vp(step.ring_map_arg.data_ptr()), ctypes.c_float(step.scale), st,
+        ctypes.c_int(s.B),
         ctypes.c_int(s.H), ctypes.c_int(s.HV), ctypes.c_int(s.L), ctypes.c_int(int(step.is_kda)),
         ctypes.c_int(int(step.use_l2norm)), ctypes.c_int(_IO[step.qkv.dtype]),
         ctypes.c_int(int(step.slots.dtype == torch.int64)), ctypes.c_int(warps), ctypes.c_int(vsplit),

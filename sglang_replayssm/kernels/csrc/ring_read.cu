@@ -16,6 +16,9 @@
 //
 // Requirements (checked by the Python wrapper): K = V = 128, L <= 16, state and ring tensors fp32
 // and contiguous within a slot, qkv / a / b / out one dtype (fp32 or bf16), A_log / dt_bias fp32.
+//
+// Rings keyed by request row (RR_RING_MAP = 1): slot s's records live at ring row ring_map[s] (int32
+// [slots]); its checkpoint, cursor and flush stay at s. Builds without it ignore ring_map (ring row = slot).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -143,7 +146,7 @@ struct Head {
 template <typename T, bool KDA, bool L2N, bool FLUSH>
 __device__ __forceinline__ void head_setup(Head& h, const T* row, const T* a, const T* b, const float* A_log,
                                            const float* dt_bias, const float* k_ring, const float* g_ring,
-                                           int64_t slot, int n, int hv, int i_h, int nvalid, int lane, float scale,
+                                           int64_t ring, int n, int hv, int i_h, int nvalid, int lane, float scale,
                                            int64_t stride_a, int64_t stride_b, int64_t stride_k, int64_t stride_g,
                                            int H, int L) {
   float4 q = ld4(row + i_h * K + 4 * lane);
@@ -159,14 +162,14 @@ __device__ __forceinline__ void head_setup(Head& h, const T* row, const T* a, co
   h.kq = warp_sum(dot4(k, q));
   const float a_decay = expf(A_log[hv]);
   h.beta = to_f(from_f<T>(1.f / (1.f + expf(-to_f(b[n * stride_b + hv])))));
-  const float* kr = k_ring + slot * stride_k + static_cast<int64_t>(i_h) * L * K + 4 * lane;
+  const float* kr = k_ring + ring * stride_k + static_cast<int64_t>(i_h) * L * K + 4 * lane;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   float pq[16], pk[16];
   h.g_cur_s = 0.f;
   h.g_cur4 = zero;
   float fw = 0.f;
   if (!KDA) {
-    const float gj = (lane < nvalid) ? g_ring[slot * stride_g + hv * L + lane] : 0.f;
+    const float gj = (lane < nvalid) ? g_ring[ring * stride_g + hv * L + lane] : 0.f;
     float incl = gj;  // sum_{i >= lane} g_i over the live records
 #pragma unroll
     for (int d = 1; d < 16; d <<= 1) {
@@ -196,7 +199,7 @@ __device__ __forceinline__ void head_setup(Head& h, const T* row, const T* a, co
                            -a_decay * softplus(av.z + dv.z), -a_decay * softplus(av.w + dv.w));
     const float4 alpha = make_float4(expf(h.g_cur4.x), expf(h.g_cur4.y), expf(h.g_cur4.z), expf(h.g_cur4.w));
     const float4 aq = mul4(alpha, q), ak = mul4(alpha, k);
-    const float* gp = g_ring + slot * stride_g + static_cast<int64_t>(hv) * L * K + 4 * lane;
+    const float* gp = g_ring + ring * stride_g + static_cast<int64_t>(hv) * L * K + 4 * lane;
     float4 suf = zero;  // sum_{i > j} g_i
     // branch-free (dead records load nothing and contribute zeros) so the loads can be issued early
 #pragma unroll
@@ -339,6 +342,9 @@ __device__ __forceinline__ Unit unit_of(int u, int P, int vsplit, int tail) {
 #ifndef RR_FUSED  // 1: also compile the one-launch kernel (both passes' work in one grid)
 #define RR_FUSED 0
 #endif
+#ifndef RR_RING_MAP  // 1: the rings are indexed by ring_map[slot] (rings keyed by request row)
+#define RR_RING_MAP 0
+#endif
 #ifndef RR_FUSED_MIN_BLOCKS  // its register budget (one for both kinds of items)
 #define RR_FUSED_MIN_BLOCKS RR_MIN_BLOCKS
 #endif
@@ -348,12 +354,12 @@ __device__ __forceinline__ Unit unit_of(int u, int P, int vsplit, int tail) {
   const T *__restrict__ qkv, const T *__restrict__ a, const T *__restrict__ b, const float *__restrict__ A_log,    \
       const float *__restrict__ dt_bias, T *__restrict__ out, float *state, float *d_ring, float *k_ring,           \
       float *g_ring, const IDX *__restrict__ slots, const int32_t *__restrict__ write_pos,                          \
-      const int32_t *__restrict__ force_flush, float scale, int64_t stride_qkv, int64_t stride_a, int64_t stride_b, \
-      int64_t stride_state, int64_t stride_d, int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L,     \
-      int vsplit
+      const int32_t *__restrict__ force_flush, const int32_t *__restrict__ ring_map, float scale,                   \
+      int64_t stride_qkv, int64_t stride_a, int64_t stride_b, int64_t stride_state, int64_t stride_d,             \
+      int64_t stride_k, int64_t stride_g, int B, int H, int HV, int L, int vsplit
 #define RR_KARGS                                                                                                   \
-  qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, scale, stride_qkv, \
-      stride_a, stride_b, stride_state, stride_d, stride_k, stride_g, B, H, HV, L, vsplit
+  qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, ring_map, scale,    \
+      stride_qkv, stride_a, stride_b, stride_state, stride_d, stride_k, stride_g, B, H, HV, L, vsplit
 
 // One pass's work, as the blocks blk = 0 .. nblk - 1 of a grid region of nblk blocks do it.
 // FLUSH = false: non-flush rows (output + ring record); FLUSH = true: flush rows (output + new checkpoint).
@@ -396,6 +402,11 @@ __device__ __forceinline__ void pass_body(RR_KPARAMS, int tail, int blk, int nbl
     return;
   }
   if (is_flush != FLUSH) return;
+#if RR_RING_MAP
+  const int64_t ring = static_cast<int64_t>(ring_map[slot]);  // the ring row of this slot's records
+#else
+  const int64_t ring = slot;
+#endif
   const int nvalid = m < L ? m : L;
   const bool in_ring = m < L;
   const int nch = V / ROWS / un.parts;  // chunks this warp streams
@@ -406,7 +417,7 @@ __device__ __forceinline__ void pass_body(RR_KPARAMS, int tail, int blk, int nbl
   const int sigma = (lane >> 2) & 7;  // which row of each chunk this lane's read-out ends with
   const T* row = qkv + n * stride_qkv;
   float* sbase = state + slot * stride_state + static_cast<int64_t>(hv) * V * K + 4 * lane;
-  const float* dring = d_ring + slot * stride_d + static_cast<int64_t>(hv) * L * V;
+  const float* dring = d_ring + ring * stride_d + static_cast<int64_t>(hv) * L * V;
   const float* dptr = dring + (4 * s) * V + sigma;
   const T* vptr = row + 2 * H * K + hv * V + sigma;
   const int jt = nvalid - 4 * s;  // records t < jt of this lane's four are live
@@ -465,24 +476,24 @@ __device__ __forceinline__ void pass_body(RR_KPARAMS, int tail, int blk, int nbl
   }
 
   Head h;
-  head_setup<T, KDA, L2N, FLUSH>(h, row, a, b, A_log, dt_bias, k_ring, g_ring, slot, n, hv, i_h, nvalid, lane,
+  head_setup<T, KDA, L2N, FLUSH>(h, row, a, b, A_log, dt_bias, k_ring, g_ring, ring, n, hv, i_h, nvalid, lane,
                                  scale, stride_a, stride_b, stride_k, stride_g, H, L);
 
   // ---- non-flush: this step's gate and key records (slot m: no read of this step touches it)
   if (!FLUSH && in_ring && part == 0) {
     if (!KDA) {
-      if (lane == 0) g_ring[slot * stride_g + hv * L + m] = h.g_cur_s;
+      if (lane == 0) g_ring[ring * stride_g + hv * L + m] = h.g_cur_s;
     } else {
-      *reinterpret_cast<float4*>(g_ring + slot * stride_g + (static_cast<int64_t>(hv) * L + m) * K + 4 * lane) =
+      *reinterpret_cast<float4*>(g_ring + ring * stride_g + (static_cast<int64_t>(hv) * L + m) * K + 4 * lane) =
           h.g_cur4;
     }
     if (hv % (HV / H) == 0)
-      *reinterpret_cast<float4*>(k_ring + slot * stride_k + (static_cast<int64_t>(i_h) * L + m) * K + 4 * lane) =
+      *reinterpret_cast<float4*>(k_ring + ring * stride_k + (static_cast<int64_t>(i_h) * L + m) * K + 4 * lane) =
           h.k;
   }
 
   T* optr = outp + sigma;
-  float* wptr = d_ring + slot * stride_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
+  float* wptr = d_ring + ring * stride_d + (static_cast<int64_t>(hv) * L + m) * V + sigma;
   // tile: the chunk's delta tile (FLUSH only; dead records zero)
   auto chunk = [&](const float4 (&srows)[ROWS], const float (&d)[4], float v, const float* tile, int v0) {
     const float2 r = chunk_readout(srows, d, h, lane);
@@ -646,8 +657,8 @@ cudaError_t resident_of(Kern kern, int warps, size_t smem, size_t* smem_allowed,
 template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                      void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
-                     const int32_t* write_pos, const int32_t* force_flush, float scale, const int64_t* strides,
-                     int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
+                     const int32_t* write_pos, const int32_t* force_flush, const int32_t* ring_map, float scale,
+                     const int64_t* strides, int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
                      cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(warps) * smem_f4_per_warp(FLUSH) * sizeof(float4);
   auto kern = ring_step_kernel<T, IDX, KDA, L2N, FLUSH>;
@@ -663,7 +674,7 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
   kern<<<blocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
-      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
+      ring_map, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
       tail);
   return cudaGetLastError();
 }
@@ -675,8 +686,8 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
 template <typename T, typename IDX, bool KDA, bool L2N>
 cudaError_t launch_t_fused(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                            void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
-                           const int32_t* write_pos, const int32_t* force_flush, float scale, const int64_t* strides,
-                           int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
+                           const int32_t* write_pos, const int32_t* force_flush, const int32_t* ring_map, float scale,
+                           const int64_t* strides, int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
                            int flush_waves, cudaStream_t stream) {
   const int f4 = smem_f4_per_warp(true) > smem_f4_per_warp(false) ? smem_f4_per_warp(true) : smem_f4_per_warp(false);
   const size_t smem = static_cast<size_t>(warps) * f4 * sizeof(float4);
@@ -693,7 +704,7 @@ cudaError_t launch_t_fused(const void* qkv, const void* a, const void* b, const 
   kern<<<fblocks + nblocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
-      scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
+      ring_map, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
       tail, fblocks);
   return cudaGetLastError();
 }
@@ -703,10 +714,10 @@ template <typename T, typename IDX, bool FLUSH>
 cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, const void* b, const float* A_log,
                         const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                         float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
-                        float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
+                        const int32_t* ring_map, float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
                         int vsplit, int waves, int tail_quarters, cudaStream_t stream) {
 #define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
-                scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, stream
+                ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, stream
   if (kda)
     return l2n ? launch_t<T, IDX, true, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, true, false, FLUSH>(RR_ARGS);
   return l2n ? launch_t<T, IDX, false, true, FLUSH>(RR_ARGS) : launch_t<T, IDX, false, false, FLUSH>(RR_ARGS);
@@ -718,10 +729,10 @@ template <typename T, typename IDX>
 cudaError_t launch_kind_fused(bool kda, bool l2n, const void* qkv, const void* a, const void* b, const float* A_log,
                               const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                               float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
-                              float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
+                              const int32_t* ring_map, float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
                               int vsplit, int waves, int tail_quarters, int flush_waves, cudaStream_t stream) {
 #define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
-                scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, stream
+                ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, stream
   if (kda)
     return l2n ? launch_t_fused<T, IDX, true, true>(RR_ARGS) : launch_t_fused<T, IDX, true, false>(RR_ARGS);
   return l2n ? launch_t_fused<T, IDX, false, true>(RR_ARGS) : launch_t_fused<T, IDX, false, false>(RR_ARGS);
@@ -739,12 +750,13 @@ cudaError_t launch_kind_fused(bool kda, bool l2n, const void* qkv, const void* a
 extern "C" int ring_step_launch(const void* qkv, const void* a, const void* b, const float* A_log,
                                 const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                                 float* g_ring, const void* slots, const int32_t* write_pos,
-                                const int32_t* force_flush, float scale, const int64_t* strides, int B, int H, int HV,
+                                const int32_t* force_flush, const int32_t* ring_map, float scale,
+                                const int64_t* strides, int B, int H, int HV,
                                 int L, int is_kda, int use_l2norm, int io_dtype, int idx64, int warps, int vsplit,
                                 int waves, int tail_quarters, int flush, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define RR_ARGS2 is_kda != 0, use_l2norm != 0, qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, \
-                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, st
+                 write_pos, force_flush, ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, st
   cudaError_t e;
   if (flush) {
     if (io_dtype == 1)
@@ -766,13 +778,14 @@ extern "C" int ring_step_launch(const void* qkv, const void* a, const void* b, c
 extern "C" int ring_step_launch_fused(const void* qkv, const void* a, const void* b, const float* A_log,
                                       const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                                       float* g_ring, const void* slots, const int32_t* write_pos,
-                                      const int32_t* force_flush, float scale, const int64_t* strides, int B, int H,
+                                      const int32_t* force_flush, const int32_t* ring_map, float scale,
+                                      const int64_t* strides, int B, int H,
                                       int HV, int L, int is_kda, int use_l2norm, int io_dtype, int idx64, int warps,
                                       int vsplit, int waves, int tail_quarters, int flush_waves, void* stream) {
 #if RR_FUSED
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define RR_ARGS2 is_kda != 0, use_l2norm != 0, qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, \
-                 write_pos, force_flush, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, st
+                 write_pos, force_flush, ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, st
   cudaError_t e;
   if (io_dtype == 1)
     e = idx64 ? launch_kind_fused<__nv_bfloat16, int64_t>(RR_ARGS2) : launch_kind_fused<__nv_bfloat16, int32_t>(RR_ARGS2);

@@ -20,8 +20,8 @@ starts with an empty ring (alloc_reset.py); a streaming session keeps its row wi
 cannot run out: every request row has its ring row. Stale map entries of slots whose cursor is 0 are
 never read.
 
-The decode kernels (the CPU reference, sglang-replayssm's Triton kernels on CUDA) and every fold read the
-map; SGLang's own ring kernels cannot, so the admission refuses what would reach them (the Helion decode
+The decode kernels (the CPU reference, sglang-replayssm's Triton kernels and CUDA passes, the latter from their
+row-map build ``RR_RING_MAP``) and every fold read the map; SGLang's own ring kernels cannot, so the admission refuses what would reach them (the Helion decode
 backend, the ``ring_kernels`` fix off) and what does not follow the row (the read copy, PD, speculative
 decoding, the unified memory pool, the fixes the invariant rests on); the KDA safe gate raises at its first
 decode.
