@@ -130,8 +130,11 @@ def checked_step(
 def cuda_unfit(step: RingStep, *, forced: bool) -> str | None:
     """Why the CUDA passes cannot take this step (``None``: they can). Unless ``forced``, a build
     that cannot happen here is a reason too (the default then runs Triton, same results); a forced
-    ``engine="cuda"`` lets the build report its own error."""
+    ``engine="cuda"`` lets the build report its own error. A mapped step (rings keyed by request row) takes
+    the CUDA passes' row-map build only when forced: it becomes a default once measured on a GPU."""
     s = step.shape
+    if step.ring_map is not None and not forced:
+        return "rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS) take the CUDA passes only when forced"
     why = supports(step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k,
                    step.g, step.slots, s.K, s.V, s.L)  # fmt: skip
     if why is None and not forced and not available(ring_map=step.ring_map is not None):
