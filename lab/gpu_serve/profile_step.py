@@ -13,6 +13,7 @@ import gzip
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
@@ -246,8 +247,13 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
             _post_json(url, "/start_profile", {"output_dir": str(d), "num_steps": 1, "activities": ["CPU", "GPU"],
                                                "with_stack": False})
             _generate(url, ids(32) if kind == "floor" else ids(prefix_len + suffix_len), 1)
+            # SGLang stops a num_steps profile only when a later batch runs: none does after this one request
+            try:
+                _post_json(url, "/stop_profile", {})
+            except urllib.error.HTTPError:  # already stopped: the trace is being written
+                pass
             traces: list[Path] = []
-            for _ in range(60):
+            for _ in range(20):
                 traces = sorted(d.glob("*.trace.json*"))
                 if traces:
                     break
