@@ -4,7 +4,8 @@
 #   bash scripts/gpu_serve.sh [serve_check.py args, e.g. --arms baseline,plugin --stages main,kl]
 #   CHECK=decode_ab bash scripts/gpu_serve.sh [decode_ab.py args]   (decode side by side, servers up at once)
 #   TESTS="tests/a.py tests/b.py" bash scripts/gpu_serve.sh ...   (those tests first, on the GPU, at most
-#   TESTS_S seconds, default 180, then interrupted so that pytest still reports; pytest.log under $OUT); CHECK=none: the tests alone (no model, no server)
+#   TESTS_S seconds, default 180, then interrupted so that pytest still reports; pytest.log under $OUT);
+#   CHECK=none: the tests alone (no model, no server)
 # Installs SGLang 0.5.23 and its missing dependencies from the carry into /tmp/site, this tree as the
 # plugin (its entry points through a dist-info), builds the model ($MODEL, default qnext-gdn) with
 # `make-models`, then runs lab/gpu_serve/serve_check.py: real `python -m sglang.launch_server`
