@@ -36,7 +36,9 @@ PROMPTS = 8
 STORED = 192  # a 200-token prompt is stored page by page (page size 1), with a state at 192 (the 64-grid)
 COUNTER = "sglang:replayssm_store_damaged_files_total"
 CRASH_NEW_TOKENS = 2000  # the crash prompts still decode when their pages are stored and the server is killed
-# (250 lost that race once on a loaded 2-core machine: the decode ended before the write-through landed)
+# (250 lost that race once on a loaded 2-core machine: the decode ended before the write-through landed); the first
+# server's KV pool holds both whole (SGLang keeps one request that outgrows the pool and then fails its allocation)
+CRASH_KV_TOKENS = 2 * (200 + CRASH_NEW_TOKENS) + 256
 LEAVE = 150  # a query leaving a crash prompt here: no stored state there, only pages and records
 WHOLE = {"", ".replayssm-sum", ".mamba", ".replayssm-sum.mamba"}
 
@@ -137,7 +139,9 @@ def test_a_crashed_damaged_store_serves_its_whole_pages_and_nothing_damaged(mode
     crashed = [[rng.randrange(10, 2000) for _ in range(200)] for _ in range(2)]
     leave = [p[:LEAVE] + [5] * 20 for p in crashed]
     model = models["tiny-gdn"]
-    with cpu_server_process(model, STORAGE_FLAGS, tmp_path / "server1.log", env=env, timeout_s=600) as srv:
+    at = STORAGE_FLAGS.index("--max-total-tokens") + 1
+    flags1 = [*STORAGE_FLAGS[:at], str(CRASH_KV_TOKENS), *STORAGE_FLAGS[at + 1:]]
+    with cpu_server_process(model, flags1, tmp_path / "server1.log", env=env, timeout_s=600) as srv:
         first = [generate(srv.base_url, p, NEW_TOKENS) for p in prompts]
         hashes = [get_storage_hash_str(p[:STORED], None, page_size=1) for p in prompts]
         deadline = time.monotonic() + 60
