@@ -255,6 +255,27 @@ def test_cuda_passes_with_a_row_map_equal_the_reference(kind, launch):
     _check_mapped_decode(kind, RingDecodeConfig(**_CUDA_CONFIGS[launch]), dim=128)
 
 
+def test_a_mapped_step_takes_the_cuda_passes_only_where_the_registry_says(monkeypatch):
+    """Until the row-map build is measured (``MAPPED_DEFAULT``) the default launch keeps a mapped step off the
+    CUDA passes, with the reason logged; a forced ``engine="cuda"`` or the registry entry lets the build decide."""
+    from sglang_replayssm.kernels import ring_decode_cuda
+    from sglang_replayssm.kernels.ring_decode import checked_step, cuda_unfit
+
+    args = _decode_args("gdn", 2, 4, 3)
+    slots, wp = torch.tensor([1, 3]), torch.tensor([1, 2], dtype=torch.int32)
+    step = checked_step(**args, out=torch.empty(2, 1, 2, 8), ssm_state_indices=slots, write_pos=wp, force_flush=None,
+                        use_qk_l2norm_in_kernel=True, is_kda=False, ring_map=torch.tensor([0, 2, 0, 1], dtype=torch.int32))
+    plain = checked_step(**{**args, "d_cache": args["d_cache"].new_zeros(4, 2, 4, 8),
+                            "k_cache": args["k_cache"].new_zeros(4, 1, 4, 8), "g_cache": args["g_cache"].new_zeros(4, 2, 4)},
+                         out=torch.empty(2, 1, 2, 8), ssm_state_indices=slots, write_pos=wp, force_flush=None,
+                         use_qk_l2norm_in_kernel=True, is_kda=False)  # fmt: skip
+    monkeypatch.setattr(ring_decode_cuda, "MAPPED_DEFAULT", False)
+    assert "SGLANG_REPLAYSSM_RING_ROWS" in cuda_unfit(step, forced=False)
+    assert cuda_unfit(step, forced=True) == cuda_unfit(plain, forced=True)  # forced: only what the build needs
+    monkeypatch.setattr(ring_decode_cuda, "MAPPED_DEFAULT", True)
+    assert cuda_unfit(step, forced=False) == cuda_unfit(plain, forced=False)
+
+
 def _check_mapped_decode(kind: str, config, dim: int) -> None:
     """Two steps (a flush, a forced flush, a padded row; then a row that reads the record written before) with
     ``config`` against the torch reference, both through the same slot -> ring row map."""

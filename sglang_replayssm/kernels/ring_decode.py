@@ -56,6 +56,7 @@ import logging
 import torch
 
 from .ring_decode_args import RingStep, check_fused_layout, check_ring_decode_args, prepare_step
+from . import ring_decode_cuda
 from .ring_decode_config import RingDecodeConfig
 from .ring_decode_cuda import (
     DEFAULT_BUILD,
@@ -131,9 +132,9 @@ def cuda_unfit(step: RingStep, *, forced: bool) -> str | None:
     """Why the CUDA passes cannot take this step (``None``: they can). Unless ``forced``, a build
     that cannot happen here is a reason too (the default then runs Triton, same results); a forced
     ``engine="cuda"`` lets the build report its own error. A mapped step (rings keyed by request row) takes
-    the CUDA passes' row-map build only when forced: it becomes a default once measured on a GPU."""
+    the CUDA passes' row-map build when forced or where :data:`.ring_decode_cuda.MAPPED_DEFAULT` says so."""
     s = step.shape
-    if step.ring_map is not None and not forced:
+    if step.ring_map is not None and not forced and not ring_decode_cuda.MAPPED_DEFAULT:
         return "rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS) take the CUDA passes only when forced"
     why = supports(step.qkv, step.a, step.b, step.A_log, step.dt_bias, step.out, step.state, step.d, step.k,
                    step.g, step.slots, s.K, s.V, s.L)  # fmt: skip

@@ -31,7 +31,7 @@ from .ring_decode_args import RingStep
 from .ring_decode_config import RingDecodeConfig
 
 __all__ = [
-    "DEFAULT_BUILD", "DEFAULT_FUSED", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "nvcc_shared", "run_passes",
+    "DEFAULT_BUILD", "DEFAULT_FUSED", "MAPPED_DEFAULT", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "nvcc_shared", "run_passes",
     "supports",
 ]  # fmt: skip
 
@@ -48,6 +48,10 @@ DEFAULT_BUILD = (4, 1, 3, 3, False, False)
 #: blocks per SM; under the serving protocol it beat the two passes at every B for GDN and KDA with the
 #: same outputs bit for bit (docs/BENCHMARKS.md, kernels under the serving protocol). 0: two launches.
 DEFAULT_FUSED = 3
+#: whether the default launch takes the CUDA passes' row-map build (``ring_map``) for a step whose rings are keyed
+#: by request row: not until that build is measured on a GPU (its tests there, decode in the server); until then a
+#: mapped step runs the Triton engines, served and checked on the H200.
+MAPPED_DEFAULT = False
 
 
 class CudaReadUnsupported(ValueError):
