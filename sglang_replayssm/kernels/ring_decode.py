@@ -55,8 +55,8 @@ import logging
 
 import torch
 
-from .ring_decode_args import RingStep, check_fused_layout, check_ring_decode_args, prepare_step
 from . import ring_decode_cuda
+from .ring_decode_args import RingStep, check_fused_layout, check_ring_decode_args, prepare_step
 from .ring_decode_config import RingDecodeConfig
 from .ring_decode_cuda import (
     DEFAULT_BUILD,
