@@ -6,6 +6,7 @@ run in tests/test_radix_property.py (``-ring-rows`` configurations)."""
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -56,11 +57,17 @@ def test_the_pool_holds_one_ring_per_request_row_and_maps_each_slot_to_its_row(k
         assert bool(cache.replayssm_g[:, row].ne(0).any())
 
 
-def test_without_the_setting_the_pool_keeps_a_ring_per_slot():
-    with config.override(True):
+def test_without_the_setting_the_pool_keeps_a_ring_per_slot_and_says_what_rows_would_take(caplog):
+    with config.override(True), caplog.at_level(logging.INFO):
         sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", ring_rows=False))
-        assert sim.mamba_pool.mamba_cache.replayssm_d.shape[1] == sim.mamba_pool.size + 1
+        cache = sim.mamba_pool.mamba_cache
+        assert cache.replayssm_d.shape[1] == sim.mamba_pool.size + 1
         assert ring_pool(sim.mamba_pool).rows is None  # type: ignore[union-attr]
+    rings = [cache.replayssm_d, cache.replayssm_k, cache.replayssm_g]
+    per_slot = sum(t.numel() * t.element_size() for t in rings)
+    rows = sim.req_pool.req_to_token.shape[0]
+    line = next(r.getMessage() for r in caplog.records if "rings per request row would take" in r.getMessage())
+    assert f"{per_slot / 2**20:.2f} MiB" in line and f"{per_slot / rings[0].shape[1] * rows / 2**20:.2f} MiB" in line
 
 
 def _decode_args(kind: str, B: int, slots: int, n_rows: int, L: int = 4, seed: int = 0, dim: int = 8):

@@ -91,8 +91,13 @@ def check_args(server_args: Any) -> None:
 def rows_pool(original: Callable[..., Any], req_pool: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``HybridReqToTokenPool._init_mamba_pool``: with rows on and the decode ring asked for, SGLang
     builds the pool without its per-slot ring, then :func:`attach_rows` adds the per-row ring."""
-    if not RING_ROWS.value() or not kwargs.get("enable_linear_replayssm", False):
+    if not kwargs.get("enable_linear_replayssm", False):
         return original(req_pool, *args, **kwargs)
+    if not RING_ROWS.value():
+        result = original(req_pool, *args, **kwargs)
+        if not kwargs.get("enable_linear_replayssm_spec") and READ_COPY.value() == "off":
+            _log_rows_off(req_pool.mamba_pool, req_pool.req_to_token.shape[0])
+        return result
     if kwargs.get("enable_linear_replayssm_spec"):
         raise _refusal("does not cover --enable-linear-replayssm-spec")
     result = original(req_pool, *args, **{**kwargs, "enable_linear_replayssm": False})
@@ -101,6 +106,21 @@ def rows_pool(original: Callable[..., Any], req_pool: Any, *args: Any, **kwargs:
                 kwargs["cache_params"])  # fmt: skip
     state_of(req_pool).ring_rows = state_of(pool).ring_rows  # what :func:`map_rows` writes
     return result
+
+
+def _log_rows_off(mamba_pool: Any, n_rows: int) -> None:
+    """One startup line: the per-slot rings' bytes beside what rings per request row would take."""
+    cache = getattr(mamba_pool, "mamba_cache", None)
+    rings = [t for t in (getattr(cache, name, None) for name in ("replayssm_d", "replayssm_k", "replayssm_g"))
+             if isinstance(t, torch.Tensor)]  # fmt: skip
+    if len(rings) != 3:
+        return
+    slots = rings[0].shape[1]
+    ring_bytes = sum(t.numel() * t.element_size() for t in rings)
+    per_row = ring_bytes / slots * n_rows
+    logger.info("sglang-replayssm: decode rings for %d slots: %.2f MiB; rings per request row would take %.2f MiB "
+                "(SGLANG_REPLAYSSM_RING_ROWS=on; off by default until its decode is measured on a GPU)", slots,
+                ring_bytes / _MIB, per_row / _MIB)  # fmt: skip
 
 
 def attach_rows(mamba_pool: Any, n_rows: int, record_len: int, cache_params: Any) -> None:
