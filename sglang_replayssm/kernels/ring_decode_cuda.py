@@ -31,8 +31,8 @@ from .ring_decode_args import RingStep
 from .ring_decode_config import RingDecodeConfig
 
 __all__ = [
-    "DEFAULT_BUILD", "DEFAULT_FUSED", "MAPPED_DEFAULT", "CudaReadUnsupported", "available", "build", "cache_dir", "launch_step", "nvcc_shared", "run_passes",
-    "supports",
+    "DEFAULT_BUILD", "DEFAULT_FUSED", "MAPPED_DEFAULT", "CudaReadUnsupported", "available", "build", "cache_dir",
+    "launch_step", "nvcc_shared", "run_passes", "supports",
 ]  # fmt: skip
 
 _SRC = Path(__file__).parent / "csrc" / "ring_read.cu"

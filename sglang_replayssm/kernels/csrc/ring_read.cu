@@ -658,8 +658,8 @@ template <typename T, typename IDX, bool KDA, bool L2N, bool FLUSH>
 cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                      void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
                      const int32_t* write_pos, const int32_t* force_flush, const int32_t* ring_map, float scale,
-                     const int64_t* strides, int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
-                     cudaStream_t stream) {
+                     const int64_t* strides, int B, int H, int HV, int L, int warps, int vsplit, int waves,
+                     int tail_quarters, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(warps) * smem_f4_per_warp(FLUSH) * sizeof(float4);
   auto kern = ring_step_kernel<T, IDX, KDA, L2N, FLUSH>;
   // per instantiation and block size, computed once
@@ -674,8 +674,8 @@ cudaError_t launch_t(const void* qkv, const void* a, const void* b, const float*
   kern<<<blocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
-      ring_map, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
-      tail);
+      ring_map, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV,
+      L, vsplit, tail);
   return cudaGetLastError();
 }
 
@@ -687,8 +687,8 @@ template <typename T, typename IDX, bool KDA, bool L2N>
 cudaError_t launch_t_fused(const void* qkv, const void* a, const void* b, const float* A_log, const float* dt_bias,
                            void* out, float* state, float* d_ring, float* k_ring, float* g_ring, const void* slots,
                            const int32_t* write_pos, const int32_t* force_flush, const int32_t* ring_map, float scale,
-                           const int64_t* strides, int B, int H, int HV, int L, int warps, int vsplit, int waves, int tail_quarters,
-                           int flush_waves, cudaStream_t stream) {
+                           const int64_t* strides, int B, int H, int HV, int L, int warps, int vsplit, int waves,
+                           int tail_quarters, int flush_waves, cudaStream_t stream) {
   const int f4 = smem_f4_per_warp(true) > smem_f4_per_warp(false) ? smem_f4_per_warp(true) : smem_f4_per_warp(false);
   const size_t smem = static_cast<size_t>(warps) * f4 * sizeof(float4);
   auto kern = ring_fused_kernel<T, IDX, KDA, L2N>;
@@ -704,8 +704,8 @@ cudaError_t launch_t_fused(const void* qkv, const void* a, const void* b, const 
   kern<<<fblocks + nblocks, 32 * warps, smem, stream>>>(
       static_cast<const T*>(qkv), static_cast<const T*>(a), static_cast<const T*>(b), A_log, dt_bias,
       static_cast<T*>(out), state, d_ring, k_ring, g_ring, static_cast<const IDX*>(slots), write_pos, force_flush,
-      ring_map, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV, L, vsplit,
-      tail, fblocks);
+      ring_map, scale, strides[0], strides[1], strides[2], strides[3], strides[4], strides[5], strides[6], B, H, HV,
+      L, vsplit, tail, fblocks);
   return cudaGetLastError();
 }
 #endif
@@ -714,8 +714,8 @@ template <typename T, typename IDX, bool FLUSH>
 cudaError_t launch_kind(bool kda, bool l2n, const void* qkv, const void* a, const void* b, const float* A_log,
                         const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                         float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
-                        const int32_t* ring_map, float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
-                        int vsplit, int waves, int tail_quarters, cudaStream_t stream) {
+                        const int32_t* ring_map, float scale, const int64_t* strides, int B, int H, int HV, int L,
+                        int warps, int vsplit, int waves, int tail_quarters, cudaStream_t stream) {
 #define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
                 ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, stream
   if (kda)
@@ -729,8 +729,9 @@ template <typename T, typename IDX>
 cudaError_t launch_kind_fused(bool kda, bool l2n, const void* qkv, const void* a, const void* b, const float* A_log,
                               const float* dt_bias, void* out, float* state, float* d_ring, float* k_ring,
                               float* g_ring, const void* slots, const int32_t* write_pos, const int32_t* force_flush,
-                              const int32_t* ring_map, float scale, const int64_t* strides, int B, int H, int HV, int L, int warps,
-                              int vsplit, int waves, int tail_quarters, int flush_waves, cudaStream_t stream) {
+                              const int32_t* ring_map, float scale, const int64_t* strides, int B, int H, int HV,
+                              int L, int warps, int vsplit, int waves, int tail_quarters, int flush_waves,
+                              cudaStream_t stream) {
 #define RR_ARGS qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, write_pos, force_flush, \
                 ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, stream
   if (kda)
@@ -785,7 +786,8 @@ extern "C" int ring_step_launch_fused(const void* qkv, const void* a, const void
 #if RR_FUSED
   cudaStream_t st = static_cast<cudaStream_t>(stream);
 #define RR_ARGS2 is_kda != 0, use_l2norm != 0, qkv, a, b, A_log, dt_bias, out, state, d_ring, k_ring, g_ring, slots, \
-                 write_pos, force_flush, ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, flush_waves, st
+                 write_pos, force_flush, ring_map, scale, strides, B, H, HV, L, warps, vsplit, waves, tail_quarters, \
+                 flush_waves, st
   cudaError_t e;
   if (io_dtype == 1)
     e = idx64 ? launch_kind_fused<__nv_bfloat16, int64_t>(RR_ARGS2) : launch_kind_fused<__nv_bfloat16, int32_t>(RR_ARGS2);

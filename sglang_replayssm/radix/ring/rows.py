@@ -20,11 +20,11 @@ starts with an empty ring (alloc_reset.py); a streaming session keeps its row wi
 cannot run out: every request row has its ring row. Stale map entries of slots whose cursor is 0 are
 never read.
 
-The decode kernels (the CPU reference, sglang-replayssm's Triton kernels and CUDA passes, the latter from their
-row-map build ``RR_RING_MAP``) and every fold read the map; SGLang's own ring kernels cannot, so the admission refuses what would reach them (the Helion decode
-backend, the ``ring_kernels`` fix off) and what does not follow the row (the read copy, PD, speculative
-decoding, the unified memory pool, the fixes the invariant rests on); the KDA safe gate raises at its first
-decode.
+The decode kernels (the CPU reference, sglang-replayssm's Triton kernels, and the CUDA passes' row-map build
+where ``ring_decode_cuda.MAPPED_DEFAULT`` or a forced launch takes it) and every fold read the map; SGLang's own
+ring kernels cannot, so the admission refuses what would reach them (the Helion decode backend, the
+``ring_kernels`` fix off) and what does not follow the row (the read copy, PD, speculative decoding, the unified
+memory pool, the fixes the invariant rests on); the KDA safe gate raises at its first decode.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def _log_rows_off(mamba_pool: Any, n_rows: int) -> None:
     if len(rings) != 3:
         return
     slots = rings[0].shape[1]
-    ring_bytes = sum(t.numel() * t.element_size() for t in rings)
+    ring_bytes = _bytes(*rings)
     per_row = ring_bytes / slots * n_rows
     logger.info("sglang-replayssm: decode rings for %d slots: %.2f MiB; rings per request row would take %.2f MiB "
                 "(SGLANG_REPLAYSSM_RING_ROWS=on; off by default until its decode is measured on a GPU)", slots,
@@ -143,11 +143,15 @@ def attach_rows(mamba_pool: Any, n_rows: int, record_len: int, cache_params: Any
     mamba_pool.replayssm_is_kda = is_kda
     mamba_pool.replayssm_write_pos = torch.zeros((slots,), dtype=torch.int32, device=dev)
     state_of(mamba_pool).ring_rows = torch.zeros((slots,), dtype=torch.int32, device=dev)
-    ring_bytes = sum(t.numel() * t.element_size() for t in (d, k, g)) + 8 * slots
+    ring_bytes = _bytes(d, k, g) + 8 * slots
     mamba_pool.mem_usage += ring_bytes / _GIB
     per_slot = ring_bytes / n_rows * slots
     logger.info("sglang-replayssm: decode rings for %d request rows (not %d slots): %.2f MiB, %.2f MiB less than "
                 "a ring per slot", n_rows, slots, ring_bytes / _MIB, (per_slot - ring_bytes) / _MIB)  # fmt: skip
+
+
+def _bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _kv_cache_region(mamba_pool: Any) -> Any:
