@@ -41,9 +41,11 @@ ORDER: dict[str, tuple[str, ...]] = {
     f"{_MP}.MambaPool.load_cpu_copy": ("read_copy_stale_on_cpu_load", "empty_ring_on_cpu_load"),
     # The spec row folds before the decode ring's finish donation.
     f"{_MAMBA_COMPONENT}.prepare_for_caching_req": ("spec_finish_donation", "exact_finish_donation"),
-    # Host hits wrap the HiCache locks, which wrap the records' plant; the lost-hit count sees the result.
+    # Host hits wrap the HiCache locks, which wrap the records' plant; a match left without a plant gets its
+    # branch point on its own prefix's grid; the lost-hit count sees the result.
     f"{_MAMBA_COMPONENT}.finalize_match_result_in_cache": (
-        "host_hit_through_records", "lock_planted_state", "plant_rebuilt_state", "record_lost_hit"),
+        "host_hit_through_records", "lock_planted_state", "plant_rebuilt_state", "branch_point_on_prefix_grid",
+        "record_lost_hit"),
     # Record loads and rebuilds queued by HiCache run before the planted states' rebuild.
     f"{_RUNNER}.forward": ("run_record_transfers", "rebuild_planted_states"),
     # CPU runtime: the engine defaults are filled in before SGLang resolves, the dtype check after.

@@ -271,6 +271,9 @@ FIXES: tuple[Fix, ...] = (
     Fix("end_state_branch", "records", "end_state keeps a tracked state at the request's branch point (SGLang's "
         "mamba_branching_seqlen: the match found KV past every state and no records to plant one), so the next "
         "request leaving there hits it even after its records are evicted; the end state is donated otherwise"),
+    Fix("branch_on_prefix_grid", "records", "a match that resumes from a state off the chunk grid (an end state, a "
+        "planted state) gets SGLang's branch point on its own prefix's grid (resume + k x chunk), so its prefill "
+        "tracks a state there; SGLang's grid counted from token 0 is never tracked from such a prefix"),
     Fix("pd_decode_ring", "pd", "PD disaggregation: the decode server's mamba pool (HybridMambaDecodeReqToTokenPool) "
         "gets the decode ring and --disaggregation-mode decode is admitted with --enable-linear-replayssm "
         "(radix/pd.py); a prefill server is refused with the ring"),

@@ -42,7 +42,8 @@ INTENDED: dict[str, tuple[str, ...]] = {
     f"{_MP}.MambaPool.load_cpu_copy": ("read_copy_stale_on_cpu_load", "empty_ring_on_cpu_load"),
     f"{_MAMBA}.prepare_for_caching_req": ("spec_finish_donation", "exact_finish_donation"),
     f"{_MAMBA}.finalize_match_result_in_cache": (
-        "host_hit_through_records", "lock_planted_state", "plant_rebuilt_state", "record_lost_hit"),
+        "host_hit_through_records", "lock_planted_state", "plant_rebuilt_state", "branch_point_on_prefix_grid",
+        "record_lost_hit"),
     f"{_RUNNER}.forward": ("run_record_transfers", "rebuild_planted_states"),
     "sglang.srt.server_args.ServerArgs.resolve_once": ("engine-defaults", "conv-dtype-refusal"),
 }

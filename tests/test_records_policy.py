@@ -2,10 +2,13 @@
 
 ``end_state_branch`` (radix/records/donation.py): an extra_buffer finish with records keeps the state
 SGLang tracked at the request's branch point (the match found KV past every state and no records to
-plant one) instead of swapping in the end state. Checked:
+plant one) instead of swapping in the end state; ``branch_on_prefix_grid`` (radix/records/branch_grid.py):
+a match resuming from a state off the chunk grid gets its branch point on its own prefix's grid, so its
+prefill tracks it. Checked:
 
-* the behaviour: with the fix a later prompt leaving at the branch point hits there; without it the
-  end state replaced that state and the hit falls back;
+* the behaviour: with each fix a later prompt leaving at the branch point hits there; without
+  ``end_state_branch`` the end state replaced that state, without ``branch_on_prefix_grid`` none was
+  tracked, and the hit falls back;
 * exactness: random request streams (admit / decode / finish / abort / evict / match / copy, the
   property suite's ops, and requests that finish at prefill) with the fix on and off, small first-in-first-out record pools so plants fail
   and branch points are tracked; after every step every radix node's state is its token path's (fp64
@@ -24,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.records import donation, match
+from sglang_replayssm.radix.records import branch_grid, donation, match
 from sglang_replayssm.radix.records.pool import pool_of
 from tests.support.simulate import Sim, SimConfig
 from tests.test_radix_property import MAX_RUNNING, _apply, _op, _run, ops, prompts, tokens
@@ -40,10 +43,10 @@ CONFIGS = [
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, record_tokens=24,
               state_interval=4),
 ]
-_counts = {"steps": 0, "kept": 0, "refreshed": 0}
+_counts = {"steps": 0, "kept": 0, "refreshed": 0, "regridded": 0}
 #: The switch sets under test: the default (both on) and the earlier policy (both off).
-POLICIES = {"branch-refresh": {"end_state_branch": True, "record_refresh": True},
-            "end-state-all": {"end_state_branch": False, "record_refresh": False}}
+POLICIES = {"branch-refresh": {"end_state_branch": True, "record_refresh": True, "branch_on_prefix_grid": True},
+            "end-state-all": {"end_state_branch": False, "record_refresh": False, "branch_on_prefix_grid": False}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,8 +65,9 @@ def _apply_policy(sim: Sim, op: tuple) -> None:
 
 @pytest.fixture
 def count_kept(monkeypatch):
-    """Count the finishes where the branch state was kept and the refreshes (the paths under test ran)."""
-    real, real_refresh = donation.keeps_branch_state, match.refresh
+    """Count the finishes where the branch state was kept, the refreshes and the branch points placed on an
+    off-grid prefix's grid (the paths under test ran)."""
+    real, real_refresh, real_branch = donation.keeps_branch_state, match.refresh, branch_grid.prefix_grid_branch
 
     def counting(req):
         kept = real(req)
@@ -75,7 +79,13 @@ def count_kept(monkeypatch):
         _counts["refreshed"] += moved
         return moved
 
+    def counting_branch(resume, kv_hit, grid):
+        branch = real_branch(resume, kv_hit, grid)
+        _counts["regridded"] += branch is not None
+        return branch
+
     monkeypatch.setattr(donation, "keeps_branch_state", counting)
+    monkeypatch.setattr(branch_grid, "prefix_grid_branch", counting_branch)
     monkeypatch.setattr(match, "refresh", counting_refresh)
 
 
@@ -143,4 +153,31 @@ def test_streams_stay_exact(cfg, policy, count_kept):
 def test_the_streams_ran_and_reached_the_branch_path():
     """After the parametrised cases (file order)."""
     assert _counts["steps"] >= len(CONFIGS) * 2 * EXAMPLES * STEPS
-    assert _counts["kept"] >= 1 and _counts["refreshed"] >= 1, _counts
+    assert _counts["kept"] >= 1 and _counts["refreshed"] >= 1 and _counts["regridded"] >= 1, _counts
+
+
+
+def _off_grid_branch(fix_on: bool) -> tuple[int, int]:
+    """A state off the chunk grid (a 5-token prompt's end state, grid 4), then a document behind it whose
+    records are gone when a second prompt leaves it at depth 16; returns the depth that prompt resumed
+    from and the device hit depth of a third prompt leaving at 16 (what the second one's prefill tracked)."""
+    cfg = SimConfig(kind="gdn", strategy="extra_buffer", track_interval=4, chunk=4, records=True, record_tokens=8,
+                    vocab=10)
+    system, doc = [1, 2, 3, 4, 5], [6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8]
+    with config.override(True, branch_on_prefix_grid=fix_on):
+        sim = Sim(cfg)
+        sim.admit(system, [0])  # finishes at prefill: its end state at depth 5 (end_state)
+        sim.admit(system + doc + [9, 9, 9, 9, 9], [0])  # first visit of the document
+        sim.admit([5, 5, 5, 5, 5, 5, 5, 5, 5, 5], [0])  # evicts the document's records (8-token pool)
+        second = sim.admit(system + doc + [2, 2, 2, 2, 2, 2], [0])  # KV to 16, state at 5, no records
+        hit = sim.match(system + doc + [4, 4, 4, 4, 4, 4])
+        sim.check()
+    return int(second.matched), int(hit.device_prefix_len)
+
+
+def test_a_branch_behind_an_off_grid_state_is_tracked_only_with_the_fix():
+    resumed, hit = _off_grid_branch(True)
+    resumed_off, hit_off = _off_grid_branch(False)
+    assert resumed == resumed_off == 5  # the second prompt resumed from the off-grid state
+    assert hit == 13  # 5 + 2 x 4: the deepest depth of the second prefill's grid inside the KV hit (16)
+    assert hit_off == 5  # SGLang's branch (16) is off that grid: never tracked, the state stays at 5

@@ -108,6 +108,13 @@ def plant_rebuilt_state(original: Callable[..., Any], component: Any, params: An
     return plant_and_match(original, component, params, result)
 
 
+def branch_point_on_prefix_grid(original: Callable[..., Any], component: Any, params: Any, result: Any) -> Any:
+    """SGLang's branch point on the grid of the depth the request resumes from (its prefill can track it)."""
+    from sglang_replayssm.radix.records.branch_grid import branch_on_prefix_grid
+
+    return branch_on_prefix_grid(original, component, params, result)
+
+
 def build_record_pool(result: Any, configurator: Any, *args: Any, **kwargs: Any) -> None:
     """SGLang's memory pools exist: the record pool is built beside them, once."""
     from sglang_replayssm.radix.records.startup import build_pool
@@ -201,6 +208,8 @@ RECORD_HOOKS: tuple[Hook, ...] = (
                at="sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py:2347", fix="record_hits", gate=False),
     gated_hook(_MATCH, "AROUND", plant_rebuilt_state,
                at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="record_hits"),
+    gated_hook(_MATCH, "AROUND", branch_point_on_prefix_grid,
+               at="sglang/srt/mem_cache/unified_cache/components/mamba.py:196", fix="branch_on_prefix_grid"),
     gated_hook("sglang.srt.model_executor.model_runner.ModelRunner.forward", "BEFORE", rebuild_planted_states,
                at="sglang/srt/model_executor/model_runner.py:1813", fix="record_hits", gate=False),
 )
