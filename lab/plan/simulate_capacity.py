@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=Trace.requests)
     p.add_argument("--docs", type=int, default=Trace.docs)
     p.add_argument("--doc-len", type=int, default=Trace.doc_len)
+    p.add_argument("--system-len", type=int, default=Trace.system_len,
+                   help="off the scaled 64-token grid (64 / scale), e.g. 13 at scale 16, puts prefix ends off it")
     p.add_argument("--policies", default="sglang,records-off,records-default,records-4096,records-16384")
     p.add_argument("--disable-fixes", default="", help="comma-separated fixes turned off in the plugin arms")
     p.add_argument("--variants", default="fixes",
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     budgets = tuple(int(x) for x in args.record_budgets.split(",") if x)
     doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB),
                         record_budgets=budgets, ring_rows=args.ring_rows)
-    trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len)
+    trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len, system_len=args.system_len)
     prompts = trace.prompts()
     wanted = args.policies.split(",")
     disabled = tuple(x for x in args.disable_fixes.split(",") if x)
