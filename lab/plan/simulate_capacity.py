@@ -62,10 +62,12 @@ class Trace:
         return out
 
 
-def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, kind: str = "gdn") -> Any:
+def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, kind: str = "gdn",
+               state_interval: int = 0) -> Any:
     from tests.support.simulate import SimConfig
 
     records = policy["record_tokens"] // scale
+    chunk = max(64 // scale, 1)
     return SimConfig(
         # SGLang's 64-token checkpoint grid (FLA chunk) and 256-token decode track interval, scaled
         kind=kind, strategy="extra_buffer", track_interval=max(256 // scale, 1), chunk=max(64 // scale, 1),
@@ -73,6 +75,7 @@ def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, k
         mamba_slots=max(policy["state_slots"] // scale, 4), kv_size=max(policy["kv_tokens"] // scale, max_len + 64),
         max_reqs=4, max_context_len=max_len + 64, vocab=trace.vocab,
         records=records > 0, record_tokens=max(records, 1),
+        state_interval=max(state_interval // scale // chunk, 1) * chunk if records > 0 and state_interval else 0,
     )
 
 
@@ -87,13 +90,14 @@ VARIANTS: dict[str, dict[str, bool]] = {
 
 
 def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[list[int]],
-               disabled: tuple[str, ...] = (), kind: str = "gdn", variant: str = "fixes") -> dict[str, Any]:
+               disabled: tuple[str, ...] = (), kind: str = "gdn", variant: str = "fixes",
+               state_interval: int = 0) -> dict[str, Any]:
     """Replay ``prompts`` (each finishing at prefill) on one policy's pools; the ceiling is the KV depth
     each admission's match reached (what every hit would be if a state were kept at every depth)."""
     from sglang_replayssm.radix import config
     from tests.support.simulate import Sim
 
-    cfg = sim_config(policy, scale, trace, max(map(len, prompts)) + 1, kind)
+    cfg = sim_config(policy, scale, trace, max(map(len, prompts)) + 1, kind, state_interval)
     t0 = time.perf_counter()
     plugin = policy["policy"] != "sglang"
     fixes = {**({name: False for name in disabled}), **VARIANTS[variant]} if plugin else {}
@@ -136,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ring-rows", type=int, default=0, metavar="SLOTS_PER_REQUEST",
                    help="the plugin arms with SGLANG_REPLAYSSM_RING_ROWS=on, priced as radix/budget.py charges it "
                         "(SGLang's state slots per request: 5 for extra_buffer with overlap); 0: a ring per slot")
+    p.add_argument("--state-interval", type=int, default=0, metavar="TOKENS",
+                   help="record arms keep an interval state every TOKENS (unscaled; the product's default is 256, "
+                        "which plan charges to the record budget); 0: none, as before")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = args.policies.split(",")
     disabled = tuple(x for x in args.disable_fixes.split(",") if x)
     variants = [v for v in args.variants.split(",") if v]
-    rows = [run_policy(pol, args.scale, trace, prompts, disabled, doc["model"]["family"], variant)
+    rows = [run_policy(pol, args.scale, trace, prompts, disabled, doc["model"]["family"], variant, args.state_interval)
             for pol in doc["policies"] if pol["policy"] in wanted
             for variant in (variants if pol["policy"].startswith("records-") and pol["policy"] != "records-off"
                             else variants[:1])]
