@@ -172,8 +172,9 @@ READ_COPY = Setting(f"{PREFIX}READ_COPY", "off|bf16|fp8", "off", _choice(*READ_C
                     "decode backend",
                     "read copy")
 RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "bool", False, _flag, "decode rings only for running requests (one per "
-                    "request row, not one per mamba slot): the slots' ring bytes go to more slots (Triton decode on CUDA, "
-                    "not yet measured on a GPU); refused with the read copy, PD, speculative decoding and Helion",
+                    "request row, not one per mamba slot): the slots' ring bytes go to more slots (on CUDA the CUDA "
+                    "passes' row-map build, as fast as per-slot rings); refused with the read copy, PD, speculative "
+                    "decoding and Helion",
                     "ring")
 CPU_RUNTIME = Setting(f"{PREFIX}CPU_RUNTIME", "bool", True, _flag, "without a CUDA driver, route `sgl_kernel` to the "
                       "torch stand-in (cpu/autoload.py); off: never", "cpu runtime")

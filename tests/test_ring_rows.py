@@ -263,8 +263,8 @@ def test_cuda_passes_with_a_row_map_equal_the_reference(kind, launch):
 
 
 def test_a_mapped_step_takes_the_cuda_passes_only_where_the_registry_says(monkeypatch):
-    """Until the row-map build is measured (``MAPPED_DEFAULT``) the default launch keeps a mapped step off the
-    CUDA passes, with the reason logged; a forced ``engine="cuda"`` or the registry entry lets the build decide."""
+    """With the registry entry (``MAPPED_DEFAULT``) off the default launch keeps a mapped step off the CUDA passes,
+    with the reason logged; a forced ``engine="cuda"`` or the entry on (measured: the default) lets the build decide."""
     from sglang_replayssm.kernels import ring_decode_cuda
     from sglang_replayssm.kernels.ring_decode import checked_step, cuda_unfit
 

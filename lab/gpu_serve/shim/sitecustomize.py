@@ -1,8 +1,7 @@
 """Lab GPU machine only (this folder is on PYTHONPATH only under scripts/gpu_serve.sh): with
 SGLANG_REPLAYSSM_LAB_GPU=1, route `import sgl_kernel` to the torch stand-in (lab_sgl_kernel.py), and serve
 SGLang's SM100-only dual GEMM module without the CuTe DSL the lab image lacks (lab_dual_gemm.py); with
-LAB_SYNC_DEBUG, count host syncs by call stack (lab_sync_debug.py); with LAB_RING_MAP_CUDA=1, mapped decode
-steps take the CUDA passes' row-map build (lab_ring_map.py)."""
+LAB_SYNC_DEBUG, count host syncs by call stack (lab_sync_debug.py)."""
 import os
 
 if os.environ.get("SGLANG_REPLAYSSM_LAB_GPU") == "1":
@@ -17,7 +16,3 @@ if os.environ.get("SGLANG_REPLAYSSM_LAB_GPU") == "1":
     import lab_sync_debug
 
     lab_sync_debug.install()  # only with LAB_SYNC_DEBUG set
-
-    import lab_ring_map
-
-    lab_ring_map.install()  # only with LAB_RING_MAP_CUDA=1
