@@ -35,9 +35,10 @@ from tests.test_cpu_hicache_server import NEW_TOKENS, STORAGE_FLAGS
 PROMPTS = 8
 STORED = 192  # a 200-token prompt is stored page by page (page size 1), with a state at 192 (the 64-grid)
 COUNTER = "sglang:replayssm_store_damaged_files_total"
-CRASH_NEW_TOKENS = 2000  # the crash prompts still decode when their pages are stored and the server is killed
-# (250 lost that race once on a loaded 2-core machine: the decode ended before the write-through landed); the first
-# server's KV pool holds both whole (SGLang keeps one request that outgrows the pool and then fails its allocation)
+CRASH_NEW_TOKENS = 6000  # the crash prompts still decode when their pages are stored and the server is killed
+# (250 and 2,000 lost that race on a loaded 2-core machine: 2,000 tokens decoded in 12 s, before the write-through
+# landed; 6,000 give it three times that); the first server's KV pool holds both whole (SGLang keeps one request
+# that outgrows the pool and then fails its allocation)
 CRASH_KV_TOKENS = 2 * (200 + CRASH_NEW_TOKENS) + 256
 LEAVE = 150  # a query leaving a crash prompt here: no stored state there, only pages and records
 WHOLE = {"", ".replayssm-sum", ".mamba", ".replayssm-sum.mamba"}
