@@ -70,7 +70,7 @@ def sim_config(policy: dict[str, Any], scale: int, trace: Trace, max_len: int, k
     chunk = max(64 // scale, 1)
     return SimConfig(
         # SGLang's 64-token checkpoint grid (FLA chunk) and 256-token decode track interval, scaled
-        kind=kind, strategy="extra_buffer", track_interval=max(256 // scale, 1), chunk=max(64 // scale, 1),
+        kind=kind, strategy="extra_buffer", track_interval=max(256 // scale, 1), chunk=chunk,
         head_dim=8, mamba_layers=2,
         mamba_slots=max(policy["state_slots"] // scale, 4), kv_size=max(policy["kv_tokens"] // scale, max_len + 64),
         max_reqs=4, max_context_len=max_len + 64, vocab=trace.vocab,
