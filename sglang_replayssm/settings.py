@@ -56,6 +56,12 @@ class Setting(Generic[T]):
     def is_set(self) -> bool:
         return self.text() is not None
 
+    def publish(self, text: str) -> None:
+        """Set the variable in this process's environment, which every process it starts afterwards
+        inherits (a value resolved once, at the admission, for the scheduler processes)."""
+        self.parse(text)
+        os.environ[self.name] = text
+
     def value(self) -> T:
         """The parsed value (the default when unset); a bad value is a one-line ``ValueError``."""
         text = self.text()
@@ -123,6 +129,17 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+def _auto_flag(text: str) -> str:
+    """``auto`` or a flag word, as ``auto`` / ``on`` / ``off``."""
+    low = text.lower()
+    if low == "auto":
+        return low
+    try:
+        return "on" if _flag(text) else "off"
+    except ValueError:
+        raise ValueError(f"expected auto or one of {', '.join(_TRUE + _FALSE)}") from None
+
+
 def _fix_names(text: str) -> frozenset[str]:
     names = {x.strip() for x in text.split(",") if x.strip()}
     unknown = names - {f.name for f in FIXES}
@@ -171,10 +188,11 @@ READ_COPY = Setting(f"{PREFIX}READ_COPY", "off|bf16|fp8", "off", _choice(*READ_C
                     "--enable-linear-replayssm and an fp32 checkpoint; refused with speculative decoding and the Helion "
                     "decode backend",
                     "read copy")
-RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "bool", False, _flag, "decode rings only for running requests (one per "
-                    "request row, not one per mamba slot): the slots' ring bytes go to more slots (on CUDA the CUDA "
-                    "passes' row-map build, as fast as per-slot rings); refused with the read copy, PD, speculative "
-                    "decoding and Helion",
+RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "auto|on|off", "off", _auto_flag, "decode rings only for running requests "
+                    "(one per request row, not one per mamba slot): the slots' ring bytes go to more slots (on CUDA the "
+                    "CUDA passes' row-map build, as fast as per-slot rings); on: refused with the read copy, PD, "
+                    "speculative decoding, Helion and the KDA safe gate; auto: rows where covered, else a ring per "
+                    "slot (one startup line says which and why)",
                     "ring")
 CPU_RUNTIME = Setting(f"{PREFIX}CPU_RUNTIME", "bool", True, _flag, "without a CUDA driver, route `sgl_kernel` to the "
                       "torch stand-in (cpu/autoload.py); off: never", "cpu runtime")

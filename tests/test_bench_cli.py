@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sglang_replayssm.bench import cli
-from sglang_replayssm.bench.arms import Arm
+from sglang_replayssm.bench.arms import Arm, merge_flags
 from tests.support import fake_server
 from tests.support.fake_server import FakeServer, write_fake_model_dir
 
@@ -218,3 +218,11 @@ def test_mtp_fit_workload_refuses_a_model_without_a_fitted_mtp_layer(
     rc = cli.main(["--model-path", str(model), "--dataset-name", "mtp-fit", "--json", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "needs an embedded model with a fitted MTP layer (tiny-gdn)" in err
+
+
+def test_merge_flags_keeps_every_value_of_a_flag_and_drops_overridden_flags_whole() -> None:
+    base = ["--cuda-graph-bs-decode", "64", "256", "--mem-fraction-static", "0.4"]
+    extra = ["--max-running-requests", "256", "--cuda-graph-bs-decode", "1", "2", "4", "--enable-metrics",
+             "--mem-fraction-static=0.85", "--chunked-prefill-size", "8192"]
+    assert merge_flags(base, extra) == [*base, "--max-running-requests", "256", "--enable-metrics",
+                                        "--chunked-prefill-size", "8192"]

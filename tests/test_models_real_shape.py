@@ -61,7 +61,7 @@ def _layer_kinds(cfg: dict[str, Any]) -> list[str]:
 
 
 def test_real_shape_models_are_built_only_when_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert M.REAL_SHAPE_NAMES == (*REAL, "qnext-gdn-24")
+    assert M.REAL_SHAPE_NAMES == (*REAL, "qnext-gdn-24", "kimi-kda-24")
     assert all(name in M.SPECS for name in REAL) and not set(REAL) & set(M.MODEL_NAMES)
     asked: list[list[str]] = []
 
@@ -81,6 +81,14 @@ def test_the_deep_gdn_model_is_qnext_gdn_at_24_layers() -> None:
     assert dataclasses.replace(deep, name=base.name, shape=base.shape) == base
     kinds = _layer_kinds(M.model_config(deep, 2048))
     assert kinds.count("linear") == 18 and kinds.count("full") == 6
+
+
+def test_the_deep_kda_model_is_kimi_kda_at_24_layers_three_kda_to_one_mla() -> None:
+    deep, base = M.SPECS["kimi-kda-24"], M.SPECS["kimi-kda"]
+    assert deep.spec_hash() != base.spec_hash() and deep.family == base.family == "kda"
+    kinds = _layer_kinds(M.model_config(deep, 2048))
+    assert kinds == ["linear", "linear", "linear", "full"] * 6
+    assert M.model_config(deep, 2048)["first_k_dense_replace"] == 24
 
 
 def test_existing_spec_hashes_are_unchanged() -> None:

@@ -178,6 +178,63 @@ def test_what_rows_do_not_cover_is_refused_in_one_line(monkeypatch, change, env,
         rows.check_args(_server_args(**change))  # off: nothing to refuse
 
 
+@pytest.mark.parametrize(("change", "env", "fix_off"), [
+    ({"disaggregation_mode": "decode"}, {}, None),
+    ({"speculative_algorithm": "NEXTN"}, {}, None),
+    ({}, {"SGLANG_REPLAYSSM_READ_COPY": "fp8"}, None),
+    ({}, {}, "cursor_reset"),
+])  # fmt: skip
+def test_auto_takes_rows_where_covered_and_a_ring_per_slot_with_one_line_elsewhere(
+        monkeypatch, caplog, change, env, fix_off):
+    monkeypatch.setenv(RING_ROWS.name, "auto")
+    assert not rows.rows_on()  # unresolved: a ring per slot
+    with config.override(True):
+        rows.check_args(_server_args())
+    assert RING_ROWS.value() == "on" and rows.rows_on() and not caplog.records
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(RING_ROWS.name, "auto")
+    with config.override(True, **({fix_off: False} if fix_off else {})), caplog.at_level("WARNING"):
+        rows.check_args(_server_args(**change))  # never refused
+    assert RING_ROWS.value() == "off" and not rows.rows_on()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "per mamba slot" in line and "RING_ROWS=auto" in line and "\n" not in line
+    monkeypatch.setenv(RING_ROWS.name, "auto")
+    rows.check_args(_server_args(enable_linear_replayssm=False))
+    assert RING_ROWS.value() == "auto"  # without the decode ring nothing is resolved
+
+
+@pytest.mark.parametrize(("hf", "gated"), [
+    ({"kda_safe_gate": True}, True),
+    ({"linear_attn_config": {"kda_layers": [1], "gate_lower_bound": -5.0}}, True),
+    ({"linear_attn_config": {"kda_layers": [1]}}, False),
+    ({}, False),
+])  # fmt: skip
+def test_the_kda_safe_gate_is_refused_with_on_and_falls_back_with_auto(monkeypatch, hf, gated):
+    from sglang.srt.arg_groups import overrides
+
+    monkeypatch.setattr(overrides, "model_config_of", lambda args: SimpleNamespace(hf_config=SimpleNamespace(**hf)))
+    monkeypatch.setenv(RING_ROWS.name, "on")
+    with config.override(True):
+        if gated:
+            with pytest.raises(ReplaySSMArgsError, match="KDA safe gate"):
+                rows.check_args(_server_args())
+        else:
+            rows.check_args(_server_args())
+        monkeypatch.setenv(RING_ROWS.name, "auto")
+        rows.check_args(_server_args())
+    assert RING_ROWS.value() == ("off" if gated else "on")
+
+
+def test_the_setting_reads_auto_and_the_flag_words(monkeypatch):
+    for text, value in (("auto", "auto"), ("AUTO", "auto"), ("1", "on"), ("on", "on"), ("no", "off"), ("", "off")):
+        monkeypatch.setenv(RING_ROWS.name, text)
+        assert RING_ROWS.value() == value
+    monkeypatch.setenv(RING_ROWS.name, "sometimes")
+    with pytest.raises(ValueError, match="expected auto or one of"):
+        RING_ROWS.value()
+
+
 def test_the_pool_refuses_the_spec_ring_before_allocating(monkeypatch):
     monkeypatch.setenv(RING_ROWS.name, "on")
     called = []

@@ -30,6 +30,7 @@ from serve_check import LAB_FLAGS, SERVE_FLAGS
 
 from sglang_replayssm.bench.arms import ARMS, merge_flags, parse_arms, server_command, server_env
 from sglang_replayssm.bench.decode import run_decode
+from sglang_replayssm.bench.metrics import percentile
 from sglang_replayssm.bench.server import ServerProcess, pick_port
 
 
@@ -53,15 +54,16 @@ def log_flags(log: Path) -> dict[str, int]:
     return {key: text.count(needle) for key, needle in LOG_FLAGS.items()}
 
 
-def write(doc: dict[str, Any], groups: list[dict[str, list[float]]], concurrency: int, dirs: list[Path]) -> str:
-    """Summary of the rounds so far, one table per group (arms paired over the rounds all of them
-    finished, ratios to the group's first arm), to every dir."""
+def write(doc: dict[str, Any], groups: list[dict[int, dict[str, list[float]]]], dirs: list[Path]) -> str:
+    """Summary of the rounds so far, one table per group and concurrency (arms paired over the rounds
+    all of them finished, ratios to the group's first arm), to every dir."""
     doc["summary"], texts = [], []
-    for steps in groups:
-        n = min((len(v) for v in steps.values()), default=0)
-        summary = summarize({a: v[:n] for a, v in steps.items()}, concurrency) if steps else {}
-        doc["summary"].append(summary)
-        texts.append(table(summary, concurrency) if summary else "")
+    for by_conc in groups:
+        for concurrency, steps in by_conc.items():
+            n = min((len(v) for v in steps.values()), default=0)
+            summary = summarize({a: v[:n] for a, v in steps.items()}, concurrency) if steps else {}
+            doc["summary"].append({"concurrency": concurrency, "arms": summary})
+            texts.append(table(summary, concurrency) if summary else "")
     text = "\n".join(texts)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
@@ -120,10 +122,31 @@ def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
     return default, per_arm
 
 
-def run_group(args: argparse.Namespace, arms: list[str], steps: dict[str, list[float]], doc: dict[str, Any],
-              write_all: Any, t_end: float) -> None:
+def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: int) -> dict[str, Any]:
+    """Client time of one-token requests, one at a time, the arms interleaved (rotating) so host drift hits
+    every arm alike: a 32-token cold prompt (the fixed floor) and a 3,482-token cold prompt; the first
+    rotation unmeasured. Per arm and kind: every time, the median and p10 / p90 (ms)."""
+    import random
+
+    from profile_step import _generate
+
+    rng = random.Random(7)
+    times: dict[str, dict[str, list[float]]] = {n: {"floor": [], "cold": []} for n in live}
+    for rep in range(reps + 1):
+        for name in live[rep % len(live):] + live[:rep % len(live)]:
+            for kind, n in (("floor", 32), ("cold", 3482)):
+                ms = 1e3 * _generate(servers[name][0], [rng.randrange(10, 2000) for _ in range(n)], 1)["client_s"]
+                if rep:
+                    times[name][kind].append(round(ms, 2))
+    summary = {n: {k: [round(percentile(v, q), 2) for q in (50, 10, 90)] for k, v in kinds.items()}
+               for n, kinds in times.items()}
+    return {"reps": reps, "all_ms": times, "summary": summary}
+
+
+def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[str, list[float]]],
+              doc: dict[str, Any], write_all: Any, t_end: float) -> None:
     """Start ``arms``' servers (one after another, each with its static GiB), then rounds of one burst per
-    arm in rotating order until ``--rounds`` or the budget; the servers stop at the end."""
+    arm and concurrency in rotating arm order until ``--rounds`` or the budget; the servers stop at the end."""
     default_gib, per_arm_gib = static_gib_of(args.static_gib)
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, Path]] = {}
@@ -141,26 +164,35 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[str, list[f
                 tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
                 doc["servers"][name] = {"mem_fraction_static": frac, "error": str(exc), "log_tail": tail}
                 print(f"[ab] {name} did not start: {exc}\n" + "\n".join(tail), flush=True)
-                del steps[name]
+                for by_arm in steps.values():
+                    del by_arm[name]
                 continue
             servers[name] = (srv.base_url, log)
             doc["servers"][name] = {"mem_fraction_static": frac, "startup_s": srv.startup_s}
             print(f"[ab] {name} healthy after {srv.startup_s:.0f} s (mem fraction {frac})", flush=True)
-            run_decode(srv.base_url, args.concurrency, args.prompt_len, 24, seed=5)  # first-use costs
+            for concurrency in steps:  # first-use costs
+                run_decode(srv.base_url, concurrency, args.prompt_len, 24, seed=5)
         live = [a for a in arms if a in servers]
         for r in range(args.rounds):
             if time.monotonic() > t_end or not live:
                 break
             order = live[r % len(live):] + live[:r % len(live)]
             row: dict[str, Any] = {}
-            for name in order:
-                url, log = servers[name]
-                res = run_decode(url, args.concurrency, args.prompt_len, args.output_len, log_path=log, seed=100 + r)
-                row[name] = res
-                if res["step_lines"]:
-                    steps[name].append(res["step_ms_p50"])
+            for concurrency, by_arm in steps.items():
+                for name in order:
+                    url, log = servers[name]
+                    res = run_decode(url, concurrency, args.prompt_len, args.output_len, log_path=log,
+                                     seed=100 + r)
+                    row[f"{name}@{concurrency}"] = res
+                    if res["step_lines"]:
+                        by_arm[name].append(res["step_ms_p50"])
             doc["rounds"].append(row)
-            print(f"[ab] round {r}: " + ", ".join(f"{n} {row[n]['step_ms_p50']:.2f} ms" for n in order), flush=True)
+            print(f"[ab] round {r}: " + ", ".join(f"{n} {v['step_ms_p50']:.2f} ms" for n, v in row.items()),
+                  flush=True)
+            write_all()
+        if args.floor_reps and live:
+            doc.setdefault("prefill", []).append(prefill_times(servers, live, args.floor_reps))
+            print("[ab] prefill ms (median, p10-p90): " + json.dumps(doc["prefill"][-1]["summary"]), flush=True)
             write_all()
         for name, (_, log) in servers.items():
             doc["servers"][name]["log_flags"] = log_flags(log)
@@ -176,13 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default="baseline,plugin,plugin-fp8,bf16-state",
                    help="arms up at once; ';' separates groups run one after another (ratios within a group)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--concurrency", default="256", help="requests per burst; a list (256,64) bursts at each")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--static-gib", default="26", help="GiB per server, e.g. 26 or 52,plugin-fp8=64")
     p.add_argument("--server-flags", default="", help="flags every server gets (over the serving flags)")
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=BASE:VAR=VALUE: an extra arm, BASE with those variables (repeatable)")
+    p.add_argument("--floor-reps", type=int, default=0,
+                   help="after the rounds: this many interleaved 32- and 3,482-token one-token prefills per arm")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)
@@ -191,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t_end = time.monotonic() + args.budget_s
     groups = [parse_arms(g) for g in args.arms.split(";") if g.strip()]
-    steps: list[dict[str, list[float]]] = [{a: [] for a in g} for g in groups]
+    concurrencies = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    steps: list[dict[int, dict[str, list[float]]]] = [{c: {a: [] for a in g} for c in concurrencies}
+                                                       for g in groups]
     # $OUT too (the device call's folder): a call cut at its time limit still brings the rounds back
     dirs = [args.out, *([Path(os.environ["OUT"])] if os.environ.get("OUT") else [])]
     doc: dict[str, Any] = {"argv": argv, "servers": {}, "rounds": []}
@@ -199,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         # a group gets its share of what is left, so a slow first group cannot starve the next
         left = len(groups) - groups.index(arms)
         share_end = time.monotonic() + (t_end - time.monotonic()) / left
-        run_group(args, arms, group_steps, doc, lambda: write(doc, steps, args.concurrency, dirs), share_end)
-    print(write(doc, steps, args.concurrency, dirs), flush=True)
+        run_group(args, arms, group_steps, doc, lambda: write(doc, steps, dirs), share_end)
+    print(write(doc, steps, dirs), flush=True)
     print("[ab] server log flags: " + json.dumps({a: s.get("log_flags") for a, s in doc["servers"].items()}),
           flush=True)
     return 0

@@ -87,17 +87,18 @@ def parse_arms(text: str) -> list[str]:
 
 
 def merge_flags(base: list[str], extra: list[str]) -> list[str]:
-    """``base`` followed by the flags of ``extra`` whose option name ``base`` lacks."""
+    """``base`` followed by the flags of ``extra`` whose option name ``base`` lacks; a flag takes every
+    value up to the next ``--`` token (``--cuda-graph-bs-decode 64 256``)."""
     present = {tok.split("=", 1)[0] for tok in base if tok.startswith("--")}
     out = list(base)
     i = 0
     while i < len(extra):
-        tok = extra[i]
-        takes_value = i + 1 < len(extra) and not extra[i + 1].startswith("--") and "=" not in tok
-        group = extra[i:i + 2] if takes_value else [tok]
-        if tok.split("=", 1)[0] not in present:
-            out += group
-        i += len(group)
+        j = i + 1
+        while "=" not in extra[i] and j < len(extra) and not extra[j].startswith("--"):
+            j += 1
+        if extra[i].split("=", 1)[0] not in present:
+            out += extra[i:j]
+        i = j
     return out
 
 

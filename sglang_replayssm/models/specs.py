@@ -14,7 +14,7 @@ MARKER = "replayssm-model.json"
 # Qwen3-Next's / Kimi-Linear's linear-attention layer shapes, about 0.5 B parameters each) are built
 # only when named (make-models --names qnext-gdn): a GPU machine's job, not a 2-core CI machine's.
 MODEL_NAMES: tuple[str, ...] = ("tiny-gdn", "tiny-kda", "small-gdn")
-REAL_SHAPE_NAMES: tuple[str, ...] = ("qnext-gdn", "kimi-kda", "qnext-gdn-24")
+REAL_SHAPE_NAMES: tuple[str, ...] = ("qnext-gdn", "kimi-kda", "qnext-gdn-24", "kimi-kda-24")
 WEIGHT_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 MEMORY_INITS: tuple[str, ...] = ("mamba",)
 DEFAULT_OUT = Path.home() / ".cache" / "sglang-replayssm" / "models"
@@ -206,3 +206,7 @@ SPECS: dict[str, ModelSpec] = {
 # the step is what a real 48-layer Qwen3-Next sees, so decode tokens/s compares the kernels.
 SPECS["qnext-gdn-24"] = replace(SPECS["qnext-gdn"], name="qnext-gdn-24",
                                 shape={**SPECS["qnext-gdn"].shape, "num_hidden_layers": 24})
+# kimi-kda at 24 layers ([KDA, KDA, KDA, MLA] x 6, dense MLPs): the KDA twin of qnext-gdn-24.
+SPECS["kimi-kda-24"] = replace(SPECS["kimi-kda"], name="kimi-kda-24", shape={
+    **SPECS["kimi-kda"].shape, "num_hidden_layers": 24, "first_k_dense_replace": 24,
+    "kda_layers": [i for i in range(1, 25) if i % 4], "full_attn_layers": list(range(4, 25, 4))})

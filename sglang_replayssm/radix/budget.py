@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sglang_replayssm.settings import RING_ROWS
+from sglang_replayssm.radix.ring.rows import rows_on
 from sglang_replayssm.strategies import STRATEGIES
 
 __all__ = ["add_reservation", "add_slot_charge", "charge_decode_ring", "decode_ring_bytes_per_slot", "ring_row_bytes"]
@@ -92,7 +92,7 @@ def charge_decode_ring(original: Callable[..., Any], configurator: Any, total_re
         return original(configurator, total_rest_memory)
     params, record_len = mambaish.mamba2_cache_params, mamba.linear_replayssm_cache_len
     padding_row_gib = 0.0
-    if RING_ROWS.value():  # one ring per request row: at most size // ratio + 1 rows
+    if rows_on():  # one ring per request row: at most size // ratio + 1 rows
         row = ring_row_bytes(params, record_len)
         ratio = max(1, int(configurator._calculate_mamba_ratio()))
         ring = -(-row // ratio) + _CURSOR_BYTES + _ROW_MAP_BYTES

@@ -42,7 +42,7 @@ from sglang_replayssm.radix import config
 from sglang_replayssm.settings import READ_COPY, RING_ROWS
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["FIXES_NEEDED", "attach_rows", "check_args", "map_rows", "ring_map_of", "rows_pool"]
+__all__ = ["FIXES_NEEDED", "attach_rows", "check_args", "map_rows", "ring_map_of", "rows_on", "rows_pool"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +62,34 @@ def _refusal(what: str) -> ValueError:
     return ValueError(_why(what))
 
 
+def rows_on() -> bool:
+    """Whether the decode rings are keyed by request row: ``on``, or ``auto`` as the admission resolved it
+    (an ``auto`` never resolved, e.g. a pool built without SGLang's argument checks, keeps a ring per slot)."""
+    return RING_ROWS.value() == "on"
+
+
 def check_args(server_args: Any) -> None:
-    """Admission: refuse, in one line, what rings keyed by request row do not cover yet."""
+    """Admission: with ``on``, refuse in one line what rings keyed by request row do not cover yet; with
+    ``auto``, resolve to ``on`` where covered, else to ``off`` with one line saying why. The resolved value
+    is written to the environment, which every process SGLang starts afterwards inherits."""
     from sglang_replayssm.radix.admission import ReplaySSMArgsError, _value
 
-    if not RING_ROWS.value() or not _value(server_args, "enable_linear_replayssm", False):
+    mode = RING_ROWS.value()
+    if mode == "off" or not _value(server_args, "enable_linear_replayssm", False):
         return
+    why = _uncovered(server_args, _value)
+    if mode == "auto":
+        RING_ROWS.publish("off" if why else "on")
+        if why:
+            logger.warning("sglang-replayssm: decode rings per mamba slot, not per request row "
+                           "(SGLANG_REPLAYSSM_RING_ROWS=auto): rows %s", why)  # fmt: skip
+        return
+    if why is not None:
+        raise ReplaySSMArgsError(_why(why))
+
+
+def _uncovered(server_args: Any, _value: Callable[..., Any]) -> str | None:
+    """What of this server rings keyed by request row do not cover, or None."""
     why = None
     if READ_COPY.value() != "off":
         why = "does not cover SGLANG_REPLAYSSM_READ_COPY (its records are per slot)"
@@ -84,8 +106,24 @@ def check_args(server_args: Any) -> None:
         off = [name for name in FIXES_NEEDED if not config.enabled(name)]
         if off:
             why = f"needs the fixes {', '.join(off)} (remove them from SGLANG_REPLAYSSM_DISABLE_FIXES)"
-    if why is not None:
-        raise ReplaySSMArgsError(_why(why))
+        elif _safe_gate(server_args):
+            why = "does not cover the KDA safe gate (a gate lower bound in the model config)"
+    return why
+
+
+def _safe_gate(server_args: Any) -> bool:
+    """Whether the model's KDA layers clamp their gate (``lower_bound``: Bailing's ``kda_safe_gate``, a
+    ``gate_lower_bound`` in ``linear_attn_config``); SGLang's decode kernel for it reads rings by slot. A
+    config that cannot be read counts as no safe gate (Kimi-Linear, Qwen3-Next and Qwen3.5 have none)."""
+    try:
+        from sglang.srt.arg_groups.overrides import model_config_of
+
+        hf = model_config_of(server_args).hf_config
+    except Exception:
+        return False
+    linear = getattr(hf, "linear_attn_config", None) or {}
+    return bool(getattr(hf, "kda_safe_gate", False)) or (
+        isinstance(linear, dict) and linear.get("gate_lower_bound") is not None)
 
 
 def rows_pool(original: Callable[..., Any], req_pool: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,7 +131,7 @@ def rows_pool(original: Callable[..., Any], req_pool: Any, *args: Any, **kwargs:
     builds the pool without its per-slot ring, then :func:`attach_rows` adds the per-row ring."""
     if not kwargs.get("enable_linear_replayssm", False):
         return original(req_pool, *args, **kwargs)
-    if not RING_ROWS.value():
+    if not rows_on():
         result = original(req_pool, *args, **kwargs)
         if not kwargs.get("enable_linear_replayssm_spec") and READ_COPY.value() == "off":
             _log_rows_off(req_pool.mamba_pool, req_pool.req_to_token.shape[0])
@@ -189,7 +227,7 @@ def ring_map_of(kernel: Any) -> torch.Tensor | None:
     state = peek(kernel)
     pool = None if state is None else state.mamba_pool
     if pool is None:
-        if RING_ROWS.value():
+        if rows_on():
             raise RuntimeError("sglang-replayssm: SGLANG_REPLAYSSM_RING_ROWS=on but a decode kernel is linked to no "
                                "pool with request-row rings")  # fmt: skip
         return None
