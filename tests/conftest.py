@@ -16,6 +16,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _ring_rows_as_given() -> Iterator[None]:
+    """The admission publishes its resolution of ``SGLANG_REPLAYSSM_RING_ROWS=auto`` to the environment
+    (for the scheduler processes it starts); each test starts from the environment the run was given."""
+    from sglang_replayssm.settings import RING_ROWS
+
+    given = os.environ.get(RING_ROWS.name)
+    yield
+    if given is None:
+        os.environ.pop(RING_ROWS.name, None)
+    else:
+        os.environ[RING_ROWS.name] = given
+
+
 @pytest.fixture(scope="module")
 def radix_adapter() -> Iterator[list]:
     """The radix adapter's hooks installed on SGLang (idempotent), with torch single-threaded for the
