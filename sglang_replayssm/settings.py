@@ -130,9 +130,10 @@ def _choice(*options: str) -> Callable[[str], str]:
 
 
 def _auto_flag(text: str) -> str:
-    """``auto`` or a flag word, as ``auto`` / ``on`` / ``off``."""
+    """``auto`` or a flag word, as ``auto`` / ``on`` / ``off``; ``auto:on`` / ``auto:off`` are an ``auto`` as
+    the admission resolved it (still ``auto`` to the next admission)."""
     low = text.lower()
-    if low == "auto":
+    if low in ("auto", "auto:on", "auto:off"):
         return low
     try:
         return "on" if _flag(text) else "off"

@@ -190,13 +190,12 @@ def test_auto_takes_rows_where_covered_and_a_ring_per_slot_with_one_line_elsewhe
     assert not rows.rows_on()  # unresolved: a ring per slot
     with config.override(True):
         rows.check_args(_server_args())
-    assert RING_ROWS.value() == "on" and rows.rows_on() and not caplog.records
+    assert RING_ROWS.value() == "auto:on" and rows.rows_on() and not caplog.records
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv(RING_ROWS.name, "auto")
     with config.override(True, **({fix_off: False} if fix_off else {})), caplog.at_level("WARNING"):
         rows.check_args(_server_args(**change))  # never refused
-    assert RING_ROWS.value() == "off" and not rows.rows_on()
+    assert RING_ROWS.value() == "auto:off" and not rows.rows_on()
     (line,) = [r.getMessage() for r in caplog.records]
     assert "per mamba slot" in line and "RING_ROWS=auto" in line and "\n" not in line
     monkeypatch.setenv(RING_ROWS.name, "auto")
@@ -223,11 +222,12 @@ def test_the_kda_safe_gate_is_refused_with_on_and_falls_back_with_auto(monkeypat
             rows.check_args(_server_args())
         monkeypatch.setenv(RING_ROWS.name, "auto")
         rows.check_args(_server_args())
-    assert RING_ROWS.value() == ("off" if gated else "on")
+    assert RING_ROWS.value() == ("auto:off" if gated else "auto:on")
 
 
 def test_the_setting_reads_auto_and_the_flag_words(monkeypatch):
-    for text, value in (("auto", "auto"), ("AUTO", "auto"), ("1", "on"), ("on", "on"), ("no", "off"), ("", "off")):
+    for text, value in (("auto", "auto"), ("AUTO", "auto"), ("auto:on", "auto:on"), ("1", "on"), ("on", "on"),
+                        ("no", "off"), ("", RING_ROWS.default)):
         monkeypatch.setenv(RING_ROWS.name, text)
         assert RING_ROWS.value() == value
     monkeypatch.setenv(RING_ROWS.name, "sometimes")

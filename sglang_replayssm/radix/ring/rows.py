@@ -64,22 +64,24 @@ def _refusal(what: str) -> ValueError:
 
 def rows_on() -> bool:
     """Whether the decode rings are keyed by request row: ``on``, or ``auto`` as the admission resolved it
-    (an ``auto`` never resolved, e.g. a pool built without SGLang's argument checks, keeps a ring per slot)."""
-    return RING_ROWS.value() == "on"
+    (``auto:on``; an ``auto`` never resolved, e.g. a pool built without SGLang's argument checks, keeps a ring
+    per slot)."""
+    return RING_ROWS.value() in ("on", "auto:on")
 
 
 def check_args(server_args: Any) -> None:
     """Admission: with ``on``, refuse in one line what rings keyed by request row do not cover yet; with
-    ``auto``, resolve to ``on`` where covered, else to ``off`` with one line saying why. The resolved value
-    is written to the environment, which every process SGLang starts afterwards inherits."""
+    ``auto``, resolve to ``auto:on`` where covered, else to ``auto:off`` with one line saying why. The
+    resolution is written to the environment, which every process SGLang starts afterwards inherits; a later
+    admission in this process resolves it again (an ``auto:`` value is still ``auto``)."""
     from sglang_replayssm.radix.admission import ReplaySSMArgsError, _value
 
     mode = RING_ROWS.value()
     if mode == "off" or not _value(server_args, "enable_linear_replayssm", False):
         return
     why = _uncovered(server_args, _value)
-    if mode == "auto":
-        RING_ROWS.publish("off" if why else "on")
+    if mode.startswith("auto"):
+        RING_ROWS.publish("auto:off" if why else "auto:on")
         if why:
             logger.warning("sglang-replayssm: decode rings per mamba slot, not per request row "
                            "(SGLANG_REPLAYSSM_RING_ROWS=auto): rows %s", why)  # fmt: skip
