@@ -189,7 +189,7 @@ READ_COPY = Setting(f"{PREFIX}READ_COPY", "off|bf16|fp8", "off", _choice(*READ_C
                     "--enable-linear-replayssm and an fp32 checkpoint; refused with speculative decoding and the Helion "
                     "decode backend",
                     "read copy")
-RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "auto|on|off", "off", _auto_flag, "decode rings only for running requests "
+RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "auto|on|off", "auto", _auto_flag, "decode rings only for running requests "
                     "(one per request row, not one per mamba slot): the slots' ring bytes go to more slots (on CUDA the "
                     "CUDA passes' row-map build, as fast as per-slot rings); on: refused with the read copy, PD, "
                     "speculative decoding, Helion and the KDA safe gate; auto: rows where covered, else a ring per "

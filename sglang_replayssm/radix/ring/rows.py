@@ -159,8 +159,8 @@ def _log_rows_off(mamba_pool: Any, n_rows: int) -> None:
     ring_bytes = _bytes(*rings)
     per_row = ring_bytes / slots * n_rows
     logger.info("sglang-replayssm: decode rings for %d slots: %.2f MiB; rings per request row would take %.2f MiB "
-                "(SGLANG_REPLAYSSM_RING_ROWS=on; off by default: the read copy, PD and speculative decoding refuse "
-                "it)", slots, ring_bytes / _MIB, per_row / _MIB)  # fmt: skip
+                "(SGLANG_REPLAYSSM_RING_ROWS=%s)", slots, ring_bytes / _MIB, per_row / _MIB,
+                RING_ROWS.text() or RING_ROWS.default)  # fmt: skip
 
 
 def attach_rows(mamba_pool: Any, n_rows: int, record_len: int, cache_params: Any) -> None:
