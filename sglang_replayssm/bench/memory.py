@@ -32,6 +32,7 @@ from sglang_replayssm.bench.plan import (
     split,
 )
 from sglang_replayssm.radix.records.budget import record_bytes
+from sglang_replayssm.settings import READ_COPY, RING_ROWS
 
 MIB = 1 << 20
 #: rag-mem's defaults: many zipf-reused documents, three turns, and (launched arms) equal memory at
@@ -60,8 +61,14 @@ def slots_per_request(arm: Arm, overlap: bool) -> int:
 
 
 def ring_rows_of(arm: Arm, overlap: bool) -> int:
-    """``plan.split``'s ``ring_rows`` for ``arm``: its slots per request when it keys rings by request row, else 0."""
-    return slots_per_request(arm, overlap) if dict(arm.env).get("SGLANG_REPLAYSSM_RING_ROWS") == "on" else 0
+    """``plan.split``'s ``ring_rows`` for ``arm``: its slots per request when it keys rings by request row
+    (``SGLANG_REPLAYSSM_RING_ROWS`` on, or ``auto`` where the admission takes rows: the decode ring without the
+    read copy or speculative decoding), else 0."""
+    env = dict(arm.env)
+    mode = RING_ROWS.parse(env.get(RING_ROWS.name) or RING_ROWS.text() or RING_ROWS.default)
+    covered = ("--enable-linear-replayssm" in arm.flags and env.get(READ_COPY.name, "off") == "off"
+               and not any(flag.startswith("--speculative") for flag in arm.flags))
+    return slots_per_request(arm, overlap) if mode == "on" or (mode == "auto" and covered) else 0
 
 
 class EqualMemoryError(ValueError):
