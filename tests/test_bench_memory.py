@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,8 @@ def test_a_rows_arm_turns_the_slots_ring_bytes_into_slots(overlap: bool) -> None
     budget = int(RAG_MEM_MIB * MIB)
     per_request = slots_per_request(ARMS["plugin-rows"], overlap)
     assert per_request == (5 if overlap else 4) and slots_per_request(ARMS["upstream"], overlap) == 3
-    rows, plugin = (arm_budget(ARMS[n], s, budget, overlap=overlap) for n in ("plugin-rows", "plugin"))
+    rows, plugin = (arm_budget(ARMS[n], s, budget, overlap=overlap) for n in ("plugin-rows", "plugin-slots"))
+    assert arm_budget(ARMS["plugin"], s, budget, overlap=overlap) == dataclasses.replace(rows, arm="plugin")  # auto
     d = rows.as_dict()
     assert d["state_slots"] > plugin.split.state_slots
     assert d["ring_bytes"] == (d["state_slots"] // per_request + 1) * (s.ring - 4) + (d["state_slots"] + 1) * 8

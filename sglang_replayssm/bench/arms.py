@@ -62,10 +62,14 @@ ARMS: dict[str, Arm] = {
         Arm("plugin-fp8", "plugin arm + fp8 read copy",
             ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
             ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_READ_COPY", "fp8"),)),
-        # Decode rings per request row (SGLANG_REPLAYSSM_RING_ROWS): the slots' ring bytes buy slots.
+        # Decode rings per request row (SGLANG_REPLAYSSM_RING_ROWS, auto: the plugin arm's too): the slots' ring
+        # bytes buy slots; plugin-slots keeps a ring per mamba slot.
         Arm("plugin-rows", "plugin arm + decode rings per request row",
             ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
             ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_RING_ROWS", "on"),)),
+        Arm("plugin-slots", "plugin arm + a decode ring per mamba slot",
+            ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix"), (("SGLANG_REPLAYSSM_RING_ROWS", "off"),)),
         # SGLang's own way to halve the state's bytes: a bf16 SSM state, ReplaySSM off.
         Arm("bf16-state", "ReplaySSM off, bf16 SSM state, extra_buffer",
             ("--mamba-ssm-dtype", "bfloat16", "--mamba-radix-cache-strategy", "extra_buffer"),
