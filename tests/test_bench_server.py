@@ -82,7 +82,7 @@ def test_each_arm_command_has_its_flags_and_the_common_ones(name: str) -> None:
     strategy = flag_value(cmd, "--mamba-radix-cache-strategy")
     assert strategy == ("no_buffer" if name == "upstream" else "extra_buffer")
     assert ("--enable-linear-replayssm" in cmd) == (name in ("upstream", "plugin", "nextn-ring", "plugin-bf16",
-                                                              "plugin-fp8", "plugin-rows"))
+                                                              "plugin-fp8", "plugin-rows", "plugin-slots"))
     spec = name.startswith("nextn")
     assert (flag_value(cmd, "--speculative-algorithm") == "NEXTN") == spec
     assert ("--enable-linear-replayssm-spec" in cmd) == (name == "nextn-plugin")

@@ -69,7 +69,7 @@ def ring_rows_of(arm: Arm, overlap: bool) -> int:
     mode = RING_ROWS.parse(env.get(RING_ROWS.name) or RING_ROWS.text() or RING_ROWS.default)
     covered = ("--enable-linear-replayssm" in arm.flags and env.get(READ_COPY.name, "off") == "off"
                and not any(flag.startswith("--speculative") for flag in arm.flags))
-    return slots_per_request(arm, overlap) if mode == "on" or (mode == "auto" and covered) else 0
+    return slots_per_request(arm, overlap) if mode == "on" or (mode.startswith("auto") and covered) else 0
 
 
 class EqualMemoryError(ValueError):
