@@ -355,9 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-budgets", default=",".join(map(str, DEFAULT_RECORD_BUDGETS)),
                    help="comma-separated record capacities (tokens) to plan beside the default rule")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN, help="--linear-replayssm-cache-len")
-    p.add_argument("--ring-rows", type=int, default=0, metavar="SLOTS_PER_REQUEST",
-                   help="SGLANG_REPLAYSSM_RING_ROWS=on: rings keyed by request row, with SGLang's state slots per "
-                        "request (3 no_buffer, 5 extra_buffer with overlap); 0: a ring per slot")
+    p.add_argument("--ring-rows", type=int, default=5, metavar="SLOTS_PER_REQUEST",
+                   help="rings keyed by request row (SGLANG_REPLAYSSM_RING_ROWS, auto by default), with SGLang's "
+                        "state slots per request (default 5: extra_buffer with overlap; 3: no_buffer); 0: a ring per "
+                        "slot (RING_ROWS=off, or the read copy / PD / speculative decoding)")
     p.add_argument("--json", type=Path, help="also write the plan here as JSON")
     return p
 
