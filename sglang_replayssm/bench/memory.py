@@ -32,6 +32,7 @@ from sglang_replayssm.bench.plan import (
     split,
 )
 from sglang_replayssm.radix.records.budget import record_bytes
+from sglang_replayssm.radix.ring.rows import uncovered_feature
 from sglang_replayssm.settings import READ_COPY, RING_ROWS
 
 MIB = 1 << 20
@@ -67,8 +68,9 @@ def ring_rows_of(arm: Arm, overlap: bool) -> int:
     read copy or speculative decoding), else 0."""
     env = dict(arm.env)
     mode = RING_ROWS.parse(env.get(RING_ROWS.name) or RING_ROWS.text() or RING_ROWS.default)
-    covered = ("--enable-linear-replayssm" in arm.flags and env.get(READ_COPY.name, "off") == "off"
-               and not any(flag.startswith("--speculative") for flag in arm.flags))
+    covered = "--enable-linear-replayssm" in arm.flags and uncovered_feature(
+        env.get(READ_COPY.name, "off"), disaggregation=any(f.startswith("--disaggregation") for f in arm.flags),
+        speculative=any(f.startswith("--speculative") for f in arm.flags)) is None
     return slots_per_request(arm, overlap) if mode == "on" or (mode.startswith("auto") and covered) else 0
 
 

@@ -42,7 +42,8 @@ from sglang_replayssm.radix import config
 from sglang_replayssm.settings import READ_COPY, RING_ROWS
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["FIXES_NEEDED", "attach_rows", "check_args", "map_rows", "ring_map_of", "rows_on", "rows_pool"]
+__all__ = ["FIXES_NEEDED", "attach_rows", "check_args", "map_rows", "ring_map_of", "rows_on", "rows_pool",
+           "uncovered_feature"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,27 +91,37 @@ def check_args(server_args: Any) -> None:
         raise ReplaySSMArgsError(_why(why))
 
 
+def uncovered_feature(read_copy: str, *, disaggregation: bool, speculative: bool) -> str | None:
+    """Which of the features rows do not cover a server (or a bench arm) turns on, or None: the admission's
+    first checks, shared with the bench's memory pricing (``bench/memory.py``)."""
+    if read_copy != "off":
+        return "does not cover SGLANG_REPLAYSSM_READ_COPY (its records are per slot)"
+    if disaggregation:
+        return "does not cover --disaggregation-mode"
+    if speculative:
+        return "does not cover speculative decoding (draft pools would need the shared row map)"
+    return None
+
+
 def _uncovered(server_args: Any, _value: Callable[..., Any]) -> str | None:
     """What of this server rings keyed by request row do not cover, or None."""
-    why = None
-    if READ_COPY.value() != "off":
-        why = "does not cover SGLANG_REPLAYSSM_READ_COPY (its records are per slot)"
-    elif _value(server_args, "disaggregation_mode", "null") not in (None, "null"):
-        why = "does not cover --disaggregation-mode"
-    elif _value(server_args, "speculative_algorithm", None) or _value(server_args, "enable_linear_replayssm_spec", False):
-        why = "does not cover speculative decoding (draft pools would need the shared row map)"
-    elif _value(server_args, "enable_unified_memory", False):
-        why = "does not cover --enable-unified-memory (its pool allocates a ring per slot)"
-    elif "helion" in (_value(server_args, "linear_attn_decode_backend", None),
-                      _value(server_args, "linear_attn_backend", None)):
-        why = "runs on the Triton linear-attention decode backend only (got helion)"
-    else:
-        off = [name for name in FIXES_NEEDED if not config.enabled(name)]
-        if off:
-            why = f"needs the fixes {', '.join(off)} (remove them from SGLANG_REPLAYSSM_DISABLE_FIXES)"
-        elif _safe_gate(server_args):
-            why = "does not cover the KDA safe gate (a gate lower bound in the model config)"
-    return why
+    why = uncovered_feature(
+        READ_COPY.value(), disaggregation=_value(server_args, "disaggregation_mode", "null") not in (None, "null"),
+        speculative=bool(_value(server_args, "speculative_algorithm", None)
+                         or _value(server_args, "enable_linear_replayssm_spec", False)))  # fmt: skip
+    if why is not None:
+        return why
+    if _value(server_args, "enable_unified_memory", False):
+        return "does not cover --enable-unified-memory (its pool allocates a ring per slot)"
+    if "helion" in (_value(server_args, "linear_attn_decode_backend", None),
+                    _value(server_args, "linear_attn_backend", None)):
+        return "runs on the Triton linear-attention decode backend only (got helion)"
+    off = [name for name in FIXES_NEEDED if not config.enabled(name)]
+    if off:
+        return f"needs the fixes {', '.join(off)} (remove them from SGLANG_REPLAYSSM_DISABLE_FIXES)"
+    if _safe_gate(server_args):
+        return "does not cover the KDA safe gate (a gate lower bound in the model config)"
+    return None
 
 
 def _safe_gate(server_args: Any) -> bool:
