@@ -11,10 +11,10 @@ nothing damaged served, each kind counted; the prompts whose KV and states are w
 (192 tokens each: at least half of what the undamaged store gives, and more than a server without one: 0).
 
 The first server does not stop cleanly: two more prompts (the crash prompts: one decoding, one queued behind it
-in the small pool) are in flight when it is SIGKILLed, once the first one's prompt pages reached the store (files
-being written stay cut). The second server serves both again, the first from the store (192) and a query leaving
-it inside its stored span at the KV depth (150: deeper than any stored state, so from the records stored beside
-the pages), tokens equal to HF's; a file cut by the kill may be counted as damaged, never served.
+in the small pool; which one runs is the scheduler's arrival order) are in flight when it is SIGKILLed, once the
+decoding one's prompt pages reached the store (files being written stay cut). The second server serves both again,
+the stored one from the store (192) and a query leaving it inside its stored span at the KV depth (150: deeper
+than any stored state, so from the records stored beside the pages), tokens equal to HF's; a file cut by the kill may be counted as damaged, never served.
 """
 
 from __future__ import annotations
@@ -97,9 +97,11 @@ def _stored(store: Path, hashes: list[str], records_to: int = 0) -> bool:
         ".replayssm-rec" in by_page.get(h, ()) for h in hashes[:records_to])
 
 
-def _crash_mid_traffic(srv, store: Path, prompts: list[list[int]], hashes: list[str]) -> list[BaseException]:
-    """Send ``prompts`` (long decodes) concurrently; once the first one's pages (``hashes``), state and records
-    are stored and while it still decodes, SIGKILL the server. Returns what each request raised (each was cut)."""
+def _crash_mid_traffic(srv, store: Path, prompts: list[list[int]], hashes: list[list[str]]) -> tuple[int, list]:
+    """Send ``prompts`` (long decodes) concurrently; once one of them (the scheduler runs whichever arrived
+    first; the other waits in the small pool) has its pages (``hashes[i]``), state and records stored and while
+    it still decodes, SIGKILL the server. Returns the stored prompt's index and what each request raised (each
+    was cut)."""
     from tests.support.serve import crash, generate
 
     errors: list[BaseException] = []
@@ -115,14 +117,14 @@ def _crash_mid_traffic(srv, store: Path, prompts: list[list[int]], hashes: list[
     for t in threads:
         t.start()
     deadline = time.monotonic() + 120
-    while not _stored(store, hashes, LEAVE):
-        assert time.monotonic() < deadline and not done, ("the crash prompt was not stored in flight", len(done))
+    while not (stored := [i for i, h in enumerate(hashes) if _stored(store, h, LEAVE)]):
+        assert time.monotonic() < deadline and not done, ("no crash prompt was stored in flight", len(done))
         time.sleep(0.5)
     assert not done, "a crash prompt finished before the kill"
     crash(srv)
     for t in threads:
         t.join(timeout=60)
-    return errors
+    return stored[0], errors
 
 
 @pytest.mark.server
@@ -149,7 +151,8 @@ def test_a_crashed_damaged_store_serves_its_whole_pages_and_nothing_damaged(mode
         while not all(_stored(store, h) for h in hashes):  # backups are async
             assert time.monotonic() < deadline, "the store was not filled"
             time.sleep(1)
-        cut = _crash_mid_traffic(srv, store, crashed, get_storage_hash_str(crashed[0][:STORED], None, page_size=1))
+        crash_hashes = [get_storage_hash_str(p[:STORED], None, page_size=1) for p in crashed]
+        hit, cut = _crash_mid_traffic(srv, store, crashed, crash_hashes)
     assert len(cut) == len(crashed), cut  # every crash prompt was in flight
     damaged = _damage(store, hashes)
 
@@ -169,4 +172,4 @@ def test_a_crashed_damaged_store_serves_its_whole_pages_and_nothing_damaged(mode
     assert all(counted[kind] > 0 for kind in damaged), counted
     # after the crash: the prompt in flight hits the store, past the state grid through its records
     assert [o["output_ids"] for o in again] == expected[PROMPTS:]  # nothing partial was read
-    assert [again[0]["cached_tokens"], again[2]["cached_tokens"]] == [STORED, LEAVE], again
+    assert [again[hit]["cached_tokens"], again[len(crashed) + hit]["cached_tokens"]] == [STORED, LEAVE], again
