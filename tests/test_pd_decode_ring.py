@@ -11,6 +11,7 @@ advertised per-layer state buffers (``_iter_transfer_state_entries``) at the rec
 
 from __future__ import annotations
 
+import os
 from array import array
 from typing import Any
 
@@ -19,10 +20,12 @@ import torch
 
 from sglang_replayssm.radix import admission, config, hooks
 from sglang_replayssm.radix.ring.pool import ring_pool
+from sglang_replayssm.settings import RING_ROWS
 from tests.support.simulate import SimConfig, ToyModel
 from tests.support.simulate_fixture import cache_params
 
 RING = 8
+PRE_ALLOC = 2  # --disaggregation-decode-extra-slots: request rows for transfers beside the running ones
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,19 +39,24 @@ def _publish(**kw: Any) -> None:
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", **kw))
 
 
-def _decode_pool(kind: str = "gdn", *, ring_flag: bool = True, size: int = 4, mamba_size: int = 16) -> Any:
-    """SGLang's PD decode pool as ``kv_cache_configurator.py:1646`` builds it, on CPU."""
+def _decode_pool(kind: str = "gdn", *, ring_flag: bool = True, size: int = 4, mamba_size: int = 16,
+                 rows: bool = False) -> Any:
+    """SGLang's PD decode pool as ``kv_cache_configurator.py:1646`` builds it, on CPU (``rows``: with decode
+    rings keyed by request row)."""
+    from unittest import mock
+
     from sglang.srt.disaggregation.decode import HybridMambaDecodeReqToTokenPool
 
     _publish(enable_linear_replayssm=ring_flag, linear_replayssm_cache_len=RING, max_mamba_cache_size=mamba_size)
     cfg = SimConfig(kind=kind, ring_len=RING)
     layers = list(range(cfg.mamba_layers))
-    return HybridMambaDecodeReqToTokenPool(
-        size=size, max_context_len=64, device="cpu", enable_memory_saver=False,
-        cache_params=cache_params(cfg, ToyModel(cfg), layers), mamba_layer_ids=layers,
-        speculative_num_draft_tokens=None, enable_mamba_extra_buffer=False, pre_alloc_size=2,
-        enable_overlap_schedule=False, mamba_size=mamba_size, linear_replayssm_cache_len=RING,
-    )
+    with mock.patch.dict(os.environ, {RING_ROWS.name: "on" if rows else "off"}):  # read at the build
+        return HybridMambaDecodeReqToTokenPool(
+            size=size, max_context_len=64, device="cpu", enable_memory_saver=False,
+            cache_params=cache_params(cfg, ToyModel(cfg), layers), mamba_layer_ids=layers,
+            speculative_num_draft_tokens=None, enable_mamba_extra_buffer=False, pre_alloc_size=PRE_ALLOC,
+            enable_overlap_schedule=False, mamba_size=mamba_size, linear_replayssm_cache_len=RING,
+        )
 
 
 def _req(rid: str) -> Any:
@@ -85,6 +93,25 @@ def test_decode_pool_runs_the_ring_the_server_asked_for(kind, fix_on):
         assert linked_write_pos(pool.mamba_allocator) is view.write_pos
 
 
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_decode_pool_takes_rings_keyed_by_request_row(kind):
+    """With rings keyed by request row the decode pool has one ring per request row, the pre-allocated
+    transfers' rows included, and a receiving slot reads the ring of its request's row."""
+    with config.override(True):
+        pool = _decode_pool(kind, size=4, rows=True)
+    view = ring_pool(pool.mamba_pool)
+    n_rows = pool.req_to_token.shape[0]
+    assert n_rows == 4 + PRE_ALLOC + 1 < pool.mamba_pool.size + 1
+    assert view is not None and view.rows is not None and view.rows.shape == view.write_pos.shape
+    assert view.d.shape[1] == view.k.shape[1] == view.g.shape[1] == n_rows
+    reqs = [_req(f"pd-{i}") for i in range(4 + PRE_ALLOC)]  # every row: running and pre-allocated
+    got = pool.alloc(reqs)
+    assert got is not None and sorted(got) == list(range(1, n_rows))
+    for row in got:
+        slot = int(pool.req_index_to_mamba_index_mapping[row])
+        assert int(view.rows[slot]) == row and int(view.write_pos[slot]) == 0
+
+
 def test_decode_pool_slots_above_the_budget_are_named(caplog):
     """SGLang raises the decode pool above --max-mamba-cache-size (decode.py:322-333); the ring of the
     raised slots is outside the budget, and the log says how much."""
@@ -102,6 +129,21 @@ def test_decode_pool_slots_above_the_budget_are_named(caplog):
     with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd.decode_pool"):
         _decode_pool(size=4, mamba_size=16)
     assert not [r for r in caplog.records if r.name == "sglang_replayssm.radix.pd.decode_pool"]
+
+
+def test_decode_pool_rows_of_pre_allocated_transfers_are_named(caplog):
+    """Rings keyed by request row: the budget charged the running requests' rows; the rows SGLang adds for
+    pre-allocated transfers are outside it, and the log says how much (whatever the slots)."""
+    from sglang_replayssm.radix.budget import ring_row_bytes
+
+    cfg = SimConfig(kind="gdn", ring_len=RING)
+    mib = PRE_ALLOC * ring_row_bytes(cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers))), RING) / (1 << 20)
+    for mamba_size in (4, 16):
+        caplog.clear()
+        with config.override(True), caplog.at_level("WARNING", logger="sglang_replayssm.radix.pd.decode_pool"):
+            _decode_pool(size=4, mamba_size=mamba_size, rows=True)
+        (line,) = [r.getMessage() for r in caplog.records if r.name == "sglang_replayssm.radix.pd.decode_pool"]
+        assert f"{PRE_ALLOC} request rows for pre-allocated transfers" in line and f"({mib:.1f} MiB)" in line
 
 
 def test_decode_pool_stays_sglangs_without_the_ring_flag():
@@ -217,7 +259,7 @@ def test_sglangs_own_pd_refusal_is_what_the_adapter_answers():
     assert sum("disaggregation_mode" in line for line in body) == 3  # :424, its message, :493 (spec ring)
 
 
-def _pd_decode_sim(kind: str) -> Any:
+def _pd_decode_sim(kind: str, rows: bool = False) -> Any:
     """The simulation (testing/simulate.py: SGLang's real cache objects, a toy model with an fp64
     oracle) on SGLang's PD decode pool instead of the aggregated one, as a decode server builds it."""
     from unittest import mock
@@ -234,24 +276,26 @@ def _pd_decode_sim(kind: str) -> Any:
         def __init__(self, **kw: Any) -> None:
             for name in ("enable_linear_replayssm", "mamba_spec_state_size", "enable_mamba_extra_buffer_lazy"):
                 kw.pop(name)
-            super().__init__(pre_alloc_size=0, **kw)
+            super().__init__(pre_alloc_size=PRE_ALLOC if rows else 0, **kw)
 
     with mock.patch.object(memory_pool, "HybridReqToTokenPool", _DecodePool):
-        sim = Sim(SimConfig(kind=kind, strategy="no_buffer", ring_len=RING))
+        sim = Sim(SimConfig(kind=kind, strategy="no_buffer", ring_len=RING, ring_rows=rows))
     assert isinstance(sim.req_pool, HybridMambaDecodeReqToTokenPool)
     return sim
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])
-@pytest.mark.parametrize("fix_on", [True, False], ids=["fix-on", "fix-off"])
-def test_pd_decode_pool_decodes_exactly_through_retraction(kind, fix_on):
+@pytest.mark.parametrize(("fix_on", "rows"), [(True, False), (False, False), (True, True)],
+                         ids=["fix-on", "fix-off", "rows"])
+def test_pd_decode_pool_decodes_exactly_through_retraction(kind, fix_on, rows):
     """Two requests decode on the PD decode pool past several ring flushes; one is retracted with its
-    ring half full (``cpu_tensor``, the PD decode backup) and resumed. Every step, each running
-    request's checkpoint + ring is its oracle state. Fix off (``retract_backup``): the resumed state
-    misses the pending records."""
+    ring half full (``cpu_tensor``, the PD decode backup) and resumed; ``rows``: rings keyed by request
+    row, with pre-allocated transfer rows in the pool. Every step, each running request's checkpoint + ring is its oracle state. Fix off
+    (``retract_backup``): the resumed state misses the pending records."""
     with config.override(True, retract_backup=fix_on):
-        sim = _pd_decode_sim(kind)
-        assert ring_pool(sim.mamba_pool) is not None
+        sim = _pd_decode_sim(kind, rows)
+        view = ring_pool(sim.mamba_pool)
+        assert view is not None and (view.rows is not None) == rows
         a = sim.admit([1, 2, 3, 4, 5], [(3 * j + 1) % 10 for j in range(3 * RING)])
         b = sim.admit([2, 4, 6], [(5 * j + 2) % 10 for j in range(3 * RING)])
         for _ in range(RING + 3):

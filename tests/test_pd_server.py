@@ -102,7 +102,8 @@ def test_pd_pair_with_the_decode_ring_behind_the_router_serves_the_non_pd_tokens
         served = _serve_all(_router(stack, prefill, bootstrap, decode, tmp_path / "router.log"))
     decode_log, prefill_log = (tmp_path / "decode.log").read_text(), (tmp_path / "prefill.log").read_text()
     assert "MC_FORCE_TCP is set, using TCP transport only" in decode_log  # mooncake's own engine, TCP
-    assert f"GDN ReplaySSM ring buffers allocated (record_len={RING}" in decode_log
+    # the default (SGLANG_REPLAYSSM_RING_ROWS=auto) keys the decode server's rings by request row
+    assert "decode rings for" in decode_log and "request rows (not" in decode_log, "no ring on the decode server"
     # one line per admission; the first is SGLang's own 1-token startup request
     hits = [line.split(f"{LOG_PREFIX}: ", 1)[1] for line in decode_log.splitlines() if LOG_PREFIX in line]
     hits = hits[-len(served):]

@@ -157,8 +157,6 @@ def _server_args(**kw):
 
 
 @pytest.mark.parametrize(("change", "env", "fix_off", "match"), [
-    ({"disaggregation_mode": "decode"}, {}, None, "--disaggregation-mode"),
-    ({"speculative_algorithm": "NEXTN"}, {}, None, "speculative decoding"),
     ({"linear_attn_decode_backend": "helion"}, {}, None, "Triton linear-attention decode backend only"),
     ({"enable_unified_memory": True}, {}, None, "--enable-unified-memory"),
     ({}, {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}, None, "SGLANG_REPLAYSSM_READ_COPY"),
@@ -178,9 +176,21 @@ def test_what_rows_do_not_cover_is_refused_in_one_line(monkeypatch, change, env,
         rows.check_args(_server_args(**change))  # off: nothing to refuse
 
 
+@pytest.mark.parametrize("change", [{"disaggregation_mode": "decode"}, {"speculative_algorithm": "NEXTN"},
+                                    {"speculative_algorithm": "EAGLE", "disaggregation_mode": "decode"}])
+def test_a_pd_decode_server_and_speculative_decoding_take_rows(monkeypatch, caplog, change):
+    """Covered (tests/test_pd_decode_ring.py builds the decode pool with rows; tests/test_ring_rows_server.py
+    serves NEXTN with them): ``on`` is admitted, ``auto`` resolves to rows without a line."""
+    monkeypatch.setenv(RING_ROWS.name, "on")
+    with config.override(True), caplog.at_level("WARNING"):
+        rows.check_args(_server_args(**change))
+        monkeypatch.setenv(RING_ROWS.name, "auto")
+        rows.check_args(_server_args(**change))
+    assert RING_ROWS.value() == "auto:on" and rows.rows_on() and not caplog.records
+
+
 @pytest.mark.parametrize(("change", "env", "fix_off"), [
-    ({"disaggregation_mode": "decode"}, {}, None),
-    ({"speculative_algorithm": "NEXTN"}, {}, None),
+    ({"enable_unified_memory": True}, {}, None),
     ({}, {"SGLANG_REPLAYSSM_READ_COPY": "fp8"}, None),
     ({}, {}, "cursor_reset"),
 ])  # fmt: skip

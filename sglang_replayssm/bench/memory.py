@@ -65,12 +65,10 @@ def slots_per_request(arm: Arm, overlap: bool) -> int:
 def ring_rows_of(arm: Arm, overlap: bool) -> int:
     """``plan.split``'s ``ring_rows`` for ``arm``: its slots per request when it keys rings by request row
     (``SGLANG_REPLAYSSM_RING_ROWS`` on, or ``auto`` where the admission takes rows: the decode ring without the
-    read copy or speculative decoding), else 0."""
+    read copy), else 0."""
     env = dict(arm.env)
     mode = RING_ROWS.parse(env.get(RING_ROWS.name) or RING_ROWS.text() or RING_ROWS.default)
-    covered = "--enable-linear-replayssm" in arm.flags and uncovered_feature(
-        env.get(READ_COPY.name, "off"), disaggregation=any(f.startswith("--disaggregation") for f in arm.flags),
-        speculative=any(f.startswith("--speculative") for f in arm.flags)) is None
+    covered = "--enable-linear-replayssm" in arm.flags and uncovered_feature(env.get(READ_COPY.name, "off")) is None
     return slots_per_request(arm, overlap) if mode == "on" or (mode.startswith("auto") and covered) else 0
 
 

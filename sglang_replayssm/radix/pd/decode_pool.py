@@ -20,6 +20,11 @@ Why the ring is exact on a PD decode server (the invariant this module relies on
   decode-radix copy-on-write, finish donation, track snapshots) goes through the adapter's
   existing movers.
 
+With rings keyed by request row (radix/ring/rows.py) the decode pool's rings are its request rows
+(running requests and pre-allocated transfers, ``size + pre_alloc_size + 1``); its ``alloc`` is
+``HybridReqToTokenPool.alloc``, where the slot -> row map is written, so a receiving slot reads the
+empty ring of its request's row.
+
 Admitted here (fix ``pd_decode_ring``): ``--disaggregation-mode decode`` with the ring; SGLang's own
 PD refusal is answered "not disaggregated" for the duration of its function only (every other check
 in it runs unchanged). Refused in one line: a prefill server with the ring (it never decodes; the
@@ -115,22 +120,33 @@ def ring_on_decode_pool(original: Callable[..., Any], req_to_token_pool: Any, *a
         and _decode_ring_on()
     ):
         kwargs["enable_linear_replayssm"] = True
-        _log_unpriced_slots(kwargs)
+        _log_unpriced_slots(kwargs, req_to_token_pool)
     return original(req_to_token_pool, *args, **kwargs)
 
 
-def _log_unpriced_slots(kwargs: dict[str, Any]) -> None:
-    """Log the ring bytes of the slots the decode pool adds above the budgeted ``--max-mamba-cache-size``
-    (``decode.py:322-333`` raises it to ``(reqs + extra slots) x slots per request``; SGLang prices
-    neither their conv + temporal nor, here, their ring: :mod:`budget` charged the budgeted slots)."""
+def _log_unpriced_slots(kwargs: dict[str, Any], req_to_token_pool: Any) -> None:
+    """Log the decode-ring bytes the mamba budget did not charge. A ring per slot: the slots the decode pool
+    adds above the budgeted ``--max-mamba-cache-size`` (``decode.py:322-333`` raises it to ``(reqs + extra
+    slots) x slots per request``; SGLang prices neither their conv + temporal nor, here, their ring:
+    :mod:`budget` charged the budgeted slots). Rings per request row: the rows of the pre-allocated transfers
+    (``--disaggregation-decode-extra-slots``), beyond the running requests' rows the budget charged."""
     from sglang.srt.runtime_context import get_schedule
 
-    from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot
+    from sglang_replayssm.radix.budget import decode_ring_bytes_per_slot, ring_row_bytes
+    from sglang_replayssm.radix.ring.rows import rows_on
 
+    params, record_len = kwargs["cache_params"], kwargs["linear_replayssm_cache_len"]
+    if rows_on():
+        extra = int(getattr(req_to_token_pool, "pre_alloc_size", 0) or 0)
+        if extra:
+            logger.warning("sglang-replayssm: the PD decode pool has %d request rows for pre-allocated transfers "
+                           "(--disaggregation-decode-extra-slots); their decode rings (%.1f MiB) are not in the "
+                           "mamba budget", extra, extra * ring_row_bytes(params, record_len) / (1 << 20))  # fmt: skip
+        return
     budgeted, size = get_schedule().max_mamba_cache_size, kwargs.get("mamba_size")
     if budgeted is None or size is None or size <= budgeted:
         return
-    ring = (size - budgeted) * decode_ring_bytes_per_slot(kwargs["cache_params"], kwargs["linear_replayssm_cache_len"])
+    ring = (size - budgeted) * decode_ring_bytes_per_slot(params, record_len)
     logger.warning("sglang-replayssm: the PD decode pool has %d mamba slots, %d above --max-mamba-cache-size %d; "
                    "their decode rings (%.1f MiB) are not in the mamba budget", size, size - budgeted, budgeted,
                    ring / (1 << 20))

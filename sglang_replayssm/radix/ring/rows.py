@@ -23,8 +23,9 @@ never read.
 The decode kernels (the CPU reference, sglang-replayssm's Triton kernels, and the CUDA passes' row-map build
 where ``ring_decode_cuda.MAPPED_DEFAULT`` or a forced launch takes it) and every fold read the map; SGLang's own
 ring kernels cannot, so the admission refuses what would reach them (the Helion decode backend, the
-``ring_kernels`` fix off) and what does not follow the row (the read copy, PD, speculative decoding, the unified
-memory pool, the fixes the invariant rests on); the KDA safe gate raises at its first decode.
+``ring_kernels`` fix off) and what does not follow the row (the read copy, the unified memory pool, the fixes the
+invariant rests on, the KDA safe gate). A PD decode server's pool (SGLang's decode-side subclass) and a
+speculative server's (shared with its draft) take rows like any other.
 """
 
 from __future__ import annotations
@@ -84,31 +85,27 @@ def check_args(server_args: Any) -> None:
     if mode.startswith("auto"):
         RING_ROWS.publish("auto:off" if why else "auto:on")
         if why:
-            logger.warning("sglang-replayssm: decode rings per mamba slot, not per request row "
-                           "(SGLANG_REPLAYSSM_RING_ROWS=auto): rows %s", why)  # fmt: skip
+            logger.warning("sglang-replayssm: decode rings per mamba slot, not per request row: "
+                           "SGLANG_REPLAYSSM_RING_ROWS=auto %s", why)  # fmt: skip
         return
     if why is not None:
         raise ReplaySSMArgsError(_why(why))
 
 
-def uncovered_feature(read_copy: str, *, disaggregation: bool, speculative: bool) -> str | None:
+def uncovered_feature(read_copy: str) -> str | None:
     """Which of the features rows do not cover a server (or a bench arm) turns on, or None: the admission's
-    first checks, shared with the bench's memory pricing (``bench/memory.py``)."""
+    first check, shared with the bench's memory pricing (``bench/memory.py``)."""
     if read_copy != "off":
         return "does not cover SGLANG_REPLAYSSM_READ_COPY (its records are per slot)"
-    if disaggregation:
-        return "does not cover --disaggregation-mode"
-    if speculative:
-        return "does not cover speculative decoding (draft pools would need the shared row map)"
     return None
 
 
 def _uncovered(server_args: Any, _value: Callable[..., Any]) -> str | None:
-    """What of this server rings keyed by request row do not cover, or None."""
-    why = uncovered_feature(
-        READ_COPY.value(), disaggregation=_value(server_args, "disaggregation_mode", "null") not in (None, "null"),
-        speculative=bool(_value(server_args, "speculative_algorithm", None)
-                         or _value(server_args, "enable_linear_replayssm_spec", False)))  # fmt: skip
+    """What of this server rings keyed by request row do not cover, or None. Covered beside the plain server:
+    a PD decode server (its pool's rows include the pre-allocated transfer rows; a prefill server never runs
+    the ring) and speculative decoding (the draft shares the target's request pool; the target's linear
+    layers verify from the checkpoint and never decode into the ring)."""
+    why = uncovered_feature(READ_COPY.value())
     if why is not None:
         return why
     if _value(server_args, "enable_unified_memory", False):
