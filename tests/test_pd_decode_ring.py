@@ -318,3 +318,27 @@ def test_pd_decode_pool_has_no_ring_with_the_fix_off():
     with config.override(True, pd_decode_ring=False):
         sim = _pd_decode_sim("gdn")
     assert ring_pool(sim.mamba_pool) is None  # SGLang's decode pool: the decode kernels would run without it
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_random_streams_on_the_pd_decode_pool_with_rows_stay_exact(kind):
+    """tests/test_radix_property.py's random streams (admit, decode, finish, abort, evict, match, copy) on the
+    PD decode pool with rings keyed by request row and pre-allocated rows: after every operation every cached
+    and live state is its fp64 oracle's."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from tests.test_radix_property import _apply, ops
+
+    @settings(max_examples=8, derandomize=True, deadline=None, database=None,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(ops, min_size=50, max_size=50))
+    def streams(stream: list[tuple]) -> None:
+        with config.override(True):
+            sim = _pd_decode_sim(kind, rows=True)
+            assert ring_pool(sim.mamba_pool).rows is not None
+            for op in stream:
+                _apply(sim, op)
+                sim.check()
+
+    streams()
