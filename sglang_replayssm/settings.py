@@ -191,8 +191,8 @@ READ_COPY = Setting(f"{PREFIX}READ_COPY", "off|bf16|fp8", "off", _choice(*READ_C
                     "read copy")
 RING_ROWS = Setting(f"{PREFIX}RING_ROWS", "auto|on|off", "auto", _auto_flag, "decode rings only for running requests "
                     "(one per request row, not one per mamba slot): the slots' ring bytes go to more slots (on CUDA the "
-                    "CUDA passes' row-map build, as fast as per-slot rings); on: refused with the read copy, Helion, "
-                    "the unified memory pool and the KDA safe gate; auto: rows where covered, else a ring per "
+                    "CUDA passes' row-map build, as fast as per-slot rings); on: refused with the read copy, Helion "
+                    "and the KDA safe gate; auto: rows where covered, else a ring per "
                     "slot (one startup line says which and why)",
                     "ring")
 CPU_RUNTIME = Setting(f"{PREFIX}CPU_RUNTIME", "bool", True, _flag, "without a CUDA driver, route `sgl_kernel` to the "

@@ -174,3 +174,19 @@ def test_lazy_extra_buffer_without_overlap_is_refused():
             _handle(mamba_radix_cache_strategy="extra_buffer_lazy", disable_overlap_schedule=True)
         assert "--disable-overlap-schedule" in _one_line(info.value)
         _handle(mamba_radix_cache_strategy="extra_buffer", disable_overlap_schedule=True)
+
+
+def test_unified_memory_is_refused_with_the_decode_ring_in_one_line():
+    """SGLang's unified pool drops ``enable_linear_replayssm`` (its ``_init_mamba_pool`` takes it and passes it to
+    nothing): the server would run without the ring, so the flags are refused together; apart they start."""
+    import inspect
+
+    from sglang.srt.mem_cache.unified_memory_pool import UnifiedHybridReqToTokenPool
+
+    body = inspect.getsource(UnifiedHybridReqToTokenPool._init_mamba_pool).split("):\n", 1)[1]  # past the signature
+    assert not any("linear_replayssm" in line.split("#")[0] for line in body.splitlines()), "SGLang now uses the flag"
+    with config.override(True):
+        with pytest.raises(ReplaySSMArgsError) as err:
+            _handle(enable_unified_memory=True)
+        assert "--enable-unified-memory" in _one_line(err.value)
+        _handle(mamba_radix_cache_strategy="no_buffer")  # the ring alone

@@ -151,14 +151,13 @@ def test_materialize_reads_each_rows_records_at_its_ring_row(kind):
 
 def _server_args(**kw):
     base = dict(enable_linear_replayssm=True, disaggregation_mode="null", speculative_algorithm=None,
-                enable_linear_replayssm_spec=False, linear_attn_decode_backend=None, enable_unified_memory=False,
+                enable_linear_replayssm_spec=False, linear_attn_decode_backend=None,
                 linear_attn_backend="triton")  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
 
 
 @pytest.mark.parametrize(("change", "env", "fix_off", "match"), [
     ({"linear_attn_decode_backend": "helion"}, {}, None, "Triton linear-attention decode backend only"),
-    ({"enable_unified_memory": True}, {}, None, "--enable-unified-memory"),
     ({}, {"SGLANG_REPLAYSSM_READ_COPY": "bf16"}, None, "SGLANG_REPLAYSSM_READ_COPY"),
     ({}, {}, "retract_backup", "needs the fixes retract_backup"),
 ])  # fmt: skip
@@ -190,7 +189,7 @@ def test_a_pd_decode_server_and_speculative_decoding_take_rows(monkeypatch, capl
 
 
 @pytest.mark.parametrize(("change", "env", "fix_off"), [
-    ({"enable_unified_memory": True}, {}, None),
+    ({"linear_attn_decode_backend": "helion"}, {}, None),
     ({}, {"SGLANG_REPLAYSSM_READ_COPY": "fp8"}, None),
     ({}, {}, "cursor_reset"),
 ])  # fmt: skip

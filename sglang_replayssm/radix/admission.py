@@ -18,6 +18,8 @@ Refused here, each with one line naming the flags:
   records (with the fix, :mod:`movers` folds them before every extend forward);
 * ``--enable-streaming-session`` with the decode ring while ``extend_fold`` is off: the next turn
   of a session extends the kept slot with those same kernels;
+* ``--enable-unified-memory`` with the decode ring: SGLang's ``UnifiedHybridReqToTokenPool._init_mamba_pool``
+  accepts ``enable_linear_replayssm`` but does not pass it on, so the flag would be silently dropped;
 * ``--disaggregation-mode prefill`` with the decode ring (a prefill server never decodes), and
   ``decode`` while the ``pd_decode_ring`` fix is off (the pd room admits it, wiring SGLang's
   decode-side pool for the ring and answering SGLang's own PD refusal);
@@ -119,6 +121,12 @@ def admit_linear_attn_args(original: Callable[[Any], Any], server_args: Any) -> 
         check(server_args)
     if not config.enabled("admission") or not _value(server_args, "enable_linear_replayssm", False):
         return original(server_args)
+    if _value(server_args, "enable_unified_memory", False):
+        raise ReplaySSMArgsError(
+            "sglang-replayssm: --enable-unified-memory with --enable-linear-replayssm is unsupported: SGLang "
+            "0.5.23's unified pool never allocates the decode ring (it drops the flag), so the server would "
+            "decode without ReplaySSM; drop one of the two flags."
+        )
     if _value(server_args, "enable_mixed_chunk", False) and not config.enabled("extend_fold"):
         raise ReplaySSMArgsError(
             "sglang-replayssm: --enable-mixed-chunk with --enable-linear-replayssm is unsupported "

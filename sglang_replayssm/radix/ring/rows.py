@@ -23,8 +23,8 @@ never read.
 The decode kernels (the CPU reference, sglang-replayssm's Triton kernels, and the CUDA passes' row-map build
 where ``ring_decode_cuda.MAPPED_DEFAULT`` or a forced launch takes it) and every fold read the map; SGLang's own
 ring kernels cannot, so the admission refuses what would reach them (the Helion decode backend, the
-``ring_kernels`` fix off) and what does not follow the row (the read copy, the unified memory pool, the fixes the
-invariant rests on, the KDA safe gate). A PD decode server's pool (SGLang's decode-side subclass) and a
+``ring_kernels`` fix off) and what does not follow the row (the read copy, the fixes the invariant rests on, the
+KDA safe gate). A PD decode server's pool (SGLang's decode-side subclass) and a
 speculative server's (shared with its draft) take rows like any other.
 """
 
@@ -108,8 +108,6 @@ def _uncovered(server_args: Any, _value: Callable[..., Any]) -> str | None:
     why = uncovered_feature(READ_COPY.value())
     if why is not None:
         return why
-    if _value(server_args, "enable_unified_memory", False):
-        return "does not cover --enable-unified-memory (its pool allocates a ring per slot)"
     if "helion" in (_value(server_args, "linear_attn_decode_backend", None),
                     _value(server_args, "linear_attn_backend", None)):
         return "runs on the Triton linear-attention decode backend only (got helion)"
