@@ -120,11 +120,11 @@ def ring_on_decode_pool(original: Callable[..., Any], req_to_token_pool: Any, *a
         and _decode_ring_on()
     ):
         kwargs["enable_linear_replayssm"] = True
-        _log_unpriced_slots(kwargs, req_to_token_pool)
+        _log_unpriced_rings(kwargs, req_to_token_pool)
     return original(req_to_token_pool, *args, **kwargs)
 
 
-def _log_unpriced_slots(kwargs: dict[str, Any], req_to_token_pool: Any) -> None:
+def _log_unpriced_rings(kwargs: dict[str, Any], req_to_token_pool: Any) -> None:
     """Log the decode-ring bytes the mamba budget did not charge. A ring per slot: the slots the decode pool
     adds above the budgeted ``--max-mamba-cache-size`` (``decode.py:322-333`` raises it to ``(reqs + extra
     slots) x slots per request``; SGLang prices neither their conv + temporal nor, here, their ring:
@@ -137,7 +137,7 @@ def _log_unpriced_slots(kwargs: dict[str, Any], req_to_token_pool: Any) -> None:
 
     params, record_len = kwargs["cache_params"], kwargs["linear_replayssm_cache_len"]
     if rows_on():
-        extra = int(getattr(req_to_token_pool, "pre_alloc_size", 0) or 0)
+        extra = req_to_token_pool.pre_alloc_size  # set by DecodeReqToTokenPool.__init__ before this call
         if extra:
             logger.warning("sglang-replayssm: the PD decode pool has %d request rows for pre-allocated transfers "
                            "(--disaggregation-decode-extra-slots); their decode rings (%.1f MiB) are not in the "
