@@ -124,23 +124,34 @@ def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
 
 def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: int) -> dict[str, Any]:
     """Client time of one-token requests, one at a time, the arms interleaved (rotating) so host drift hits
-    every arm alike: a 32-token cold prompt (the fixed floor) and a 3,482-token cold prompt; the first
-    rotation unmeasured. Per arm and kind: every time, the median and p10 / p90 (ms)."""
+    every arm alike: a 32-token cold prompt (the fixed floor), a 3,482-token cold prompt, and a hit (3,332
+    tokens seeded by an untimed request, then the same prefix + 150 new tokens); the first rotation
+    unmeasured. Per arm and kind: every time, the median and p10 / p90 (ms), and the hits' cached tokens."""
     import random
 
     from profile_step import _generate
 
     rng = random.Random(7)
-    times: dict[str, dict[str, list[float]]] = {n: {"floor": [], "cold": []} for n in live}
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, 2000) for _ in range(n)]
+
+    times: dict[str, dict[str, list[float]]] = {n: {"floor": [], "cold": [], "hit": []} for n in live}
+    cached: dict[str, list[int]] = {n: [] for n in live}
     for rep in range(reps + 1):
         for name in live[rep % len(live):] + live[:rep % len(live)]:
-            for kind, n in (("floor", 32), ("cold", 3482)):
-                ms = 1e3 * _generate(servers[name][0], [rng.randrange(10, 2000) for _ in range(n)], 1)["client_s"]
+            url = servers[name][0]
+            prefix = ids(3332)
+            _generate(url, prefix + ids(150), 1)
+            for kind, prompt in (("floor", ids(32)), ("cold", ids(3482)), ("hit", prefix + ids(150))):
+                out = _generate(url, prompt, 1)
                 if rep:
-                    times[name][kind].append(round(ms, 2))
+                    times[name][kind].append(round(1e3 * out["client_s"], 2))
+                    if kind == "hit":
+                        cached[name].append(int(out.get("meta_info", {}).get("cached_tokens", 0)))
     summary = {n: {k: [round(percentile(v, q), 2) for q in (50, 10, 90)] for k, v in kinds.items()}
                for n, kinds in times.items()}
-    return {"reps": reps, "all_ms": times, "summary": summary}
+    return {"reps": reps, "all_ms": times, "summary": summary, "hit_cached_tokens": cached}
 
 
 def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[str, list[float]]],
@@ -216,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=BASE:VAR=VALUE: an extra arm, BASE with those variables (repeatable)")
     p.add_argument("--floor-reps", type=int, default=0,
-                   help="after the rounds: this many interleaved 32- and 3,482-token one-token prefills per arm")
+                   help="after the rounds: this many interleaved one-token prefills per arm (32 and 3,482 cold, a hit)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)

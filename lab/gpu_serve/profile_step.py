@@ -210,10 +210,10 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
     prefill). Per repetition, on a fresh prefix: a seed (prefix + suffix A, cold), a branch (prefix + suffix B:
     a hit at ``prefix_len``, which the plugin rebuilds from records and SGLang resumes from its last state)
     and a cold prompt of the branch's length; beside them a 32-token cold prompt (the fixed floor).
-    Medians of the client's request time. With ``profile``, one more branch and one more cold prompt are
-    traced (SGLang's /start_profile, one forward each, with stacks) and summarized like a decode step (off by
-    default), without Python stacks (with them the lab H200's export of one forward did not finish in 5
-    minutes): kernels, launches, CPU ops and host syncs of one floor and one cold prefill."""
+    Medians of the client's request time. With ``profile``, a floor, a branch and a cold prompt (one each) are
+    traced (SGLang's /start_profile from the request's arrival to /stop_profile after its answer, with Python
+    stacks) and summarized like a decode step (off by default): kernels, launches, CPU ops, host syncs and the
+    plugin's host frames of one floor, one branch (a hit) and one cold prefill."""
     import random
 
     rng = random.Random(5)
@@ -239,21 +239,22 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
                            "median_ms": {k: 1e3 * v for k, v in med.items()}, "cached_tokens": dict(cached),
                            "all_ms": {k: [round(1e3 * x, 2) for x in v] for k, v in times.items()}}
     if profile:
-        for kind in ("floor", "cold"):
+        for kind in ("floor", "branch", "cold"):
             d = out_dir / f"prefill-{kind}"
             d.mkdir(parents=True, exist_ok=True)
             prefix = ids(prefix_len)
-            _generate(url, prefix + ids(suffix_len), 1)
+            _generate(url, prefix + ids(suffix_len), 1)  # the seed: the branch's hit
+            traced = {"floor": ids(32), "branch": prefix + ids(suffix_len), "cold": ids(prefix_len + suffix_len)}
             _post_json(url, "/start_profile", {"output_dir": str(d), "num_steps": 1, "activities": ["CPU", "GPU"],
-                                               "with_stack": False})
-            _generate(url, ids(32) if kind == "floor" else ids(prefix_len + suffix_len), 1)
+                                               "with_stack": True})
+            _generate(url, traced[kind], 1)
             # SGLang stops a num_steps profile only when a later batch runs: none does after this one request
             try:
                 _post_json(url, "/stop_profile", {})
             except urllib.error.HTTPError:  # already stopped: the trace is being written
                 pass
             traces: list[Path] = []
-            for _ in range(20):
+            for _ in range(30):
                 traces = sorted(d.glob("*.trace.json*"))
                 if traces:
                     break
