@@ -122,11 +122,15 @@ def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
     return default, per_arm
 
 
-def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: int) -> dict[str, Any]:
+def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: int,
+                  stream: bool = False) -> dict[str, Any]:
     """Client time of one-token requests, one at a time, the arms interleaved (rotating) so host drift hits
     every arm alike: a 32-token cold prompt (the fixed floor), a 3,482-token cold prompt, and a hit (3,332
     tokens seeded by an untimed request, then the same prefix + 150 new tokens); the first rotation
-    unmeasured. Per arm and kind: every time, the median and p10 / p90 (ms), and the hits' cached tokens."""
+    unmeasured. With ``stream``, the three again (a new prefix) with 32 new tokens, streamed: the client's
+    time to the first token (``floor32``, ``cold32``, ``hit32``), which holds the first decode step's launch
+    (SGLang's overlap scheduler sends a prefill's token after launching the next batch). Per arm and kind:
+    every time, the median and p10 / p90 (ms), and the hits' cached tokens."""
     import random
 
     from profile_step import _generate
@@ -149,9 +153,31 @@ def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: i
                     times[name][kind].append(round(1e3 * out["client_s"], 2))
                     if kind == "hit":
                         cached[name].append(int(out.get("meta_info", {}).get("cached_tokens", 0)))
+            if stream:  # the same, streamed with 32 new tokens: TTFT includes the first decode step's launch
+                prefix = ids(3332)
+                _generate(url, prefix + ids(150), 1)
+                for kind, prompt in (("floor32", ids(32)), ("cold32", ids(3482)), ("hit32", prefix + ids(150))):
+                    ms = _stream_ttft_ms(url, prompt, 32)
+                    if rep:
+                        times[name].setdefault(kind, []).append(ms)
     summary = {n: {k: [round(percentile(v, q), 2) for q in (50, 10, 90)] for k, v in kinds.items()}
                for n, kinds in times.items()}
     return {"reps": reps, "all_ms": times, "summary": summary, "hit_cached_tokens": cached}
+
+
+def _stream_ttft_ms(url: str, ids: list[int], new: int) -> float:
+    """Client time (ms) to the first streamed chunk of a greedy ``/generate``; the stream is read to its end."""
+    import urllib.request
+
+    body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": new, "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/generate", data=body, headers={"Content-Type": "application/json"})
+    t0, first = time.perf_counter(), None
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for line in resp:
+            if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
+                first = time.perf_counter()
+    return round(1e3 * ((first or time.perf_counter()) - t0), 2)
 
 
 def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[str, list[float]]],
@@ -202,7 +228,7 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
                   flush=True)
             write_all()
         if args.floor_reps and live:
-            doc.setdefault("prefill", []).append(prefill_times(servers, live, args.floor_reps))
+            doc.setdefault("prefill", []).append(prefill_times(servers, live, args.floor_reps, args.stream))
             print("[ab] prefill ms (median, p10-p90): " + json.dumps(doc["prefill"][-1]["summary"]), flush=True)
             write_all()
         for name, (_, log) in servers.items():
@@ -228,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME=BASE:VAR=VALUE: an extra arm, BASE with those variables (repeatable)")
     p.add_argument("--floor-reps", type=int, default=0,
                    help="after the rounds: this many interleaved one-token prefills per arm (32 and 3,482 cold, a hit)")
+    p.add_argument("--stream", action="store_true",
+                   help="--floor-reps also streams each kind with 32 new tokens (TTFT with the first decode launch)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)
