@@ -123,14 +123,15 @@ def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
 
 
 def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: int,
-                  stream: bool = False) -> dict[str, Any]:
+                  stream: bool = False, on_rep: Any = None) -> dict[str, Any]:
     """Client time of one-token requests, one at a time, the arms interleaved (rotating) so host drift hits
     every arm alike: a 32-token cold prompt (the fixed floor), a 3,482-token cold prompt, and a hit (3,332
     tokens seeded by an untimed request, then the same prefix + 150 new tokens); the first rotation
     unmeasured. With ``stream``, the three again (a new prefix) with 32 new tokens, streamed: the client's
     time to the first token (``floor32``, ``cold32``, ``hit32``), which holds the first decode step's launch
     (SGLang's overlap scheduler sends a prefill's token after launching the next batch). Per arm and kind:
-    every time, the median and p10 / p90 (ms), and the hits' cached tokens."""
+    every time, the median and p10 / p90 (ms), and the hits' cached tokens; ``on_rep`` gets that summary
+    after every measured rotation (a call cut at its time limit keeps the rotations done)."""
     import random
 
     from profile_step import _generate
@@ -160,7 +161,13 @@ def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: i
                     ms = _stream_ttft_ms(url, prompt, 32)
                     if rep:
                         times[name].setdefault(kind, []).append(ms)
-    summary = {n: {k: [round(percentile(v, q), 2) for q in (50, 10, 90)] for k, v in kinds.items()}
+        if rep and on_rep is not None:
+            on_rep(_prefill_summary(rep, times, cached))
+    return _prefill_summary(reps, times, cached)
+
+
+def _prefill_summary(reps: int, times: dict[str, dict[str, list[float]]], cached: dict[str, list[int]]) -> dict[str, Any]:
+    summary = {n: {k: [round(percentile(v, q), 2) for q in (50, 10, 90)] for k, v in kinds.items() if v}
                for n, kinds in times.items()}
     return {"reps": reps, "all_ms": times, "summary": summary, "hit_cached_tokens": cached}
 
@@ -206,6 +213,7 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
                 continue
             servers[name] = (srv.base_url, log)
             doc["servers"][name] = {"mem_fraction_static": frac, "startup_s": srv.startup_s}
+            write_all()
             print(f"[ab] {name} healthy after {srv.startup_s:.0f} s (mem fraction {frac})", flush=True)
             for concurrency in steps:  # first-use costs
                 run_decode(srv.base_url, concurrency, args.prompt_len, 24, seed=5)
@@ -228,7 +236,13 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
                   flush=True)
             write_all()
         if args.floor_reps and live:
-            doc.setdefault("prefill", []).append(prefill_times(servers, live, args.floor_reps, args.stream))
+            doc.setdefault("prefill", []).append({})
+
+            def keep(partial: dict[str, Any]) -> None:
+                doc["prefill"][-1] = partial
+                write_all()
+
+            keep(prefill_times(servers, live, args.floor_reps, args.stream, on_rep=keep))
             print("[ab] prefill ms (median, p10-p90): " + json.dumps(doc["prefill"][-1]["summary"]), flush=True)
             write_all()
         for name, (_, log) in servers.items():
