@@ -286,8 +286,9 @@ FIXES: tuple[Fix, ...] = (
         "end_state folds the finishing row's pending accepted records before it copies the working slot"),
     Fix("end_state", "ring", "extra_buffer finish: donate the exact state at the request's full depth (the "
         "working slot, pending records folded) instead of the last tracked state"),
-    Fix("record_refresh", "records", "a hit planted from records moves the records it folds to the young end of "
-        "the first-in-first-out record pool (rows copied), so prefixes that keep being hit keep their records"),
+    Fix("record_refresh", "records", "a hit planted from records moves the records it folds (from an interval state: "
+        "the tail after it, conv lead included) to the young end of the first-in-first-out record pool (rows "
+        "copied), so the branch points that keep being hit keep their records and other paths' tails stay"),
     Fix("end_state_branch", "records", "end_state keeps a tracked state at the request's branch point (SGLang's "
         "mamba_branching_seqlen: the match found KV past every state and no records to plant one), so the next "
         "request leaving there hits it even after its records are evicted; the end state is donated otherwise"),

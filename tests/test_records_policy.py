@@ -4,7 +4,8 @@
 SGLang tracked at the request's branch point (the match found KV past every state and no records to
 plant one) instead of swapping in the end state; ``branch_on_prefix_grid`` (radix/records/branch_grid.py):
 a match resuming from a state off the chunk grid gets its branch point on its own prefix's grid, so its
-prefill tracks it. Checked:
+prefill tracks it; ``record_refresh`` (radix/records/match.py): a hit rebuilt from an interval state moves
+only the records it folds to the young end of the pool. Checked:
 
 * the behaviour: with each fix a later prompt leaving at the branch point hits there; without
   ``end_state_branch`` the end state replaced that state, without ``branch_on_prefix_grid`` none was
@@ -13,8 +14,8 @@ prefill tracks it. Checked:
   property suite's ops, and requests that finish at prefill) with the fix on and off, small first-in-first-out record pools so plants fail
   and branch points are tracked; after every step every radix node's state is its token path's (fp64
   oracle) and every running request's checkpoint + ring reproduces its state, so the tokens are those
-  of ReplaySSM off. 2 configurations x 2 switch states x 4 examples x 50 steps = 800 steps by default
-  (a few seconds); ``SGLANG_REPLAYSSM_SLOW=1`` runs 2 x 2 x 50 x 50 = 10,000.
+  of ReplaySSM off. 3 configurations x 2 switch states x 4 examples x 50 steps = 1,200 steps by default
+  (a few seconds); ``SGLANG_REPLAYSSM_SLOW=1`` runs 3 x 2 x 50 x 50 = 15,000.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ policy_ops = st.one_of(ops, st.tuples(prompts, tokens).map(lambda args: _op("adm
 CONFIGS = [
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, record_tokens=12),
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, record_tokens=24,
+              state_interval=4),
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=4, chunk=4, records=True, record_tokens=8,
               state_interval=4),
 ]
 _counts = {"steps": 0, "kept": 0, "refreshed": 0, "regridded": 0}
@@ -181,3 +184,30 @@ def test_a_branch_behind_an_off_grid_state_is_tracked_only_with_the_fix():
     assert resumed == resumed_off == 5  # the second prompt resumed from the off-grid state
     assert hit == 13  # 5 + 2 x 4: the deepest depth of the second prefill's grid inside the KV hit (16)
     assert hit_off == 5  # SGLang's branch (16) is off that grid: never tracked, the state stays at 5
+
+
+def _tail_refresh_probe() -> tuple[int, int]:
+    """A path B, then a path A filling the 32-record pool; a branch of A at depth 14 is rebuilt from A's interval
+    state at 12 (interval 4); then a probe leaves B at depth 12, where B has an interval state and its tail
+    records if the branch's refresh left them. Returns (the branch's hit, the probe's hit)."""
+    cfg = SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, records=True, record_tokens=32,
+                    state_interval=4, vocab=10)
+    b = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5]
+    a = [5, 4, 3, 2, 1, 9, 8, 7, 6, 5, 4, 3, 2, 1, 9, 8]
+    with config.override(True):
+        sim = Sim(cfg)
+        sim.admit(b, [0])  # records in slots 0-13
+        sim.admit(a, [0])  # slots 14-29
+        branch = sim.admit(a[:14] + [7, 7], [0])  # rebuilt from A's state at 12: its tail (records 9-13) moves
+        probe = sim.admit(b[:12] + [6, 6, 6], [0])
+        sim.check()
+    return int(branch.matched), int(probe.matched)
+
+
+def test_a_rebuild_from_an_interval_state_refreshes_only_the_records_it_folds():
+    """``record_refresh`` moves the records the job reads (the tail after the interval state, its conv lead
+    included), not the whole span: moving A's 14 records evicted B's oldest 12 (B's tail among them), and
+    the probe leaving B at its interval state lost its hit."""
+    branch, probe = _tail_refresh_probe()
+    assert branch == 14
+    assert probe == 12

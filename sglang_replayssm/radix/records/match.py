@@ -92,9 +92,10 @@ def _alloc_slot(component: Any, node_id: Any) -> torch.Tensor | None:
     return slot
 
 
-def _from_interval_state(pool: RecordPool, span: torch.Tensor) -> tuple[int, int, torch.Tensor] | None:
-    """``(state slot, lead, record slots)`` for a rebuild from the deepest interval state of
-    ``span`` whose conv window's records and every later record exist; None if there is none."""
+def _interval_start(pool: RecordPool, span: torch.Tensor) -> tuple[int, int] | None:
+    """``(first, state slot)`` for a rebuild of ``span`` from its deepest interval state whose conv window's
+    records and every later record exist: the job reads the records of ``span[first:]`` (the conv lead
+    included); None if there is none."""
     states, lead = pool.states, pool.conv_lead
     if states is None or not pool.layers or not states.usable(list(pool.layers)):
         return None
@@ -102,10 +103,22 @@ def _from_interval_state(pool: RecordPool, span: torch.Tensor) -> tuple[int, int
     if found is None or found[0] + 1 < lead:
         return None
     j, state = found
-    tail = span[j + 1 - lead:]
-    if not pool.covered(tail):
+    first = j + 1 - lead
+    if not pool.covered(span[first:]):
         return None
-    return state, lead, pool.slots(tail).clone()
+    return first, state
+
+
+def _from_interval_state(pool: RecordPool, span: torch.Tensor,
+                         found: tuple[int, int] | None = None) -> tuple[int, int, torch.Tensor] | None:
+    """``(state slot, lead, record slots)`` for a rebuild from the deepest interval state of
+    ``span`` whose conv window's records and every later record exist (``found``: its
+    :func:`_interval_start`, when the caller has it); None if there is none."""
+    found = _interval_start(pool, span) if found is None else found
+    if found is None:
+        return None
+    first, state = found
+    return state, pool.conv_lead, pool.slots(span[first:]).clone()
 
 
 def refresh(pool: RecordPool, kv: torch.Tensor) -> bool:
@@ -182,9 +195,12 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
 
     if hicache_cache(component) and overcommits(component.cache, params.req, target):
         return original(component, params, result)  # HiCache locks the plant till its rebuild: over budget
-    if pool.covered(span) or _from_interval_state(pool, span) is not None:
-        refresh(pool, span)  # the slots of the job built below are read after the move
-    start = _from_interval_state(pool, span)
+    found = _interval_start(pool, span)
+    if found is not None or pool.covered(span):
+        # only what the job folds moves (from an interval state: its tail): the rest of the span is not
+        # read, and moving it would push other paths' tails out of the pool; the job's slots are read after
+        refresh(pool, span if found is None else span[found[0]:])
+    start = _from_interval_state(pool, span, found)
     src = None
     if start is None:
         src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
