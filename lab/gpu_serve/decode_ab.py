@@ -134,7 +134,7 @@ def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: i
     after every measured rotation (a call cut at its time limit keeps the rotations done)."""
     import random
 
-    from profile_step import _generate
+    from profile_step import _generate, _stream_ttft_ms
 
     rng = random.Random(7)
 
@@ -170,21 +170,6 @@ def _prefill_summary(reps: int, times: dict[str, dict[str, list[float]]], cached
     summary = {n: {k: [round(percentile(v, q), 2) for q in (50, 10, 90)] for k, v in kinds.items() if v}
                for n, kinds in times.items()}
     return {"reps": reps, "all_ms": times, "summary": summary, "hit_cached_tokens": cached}
-
-
-def _stream_ttft_ms(url: str, ids: list[int], new: int) -> float:
-    """Client time (ms) to the first streamed chunk of a greedy ``/generate``; the stream is read to its end."""
-    import urllib.request
-
-    body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": {
-        "temperature": 0.0, "max_new_tokens": new, "ignore_eos": True}}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/generate", data=body, headers={"Content-Type": "application/json"})
-    t0, first = time.perf_counter(), None
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        for line in resp:
-            if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
-                first = time.perf_counter()
-    return round(1e3 * ((first or time.perf_counter()) - t0), 2)
 
 
 def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[str, list[float]]],

@@ -197,6 +197,19 @@ def _generate(url: str, ids: list[int], new: int) -> dict[str, Any]:
     return out
 
 
+def _stream_ttft_ms(url: str, ids: list[int], new: int) -> float:
+    """Client time (ms) to the first streamed chunk of a greedy ``/generate``; the stream is read to its end."""
+    body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": {
+        "temperature": 0.0, "max_new_tokens": new, "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/generate", data=body, headers={"Content-Type": "application/json"})
+    t0, first = time.perf_counter(), None
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for line in resp:
+            if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
+                first = time.perf_counter()
+    return round(1e3 * ((first or time.perf_counter()) - t0), 2)
+
+
 def _post_json(url: str, path: str, payload: dict[str, Any]) -> None:
     req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -213,7 +226,8 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
     Medians of the client's request time. With ``profile``, a floor, a branch and a cold prompt (one each) are
     traced (SGLang's /start_profile from the request's arrival to /stop_profile after its answer, with Python
     stacks) and summarized like a decode step (off by default): kernels, launches, CPU ops, host syncs and the
-    plugin's host frames of one floor, one branch (a hit) and one cold prefill."""
+    plugin's host frames of one floor, one branch (a hit) and one cold prefill, and of one branch streamed with 32
+    new tokens (``branch32``: its first token waits on the first decode step's launch)."""
     import random
 
     rng = random.Random(5)
@@ -239,15 +253,19 @@ def ttft_parts(url: str, out_dir: Path, prefix_len: int = 3332, suffix_len: int 
                            "median_ms": {k: 1e3 * v for k, v in med.items()}, "cached_tokens": dict(cached),
                            "all_ms": {k: [round(1e3 * x, 2) for x in v] for k, v in times.items()}}
     if profile:
-        for kind in ("floor", "branch", "cold"):
+        for kind in ("floor", "branch", "cold", "branch32"):
             d = out_dir / f"prefill-{kind}"
             d.mkdir(parents=True, exist_ok=True)
             prefix = ids(prefix_len)
             _generate(url, prefix + ids(suffix_len), 1)  # the seed: the branch's hit
-            traced = {"floor": ids(32), "branch": prefix + ids(suffix_len), "cold": ids(prefix_len + suffix_len)}
+            traced = {"floor": ids(32), "branch": prefix + ids(suffix_len), "cold": ids(prefix_len + suffix_len),
+                      "branch32": prefix + ids(suffix_len)}
             _post_json(url, "/start_profile", {"output_dir": str(d), "num_steps": 1, "activities": ["CPU", "GPU"],
                                                "with_stack": True})
-            _generate(url, traced[kind], 1)
+            if kind == "branch32":  # streamed, 32 new tokens: the prefill, its first token and the decode steps
+                res["branch32_ttft_ms"] = _stream_ttft_ms(url, traced[kind], 32)
+            else:
+                _generate(url, traced[kind], 1)
             # SGLang stops a num_steps profile only when a later batch runs: none does after this one request
             try:
                 _post_json(url, "/stop_profile", {})
