@@ -109,14 +109,16 @@ def _interval_start(pool: RecordPool, span: torch.Tensor) -> tuple[int, int] | N
     return first, state
 
 
-def _from_interval_state(pool: RecordPool, span: torch.Tensor,
-                         found: tuple[int, int] | None = None) -> tuple[int, int, torch.Tensor] | None:
+def _from_interval_state(pool: RecordPool, span: torch.Tensor) -> tuple[int, int, torch.Tensor] | None:
     """``(state slot, lead, record slots)`` for a rebuild from the deepest interval state of
-    ``span`` whose conv window's records and every later record exist (``found``: its
-    :func:`_interval_start`, when the caller has it); None if there is none."""
-    found = _interval_start(pool, span) if found is None else found
-    if found is None:
-        return None
+    ``span`` whose conv window's records and every later record exist; None if there is none."""
+    found = _interval_start(pool, span)
+    return None if found is None else _interval_job_start(pool, span, found)
+
+
+def _interval_job_start(pool: RecordPool, span: torch.Tensor, found: tuple[int, int]) -> tuple[int, int, torch.Tensor]:
+    """``(state slot, lead, record slots)`` of the rebuild :func:`_interval_start` found (``found``); the
+    record slots are read now, so after any refresh that moved them."""
     first, state = found
     return state, pool.conv_lead, pool.slots(span[first:]).clone()
 
@@ -200,7 +202,7 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
         # only what the job folds moves (from an interval state: its tail): the rest of the span is not
         # read, and moving it would push other paths' tails out of the pool; the job's slots are read after
         refresh(pool, span if found is None else span[found[0]:])
-    start = _from_interval_state(pool, span, found)
+    start = None if found is None else _interval_job_start(pool, span, found)
     src = None
     if start is None:
         src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
