@@ -131,7 +131,8 @@ def refresh(pool: RecordPool, kv: torch.Tensor) -> bool:
 
     Skipped (False) where the slots it would take hold a queued rebuild's records (they are read at the
     next forward), with HiCache (queued record loads), or for more than half the pool. Exact: the rows
-    are copied, not recomputed."""
+    are copied, not recomputed, one tensor at a time (the transient is one layer's input rows of the
+    moved tokens, not every layer's)."""
     from sglang_replayssm.radix import config
 
     if not config.enabled("record_refresh") or pool.hicache is not None or not pool.layers:
@@ -147,14 +148,11 @@ def refresh(pool: RecordPool, kv: torch.Tensor) -> bool:
     busy = [job.slots for job in pool.pending if isinstance(job, Rebuild)]
     if busy and bool(torch.isin(taken, torch.cat(busy).to(taken.device)).any()):
         return False
-    rows = {lid: (rec.x[old], rec.a[old], rec.b[old]) for lid, rec in pool.layers.items()}
-    pool.assign(kv)
+    pool.assign(kv)  # bookkeeping only: every row stays where it is until copied below
     new = pool.slots(kv)
-    for lid, (x, a, b) in rows.items():
-        rec = pool.layers[lid]
-        rec.x.index_copy_(0, new, x)
-        rec.a.index_copy_(0, new, a)
-        rec.b.index_copy_(0, new, b)
+    for rec in pool.layers.values():
+        for rows in (rec.x, rec.a, rec.b):  # the gather copies one tensor's rows before the write
+            rows.index_copy_(0, new, rows[old])
     return True
 
 
