@@ -146,21 +146,20 @@ def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: i
     for rep in range(reps + 1):
         for name in live[rep % len(live):] + live[:rep % len(live)]:
             url = servers[name][0]
-            prefix = ids(3332)
-            _generate(url, prefix + ids(150), 1)
-            for kind, prompt in (("floor", ids(32)), ("cold", ids(3482)), ("hit", prefix + ids(150))):
-                out = _generate(url, prompt, 1)
-                if rep:
-                    times[name][kind].append(round(1e3 * out["client_s"], 2))
-                    if kind == "hit":
-                        cached[name].append(int(out.get("meta_info", {}).get("cached_tokens", 0)))
-            if stream:  # the same, streamed with 32 new tokens: TTFT includes the first decode step's launch
+            # one-token requests; with ``stream`` the same again (a new prefix), streamed with 32 new tokens
+            for suffix in ("", "32") if stream else ("",):
                 prefix = ids(3332)
-                _generate(url, prefix + ids(150), 1)
-                for kind, prompt in (("floor32", ids(32)), ("cold32", ids(3482)), ("hit32", prefix + ids(150))):
-                    ms = _stream_ttft_ms(url, prompt, 32)
+                _generate(url, prefix + ids(150), 1)  # the seed of the hit
+                for kind, prompt in (("floor", ids(32)), ("cold", ids(3482)), ("hit", prefix + ids(150))):
+                    if suffix:
+                        ms = _stream_ttft_ms(url, prompt, 32)
+                    else:
+                        out = _generate(url, prompt, 1)
+                        ms = round(1e3 * out["client_s"], 2)
+                        if rep and kind == "hit":
+                            cached[name].append(int(out.get("meta_info", {}).get("cached_tokens", 0)))
                     if rep:
-                        times[name].setdefault(kind, []).append(ms)
+                        times[name].setdefault(kind + suffix, []).append(ms)
         if rep and on_rep is not None:
             on_rep(_prefill_summary(rep, times, cached))
     return _prefill_summary(reps, times, cached)

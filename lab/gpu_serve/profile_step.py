@@ -198,16 +198,24 @@ def _generate(url: str, ids: list[int], new: int) -> dict[str, Any]:
 
 
 def _stream_ttft_ms(url: str, ids: list[int], new: int) -> float:
-    """Client time (ms) to the first streamed chunk of a greedy ``/generate``; the stream is read to its end."""
-    body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": {
-        "temperature": 0.0, "max_new_tokens": new, "ignore_eos": True}}).encode()
-    req = urllib.request.Request(url.rstrip("/") + "/generate", data=body, headers={"Content-Type": "application/json"})
-    t0, first = time.perf_counter(), None
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        for line in resp:
-            if first is None and line.startswith(b"data:") and b"[DONE]" not in line:
-                first = time.perf_counter()
-    return round(1e3 * ((first or time.perf_counter()) - t0), 2)
+    """Client time (ms) to the first streamed token of a greedy ``/generate``, taken by the main job's
+    client (``bench.client.generate``), so it is the TTFT the main job reports."""
+    import asyncio
+
+    import aiohttp
+
+    from sglang_replayssm.bench.client import generate
+    from sglang_replayssm.bench.records import RequestRecord
+
+    async def one() -> RequestRecord:
+        async with aiohttp.ClientSession() as session:
+            rec = RequestRecord(rid="ttft", conversation=0, turn=0, group=0)
+            return await generate(session, url.rstrip("/"), ids, new, rec, time.perf_counter())
+
+    rec = asyncio.run(one())
+    if rec.ttft_s is None:
+        raise RuntimeError(f"streamed request failed: {rec.error}")
+    return round(1e3 * rec.ttft_s, 2)
 
 
 def _post_json(url: str, path: str, payload: dict[str, Any]) -> None:

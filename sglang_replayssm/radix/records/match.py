@@ -196,7 +196,8 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
     if hicache_cache(component) and overcommits(component.cache, params.req, target):
         return original(component, params, result)  # HiCache locks the plant till its rebuild: over budget
     found = _interval_start(pool, span)
-    if found is not None or pool.covered(span):
+    covered = found is None and pool.covered(span)  # a refresh moves records, it never drops one
+    if found is not None or covered:
         # only what the job folds moves (from an interval state: its tail): the rest of the span is not
         # read, and moving it would push other paths' tails out of the pool; the job's slots are read after
         refresh(pool, span if found is None else span[found[0]:])
@@ -204,7 +205,7 @@ def plant_and_match(original: Callable[..., Any], component: Any, params: Any, r
     src = None
     if start is None:
         src = tree.get_component_device_value(anchor, ct) if depth > 0 else None
-        if (depth > 0 and src is None) or not pool.covered(span):
+        if (depth > 0 and src is None) or not covered:
             return original(component, params, result)
     slot = _alloc_slot(component, target)
     if slot is None:
