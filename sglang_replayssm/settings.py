@@ -319,6 +319,10 @@ FIXES: tuple[Fix, ...] = (
         "length is the depth its KV and mamba state reached, not prompt + output (a speculative turn ending on "
         "a bonus token); a turn whose mamba state ran past its kept tokens (a verify past max_new_tokens or a "
         "stop) releases its slot, so the next turn starts from the radix tree"),
+    Fix("reused_states_last", "eviction", "the tree's mamba states are evicted in segmented-LRU order: states of nodes "
+        "at least two later requests went through (SGLang's hit_count; at most half the state pool, the most recent) "
+        "go after every other state, so branch points and shared prefixes outlive fresh end states; selects "
+        "SGLang's Python TreeCore for a cache with mamba states (the Rust one keeps its order native)"),
     # records with HiCache (radix/record_hicache.py)
     Fix("record_hicache", "records", "HiCache: records go to host with their node's KV (a host record pool, "
         "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "

@@ -63,7 +63,7 @@ def test_a_rows_arm_turns_the_slots_ring_bytes_into_slots(overlap: bool) -> None
     from sglang_replayssm.bench.memory import slots_per_request
 
     s = small_gdn()
-    budget = int(RAG_MEM_MIB * MIB)
+    budget = int(4 * RAG_MEM_MIB * MIB)  # room for the default record pool (>= 1,024 tokens)
     per_request = slots_per_request(ARMS["plugin-rows"], overlap)
     assert per_request == (5 if overlap else 4) and slots_per_request(ARMS["upstream"], overlap) == 3
     rows, plugin = (arm_budget(ARMS[n], s, budget, overlap=overlap) for n in ("plugin-rows", "plugin-slots"))
@@ -81,7 +81,9 @@ def test_record_tokens_override_and_refusals() -> None:
     off = arm_budget(ARMS["plugin"], s, int(RAG_MEM_MIB * MIB), record_tokens=0)
     assert off.split.record_tokens == 0 and off.split.record_bytes == 0 and off.env == (
         ("SGLANG_REPLAYSSM_RECORD_TOKENS", "0"),)
-    assert off.split.kv_tokens > arm_budget(ARMS["plugin"], s, int(RAG_MEM_MIB * MIB)).split.kv_tokens
+    assert off.split.kv_tokens > arm_budget(ARMS["plugin"], s, int(RAG_MEM_MIB * MIB), record_tokens=350).split.kv_tokens
+    default = arm_budget(ARMS["plugin"], s, int(RAG_MEM_MIB * MIB)).split  # < 1,024 tokens fit: the rule's off
+    assert default.record_tokens == 0 and default.kv_tokens == off.split.kv_tokens and "records off" in default.reason
     with pytest.raises(EqualMemoryError, match="state slots"):
         arm_budget(ARMS["plugin"], s, 2 * MIB)
     with pytest.raises(EqualMemoryError, match="not nextn"):

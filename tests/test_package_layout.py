@@ -121,7 +121,7 @@ def test_no_source_file_over_500_lines():
 
 RADIX = "sglang_replayssm.radix"
 #: The feature rooms (subpackages of radix/); radix/ring/ and radix/'s top-level modules are the core.
-ROOMS = ("records", "read_copy", "spec", "pd")
+ROOMS = ("records", "read_copy", "spec", "pd", "eviction")
 #: The one core module that imports rooms: it assembles their hooks tables and installs their strategies.
 ASSEMBLER = f"{RADIX}.hooks"
 #: Room -> room imports allowed, each with its reason.

@@ -163,9 +163,11 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
     gib = record_budget._record_reservation_gib(configurator, 1.0)
     assert record_budget.reserved_capacity(configurator) == 16384 and gib * GIB == per_token * 16385
     # ... else half the rest
-    rest = 1000 * per_token / GIB
+    rest = 4000 * per_token / GIB
     gib = record_budget._record_reservation_gib(configurator, rest)
-    assert record_budget.reserved_capacity(configurator) == 499 and gib <= rest / 2
+    assert record_budget.reserved_capacity(configurator) == 1999 and gib <= rest / 2
+    # ... and none where half the rest holds fewer than four interval spans
+    assert record_budget._record_reservation_gib(configurator, 2000 * per_token / GIB) == 0.0
     # explicit: kept, or refused in one line when it leaves nothing for the KV cache
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "900")
     assert record_budget._record_reservation_gib(configurator, rest) * GIB == per_token * 901
@@ -207,19 +209,19 @@ def test_record_pool_is_built_with_sglangs_pools(monkeypatch):
             hook.fn(result, sizing, pre_model_load_memory=0)
         return sizing, result
 
-    sizing, result = configure(300)
+    sizing, result = configure(1500)
     pool = pool_of(result.req_to_token_pool)
     kv = result.token_to_kv_pool
-    assert record_budget.reserved_capacity(sizing) == 300 and pool is not None and pool.capacity == 300
+    assert record_budget.reserved_capacity(sizing) == 1500 and pool is not None and pool.capacity == 1500
     assert pool.kv_size == kv.size + kv.page_size + 1 and pool.states is None and pool.capture_decode
     assert pool.used == 0 and not pool.layers  # nothing captured before the first forward
-    _, again = configure(100, req_pool=result.req_to_token_pool)  # a second configure of the same pool
+    _, again = configure(1200, req_pool=result.req_to_token_pool)  # a second configure of the same pool
     assert pool_of(again.req_to_token_pool) is pool
-    _, draft = configure(300, draft=True)
+    _, draft = configure(1500, draft=True)
     assert pool_of(draft.req_to_token_pool) is None
-    _, off = configure(10)  # below one chunk: the default rule reserves 0 tokens, records off
+    _, off = configure(300)  # below four interval spans: the default rule reserves 0 tokens, records off
     assert pool_of(off.req_to_token_pool) is None and peek(off.req_to_token_pool).records_off
-    _, still_off = configure(300, req_pool=off.req_to_token_pool)
+    _, still_off = configure(1500, req_pool=off.req_to_token_pool)
     assert pool_of(still_off.req_to_token_pool) is None
 
 

@@ -22,6 +22,7 @@ from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.gated import gated_hook
+from sglang_replayssm.radix.eviction import hooks as eviction_hooks
 from sglang_replayssm.radix.pd import hooks as pd_hooks
 from sglang_replayssm.radix.read_copy import hooks as read_copy_hooks
 from sglang_replayssm.radix.records import hooks as records_hooks
@@ -116,6 +117,7 @@ ROOMS: dict[str, tuple[tuple[Hook, ...], Callable[[], None] | None]] = {
     "spec": (spec_hooks.SPEC_HOOKS, None),
     "pd": (pd_hooks.PD_HOOKS, pd_hooks.install),
     "read_copy": (read_copy_hooks.READ_COPY_HOOKS, read_copy_hooks.install),
+    "eviction": (eviction_hooks.EVICTION_HOOKS, None),
 }
 
 #: Every hook of the radix adapter: the core's, then each room's.

@@ -1,0 +1,37 @@
+"""The eviction room's hooks (fix ``reused_states_last``, :mod:`order`): SGLang's state-eviction walk starts on
+a list whose states on reused paths are last, and a cache with mamba states gets the Python TreeCore, where
+that list lives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sglang_replayssm.hook_table import Hook
+from sglang_replayssm.radix.gated import gated_hook
+
+__all__ = ["EVICTION_HOOKS"]
+
+
+def reused_states_last(original: Callable[..., Any], component: Any, request_cnt: int) -> Any:
+    """SGLang's state-eviction walk takes states on reused paths last."""
+    from sglang_replayssm.radix.eviction.order import reused_states_last as body
+
+    return body(original, component, request_cnt)
+
+
+def python_tree_core(original: Callable[..., Any], name: str, params: Any) -> str:
+    """A cache with mamba states gets SGLang's Python TreeCore (where the state order is set)."""
+    from sglang_replayssm.radix.eviction.order import python_tree_core as body
+
+    return body(original, name, params)
+
+
+_MAMBA = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent"
+EVICTION_HOOKS: tuple[Hook, ...] = (
+    gated_hook(f"{_MAMBA}._evict_device_start", "AROUND", reused_states_last,
+               at="sglang/srt/mem_cache/unified_cache/components/mamba.py:373", fix="reused_states_last"),
+    gated_hook("sglang.srt.mem_cache.unified_cache.tree_core_registry.resolve_tree_core_backend", "AROUND",
+               python_tree_core, at="sglang/srt/mem_cache/unified_cache/tree_core_registry.py:109",
+               fix="reused_states_last"),
+)

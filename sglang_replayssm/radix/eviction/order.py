@@ -1,0 +1,88 @@
+"""Tree-state eviction order: states on reused paths go last (fix ``reused_states_last``).
+
+SGLang 0.5.23 evicts the tree's mamba states in plain LRU order: its walk starts at the LRU end of the
+``MambaComponent``'s list (``_evict_device_start``). Under memory pressure that order spends the few state
+slots on every finished request's fresh end state, which ages out before its next turn arrives, and evicts
+the states at shared depths (a document's end, a branch point) that later requests resume from.
+
+Before each walk, :func:`reused_states_last` moves the states of nodes that at least two later requests went
+through (``hit_count``, counted by SGLang's insert walk; 2 is its ``SLRUStrategy`` threshold) to the MRU end,
+their order kept, so the walk takes every other state first: a segmented LRU over states. At most half the
+state pool is protected (the most recently used such states); older ones keep their place, so states of
+documents no longer asked about still age out.
+
+Only SGLang's Python TreeCore keeps that list in Python; the Rust TreeCore (SGLang's default where its
+extension loads) keeps it native, with no way to order it from outside. :func:`python_tree_core` therefore
+selects the Python TreeCore for a cache with mamba states while the fix is on (one log line).
+
+Both act only on a server whose mamba pool runs the decode ring (``--enable-linear-replayssm``): with
+ReplaySSM off the tree is SGLang's, order and TreeCore alike.
+
+Invariant: only the list's order changes: no state is freed, locked or moved; the session partition's
+sentinels (not in the list's ``cache``) stay where they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PROTECTED_HITS", "protected_cap", "python_tree_core", "reorder", "reused_states_last"]
+
+#: A state is protected once this many later requests went through its node (SGLang's SLRU threshold).
+PROTECTED_HITS = 2
+#: At most this share of the state pool is protected.
+PROTECTED_SHARE = 0.5
+
+
+def protected_cap(component: Any) -> int:
+    """How many states may be protected: half the state pool (its slots, ``MambaPool.size``)."""
+    pool = getattr(getattr(component.cache, "req_to_token_pool", None), "mamba_pool", None)
+    size = getattr(pool, "size", None)
+    if size is None:
+        size = len(component.tree_core.lru_lists[component.component_type].cache)
+    return int(size * PROTECTED_SHARE)
+
+
+def reorder(lru: Any, cap: int) -> int:
+    """Move the ``cap`` most recently used protected nodes of ``lru`` (a device ``UnifiedLRUList``) to its
+    MRU end, in their order; returns how many moved."""
+    slot = lru.component_type  # a device list's pointer slot (UnifiedLRUList._pt)
+    protected = []
+    node = lru.head.lru_next[slot]
+    while node is not lru.tail and len(protected) < cap:  # MRU first
+        if node.id in lru.cache and node.hit_count >= PROTECTED_HITS:
+            protected.append(node)
+        node = node.lru_next[slot]
+    for node in reversed(protected):  # the least recent first, so the most recent ends at the MRU end
+        lru.reset_node_mru(node)
+    return len(protected)
+
+
+def _decode_ring(req_to_token_pool: Any) -> bool:
+    from sglang_replayssm.radix.ring.pool import ring_pool
+
+    return ring_pool(getattr(req_to_token_pool, "mamba_pool", None)) is not None
+
+
+def reused_states_last(original: Callable[..., Any], component: Any, request_cnt: int) -> Any:
+    """SGLang's walk start, on a list whose protected states are at the MRU end (with the decode ring)."""
+    if _decode_ring(getattr(component.cache, "req_to_token_pool", None)):
+        reorder(component.tree_core.lru_lists[component.component_type], protected_cap(component))
+    return original(component, request_cnt)
+
+
+def python_tree_core(original: Callable[..., Any], name: str, params: Any) -> str:
+    """SGLang's TreeCore choice, but the Python one for a cache with mamba states (their order is set there)."""
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    chosen = original(name, params)
+    if (chosen == "rust" and ComponentType.MAMBA in (params.tree_components or ())
+            and _decode_ring(getattr(params, "req_to_token_pool", None))):
+        logger.info("sglang-replayssm: the Python TreeCore, not %s: reused_states_last orders the tree's mamba "
+                    "states (reused paths last), which only the Python TreeCore exposes", chosen)
+        return "python"
+    return chosen
