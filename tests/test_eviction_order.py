@@ -167,8 +167,8 @@ def test_streams_stay_exact_under_the_order(cfg, fix_on, count_moves):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
-    from tests.test_records_policy import _apply_policy, policy_ops
     from tests.test_radix_property import _run
+    from tests.test_records_policy import _apply_policy, policy_ops
 
     @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow])

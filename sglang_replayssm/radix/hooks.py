@@ -21,8 +21,8 @@ from typing import Any
 from sglang_replayssm import hook_table
 from sglang_replayssm.hook_table import Hook
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.gated import gated_hook
 from sglang_replayssm.radix.eviction import hooks as eviction_hooks
+from sglang_replayssm.radix.gated import gated_hook
 from sglang_replayssm.radix.pd import hooks as pd_hooks
 from sglang_replayssm.radix.read_copy import hooks as read_copy_hooks
 from sglang_replayssm.radix.records import hooks as records_hooks
