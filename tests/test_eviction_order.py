@@ -140,8 +140,8 @@ EXAMPLES = 50 if SLOW else 4
 STEPS = 50
 #: Small state pools, so nearly every admission evicts (records on and off).
 STREAM_CONFIGS = [
-    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=16),
-    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=16, records=True,
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=20),
+    SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=20, records=True,
               record_tokens=24, state_interval=4),
 ]
 _counts = {"steps": 0, "moved": 0}
