@@ -51,7 +51,7 @@ def reorder(lru: Any, cap: int) -> int:
     """Move the ``cap`` most recently used protected nodes of ``lru`` (a device ``UnifiedLRUList``) to its
     MRU end, in their order; returns how many moved."""
     slot = lru.component_type  # a device list's pointer slot (UnifiedLRUList._pt)
-    protected = []
+    protected: list[Any] = []
     node = lru.head.lru_next[slot]
     while node is not lru.tail and len(protected) < cap:  # MRU first
         if node.id in lru.cache and node.hit_count >= PROTECTED_HITS:
