@@ -1,7 +1,8 @@
 """Test-wide setup.
 
 Without a CUDA device, Triton kernels can only run under the interpreter, so it is switched on
-before anything imports triton. On a GPU machine the same tests run the compiled kernels.
+before anything imports triton. On a GPU machine the same tests run the compiled kernels. The hub is
+off for the test process.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# No test reads the Hugging Face hub (models are local directories): without this, SGLang's ServerArgs for a
+# model named "dummy" waits on hub lookups, 46-80 s a test where the network answers slowly. Test servers do
+# not inherit it (tests/support/serve.py: the CPU runtime sets it itself for a local model, as for a user).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True)
