@@ -32,13 +32,14 @@ def _adapter_installed(radix_adapter):
     return radix_adapter
 
 
-def _lru(hits: list[int]):
-    """SGLang's mamba LRU list holding one node per entry of ``hits`` (its hit_count), the first the oldest."""
+def _lru(hits: list[int], referenced=None):
+    """SGLang's mamba LRU list holding one node per entry of ``hits`` (its hit_count), the first the oldest;
+    ``referenced``: SGLang's session partition predicate (None: no partition)."""
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedLRUList, UnifiedTreeNode
 
     components = (ComponentType.FULL, ComponentType.MAMBA)
-    lru = UnifiedLRUList(ComponentType.MAMBA, components)
+    lru = UnifiedLRUList(ComponentType.MAMBA, components, is_referenced=referenced)
     nodes = []
     for count in hits:
         node = UnifiedTreeNode(components)
@@ -49,10 +50,11 @@ def _lru(hits: list[int]):
 
 
 def _order(lru) -> list:
-    """The list from its LRU end (evicted first) to its MRU end."""
+    """The list's nodes from its LRU end (evicted first) to its MRU end (sentinels left out)."""
     out, node = [], lru.tail.lru_prev[lru.component_type]
     while node is not lru.head:
-        out.append(node)
+        if node.id in lru.cache:
+            out.append(node)
         node = node.lru_prev[lru.component_type]
     return out
 
@@ -67,6 +69,32 @@ def test_reorder_protects_at_most_cap_states_the_most_recent():
     lru, n = _lru([2, 0, 3, 1, 2, 0])
     assert state_eviction.reorder(lru, cap=2) == 2
     assert _order(lru) == [n[0], n[1], n[3], n[5], n[2], n[4]]  # n[0]: protected, but the oldest: it stays
+
+
+def test_a_second_reorder_moves_only_newly_protected_states():
+    lru, n = _lru([2, 0, 3, 1, 2, 0])
+    state_eviction.reorder(lru, cap=10)
+    assert state_eviction.reorder(lru, cap=10) == 0  # in place: nothing moves
+    n[1].hit_count = 2
+    lru.reset_node_mru(n[3])  # a hit on an unprotected state: now the most recent
+    assert state_eviction.reorder(lru, cap=10) == 4
+    assert _order(lru) == [n[5], n[3], n[1], n[0], n[2], n[4]]
+
+
+def test_a_session_partitioned_list_keeps_its_halves():
+    """With SGLang's session radix cache the list holds referenced nodes above the ``mid`` sentinel; protected
+    states move within their half."""
+    referenced = set()
+    lru, n = _lru([2, 0, 3, 1, 2, 0], referenced=lambda node: node.id in referenced)
+    referenced.add(n[1].id)
+    lru.reset_node_mru(n[1])  # n[1] now in the referenced half
+    assert state_eviction.reorder(lru, cap=10) == 3
+    slot, node, above_mid = lru.component_type, lru.head.lru_next[lru.component_type], []
+    while node is not lru.mid:
+        above_mid.append(node)
+        node = node.lru_next[slot]
+    assert above_mid == [n[1]]
+    assert _order(lru) == [n[3], n[5], n[0], n[2], n[4], n[1]]
 
 
 def _document_then_fresh_states(fix_on: bool, ring: bool = True) -> tuple[int, int]:

@@ -47,17 +47,49 @@ def protected_cap(component: Any) -> int:
     return int(size * PROTECTED_SHARE)
 
 
+def _protected(lru: Any, node: Any) -> bool:
+    return node.id in lru.cache and node.hit_count >= PROTECTED_HITS  # sentinels are not in ``cache``
+
+
 def reorder(lru: Any, cap: int) -> int:
-    """Move the ``cap`` most recently used protected nodes of ``lru`` (a device ``UnifiedLRUList``) to its
-    MRU end, in their order; returns how many moved."""
+    """Put the ``cap`` most recently used protected nodes of ``lru`` (a device ``UnifiedLRUList``) at its MRU end,
+    in their order, the rest in theirs; returns how many nodes moved. Nodes already in place stay: after the
+    previous walk's reorder only newly protected nodes move, so a walk costs one pass over the list."""
+    if lru.mid is not None:  # session radix cache: SGLang's referenced / unreferenced halves
+        return _reorder_partitioned(lru, cap)
     slot = lru.component_type  # a device list's pointer slot (UnifiedLRUList._pt)
+    placed = None  # the protected node last put in its final place
+    in_place, found, moved = True, 0, 0
+    node = lru.head.lru_next[slot]
+    while node is not lru.tail and found < cap:
+        nxt = node.lru_next[slot]
+        if _protected(lru, node):
+            found += 1
+            if not in_place:
+                if placed is None:
+                    lru.reset_node_mru(node)
+                else:
+                    lru.remove_node(node)
+                    lru.insert_after(placed, node)
+                moved += 1
+            placed = node
+        else:
+            in_place = False
+        node = nxt
+    return moved
+
+
+def _reorder_partitioned(lru: Any, cap: int) -> int:
+    """:func:`reorder` through SGLang's own MRU move, which keeps a node in its partition: every protected node
+    moves, the least recent first."""
+    slot = lru.component_type
     protected: list[Any] = []
     node = lru.head.lru_next[slot]
-    while node is not lru.tail and len(protected) < cap:  # MRU first
-        if node.id in lru.cache and node.hit_count >= PROTECTED_HITS:
+    while node is not lru.tail and len(protected) < cap:
+        if _protected(lru, node):
             protected.append(node)
         node = node.lru_next[slot]
-    for node in reversed(protected):  # the least recent first, so the most recent ends at the MRU end
+    for node in reversed(protected):
         lru.reset_node_mru(node)
     return len(protected)
 
