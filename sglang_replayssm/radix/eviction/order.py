@@ -40,58 +40,46 @@ PROTECTED_SHARE = 0.5
 
 def protected_cap(component: Any) -> int:
     """How many states may be protected: half the state pool (its slots, ``MambaPool.size``)."""
-    pool = getattr(getattr(component.cache, "req_to_token_pool", None), "mamba_pool", None)
-    size = getattr(pool, "size", None)
-    if size is None:
-        size = len(component.tree_core.lru_lists[component.component_type].cache)
-    return int(size * PROTECTED_SHARE)
+    return int(component.cache.req_to_token_pool.mamba_pool.size * PROTECTED_SHARE)
 
 
-def _protected(lru: Any, node: Any) -> bool:
-    return node.id in lru.cache and node.hit_count >= PROTECTED_HITS  # sentinels are not in ``cache``
+def _protected_from_mru(lru: Any, cap: int) -> list[tuple[Any, bool]]:
+    """The ``cap`` most recently used protected nodes of ``lru``, most recent first, each with whether a node
+    that stays (unprotected, or a sentinel: not in ``cache``) is more recent than it, i.e. whether it must move."""
+    slot = lru.component_type  # a device list's pointer slot (UnifiedLRUList._pt)
+    found: list[tuple[Any, bool]] = []
+    behind = False
+    node = lru.head.lru_next[slot]
+    while node is not lru.tail and len(found) < cap:
+        if node.id in lru.cache and node.hit_count >= PROTECTED_HITS:
+            found.append((node, behind))
+        else:
+            behind = True
+        node = node.lru_next[slot]
+    return found
 
 
 def reorder(lru: Any, cap: int) -> int:
     """Put the ``cap`` most recently used protected nodes of ``lru`` (a device ``UnifiedLRUList``) at its MRU end,
     in their order, the rest in theirs; returns how many nodes moved. Nodes already in place stay: after the
-    previous walk's reorder only newly protected nodes move, so a walk costs one pass over the list."""
-    if lru.mid is not None:  # session radix cache: SGLang's referenced / unreferenced halves
-        return _reorder_partitioned(lru, cap)
-    slot = lru.component_type  # a device list's pointer slot (UnifiedLRUList._pt)
-    placed = None  # the protected node last put in its final place
-    in_place, found, moved = True, 0, 0
-    node = lru.head.lru_next[slot]
-    while node is not lru.tail and found < cap:
-        nxt = node.lru_next[slot]
-        if _protected(lru, node):
-            found += 1
-            if not in_place:
-                if placed is None:
-                    lru.reset_node_mru(node)
-                else:
-                    lru.remove_node(node)
-                    lru.insert_after(placed, node)
-                moved += 1
-            placed = node
-        else:
-            in_place = False
-        node = nxt
+    previous walk's reorder only newly protected nodes move, so a walk costs one pass over the list. With SGLang's
+    session partition (``mid``) every protected node takes SGLang's own MRU move, which keeps its half."""
+    found = _protected_from_mru(lru, cap)
+    if lru.mid is not None:
+        for node, _ in reversed(found):  # the least recent first: the most recent ends at the MRU end
+            lru.reset_node_mru(node)
+        return len(found)
+    placed, moved = None, 0  # the protected node last put in its final place
+    for node, behind in found:
+        if behind:
+            if placed is None:
+                lru.reset_node_mru(node)
+            else:
+                lru.remove_node(node)
+                lru.insert_after(placed, node)
+            moved += 1
+        placed = node
     return moved
-
-
-def _reorder_partitioned(lru: Any, cap: int) -> int:
-    """:func:`reorder` through SGLang's own MRU move, which keeps a node in its partition: every protected node
-    moves, the least recent first."""
-    slot = lru.component_type
-    protected: list[Any] = []
-    node = lru.head.lru_next[slot]
-    while node is not lru.tail and len(protected) < cap:
-        if _protected(lru, node):
-            protected.append(node)
-        node = node.lru_next[slot]
-    for node in reversed(protected):
-        lru.reset_node_mru(node)
-    return len(protected)
 
 
 def _decode_ring(req_to_token_pool: Any) -> bool:
