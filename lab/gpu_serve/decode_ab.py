@@ -123,7 +123,7 @@ def static_gib_of(spec: str) -> tuple[float, dict[str, float]]:
 
 
 def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: int,
-                  stream: bool = False, on_rep: Any = None) -> dict[str, Any]:
+                  stream: bool = False, on_rep: Any = None, long_hit: int = 0) -> dict[str, Any]:
     """Client time of one-token requests, one at a time, the arms interleaved (rotating) so host drift hits
     every arm alike: a 32-token cold prompt (the fixed floor), a 3,482-token cold prompt, and a hit (3,332
     tokens seeded by an untimed request, then the same prefix + 150 new tokens); the first rotation
@@ -131,7 +131,8 @@ def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: i
     time to the first token (``floor32``, ``cold32``, ``hit32``), which holds the first decode step's launch
     (SGLang's overlap scheduler sends a prefill's token after launching the next batch). Per arm and kind:
     every time, the median and p10 / p90 (ms), and the hits' cached tokens; ``on_rep`` gets that summary
-    after every measured rotation (a call cut at its time limit keeps the rotations done)."""
+    after every measured rotation (a call cut at its time limit keeps the rotations done). ``long_hit``: also
+    a hit at that depth (``long``: seeded like ``hit``), which the plugin rebuilds over more records."""
     import random
 
     from profile_step import _generate, _stream_ttft_ms
@@ -141,22 +142,26 @@ def prefill_times(servers: dict[str, tuple[str, Path]], live: list[str], reps: i
     def ids(n: int) -> list[int]:
         return [rng.randrange(10, 2000) for _ in range(n)]
 
-    times: dict[str, dict[str, list[float]]] = {n: {"floor": [], "cold": [], "hit": []} for n in live}
+    times: dict[str, dict[str, list[float]]] = {n: {"floor": [], "cold": [], "hit": [], "long": []} for n in live}
     cached: dict[str, list[int]] = {n: [] for n in live}
     for rep in range(reps + 1):
         for name in live[rep % len(live):] + live[:rep % len(live)]:
             url = servers[name][0]
             # one-token requests; with ``stream`` the same again (a new prefix), streamed with 32 new tokens
             for suffix in ("", "32") if stream else ("",):
-                prefix = ids(3332)
+                prefix, longer = ids(3332), ids(long_hit)
                 _generate(url, prefix + ids(150), 1)  # the seed of the hit
-                for kind, prompt in (("floor", ids(32)), ("cold", ids(3482)), ("hit", prefix + ids(150))):
+                kinds = [("floor", ids(32)), ("cold", ids(3482)), ("hit", prefix + ids(150))]
+                if long_hit:
+                    _generate(url, longer + ids(150), 1)
+                    kinds.append(("long", longer + ids(150)))
+                for kind, prompt in kinds:
                     if suffix:
                         ms = _stream_ttft_ms(url, prompt, 32)
                     else:
                         out = _generate(url, prompt, 1)
                         ms = round(1e3 * out["client_s"], 2)
-                        if rep and kind == "hit":
+                        if rep and kind in ("hit", "long"):
                             cached[name].append(int(out.get("meta_info", {}).get("cached_tokens", 0)))
                     if rep:
                         times[name].setdefault(kind + suffix, []).append(ms)
@@ -226,7 +231,7 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
                 doc["prefill"][-1] = partial
                 write_all()
 
-            keep(prefill_times(servers, live, args.floor_reps, args.stream, on_rep=keep))
+            keep(prefill_times(servers, live, args.floor_reps, args.stream, on_rep=keep, long_hit=args.long_hit))
             print("[ab] prefill ms (median, p10-p90): " + json.dumps(doc["prefill"][-1]["summary"]), flush=True)
             write_all()
         for name, (_, log) in servers.items():
@@ -254,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="after the rounds: this many interleaved one-token prefills per arm (32 and 3,482 cold, a hit)")
     p.add_argument("--stream", action="store_true",
                    help="--floor-reps also streams each kind with 32 new tokens (TTFT with the first decode launch)")
+    p.add_argument("--long-hit", type=int, default=0,
+                   help="--floor-reps also times a hit at this depth (+ 150 new tokens): a longer rebuild")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)

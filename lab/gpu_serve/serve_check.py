@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-concurrency", type=int, default=256)
     p.add_argument("--ttft-profile", action="store_true",
                    help="ttft stage: also trace one floor and one cold prefill (kernels, launches, CPU ops)")
+    p.add_argument("--ttft-prefix-len", type=int, default=3332,
+                   help="ttft stage: the branch's hit depth (3,332: 4 records past an interval state; 3,500: 172)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--lab", action="store_true", help="the lab H200's flags (scripts/gpu_serve.sh)")
     p.add_argument("--server-args", default="", help="extra server flags for every arm")
@@ -206,7 +208,7 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
 
                 try:
                     entry["stages"]["ttft"] = ttft_parts(url, args.out / "profiles" / name,
-                                                         profile=args.ttft_profile)
+                                                         prefix_len=args.ttft_prefix_len, profile=args.ttft_profile)
                     print(f"[{name}] ttft parts (ms): {entry['stages']['ttft']['median_ms']} cached "
                           f"{entry['stages']['ttft']['cached_tokens'].get('branch')}", flush=True)
                 except (OSError, RuntimeError, ValueError) as exc:  # urllib's errors are OSErrors
