@@ -38,6 +38,7 @@ import torch
 
 from sglang_replayssm import settings
 from sglang_replayssm.host_lists import on_device
+from sglang_replayssm.radix.records.fold_stack import StackedStates, extend_stacked, stacked_states
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of
 
@@ -113,17 +114,41 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
         starts = None
     ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
-    ab_rows = None if ab is None else tuple(zip(ab[0].index_select(1, plan.ext_slots).unbind(0),
-                                                ab[1].index_select(1, plan.ext_slots).unbind(0)))
+    ab_all = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
+    ab_rows = None if ab_all is None else tuple(zip(ab_all[0].unbind(0), ab_all[1].unbind(0)))
+    stack = _stack_of(pool, caches, plan) if ab is not None else None
+    mixed: list[torch.Tensor] = []
     for layer_id, cache in caches.items():
         if starts is not None and pool.states is not None:
             cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
         rec = pool.layers[layer_id]
+        if stack is not None:  # the conv now, the extend of every layer below
+            mixed.append(_conv_gdn(rec, cache.conv[0], plan.dst, plan))
+            continue
         if ab_rows is None:
             a, b = rec.a[plan.ext_slots], rec.b[plan.ext_slots]
         else:
             a, b = ab_rows[pool.layer_ids.index(layer_id)]
         (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, cache, plan, a, b)
+    if stack is not None and ab_all is not None:
+        rows = [pool.layer_ids.index(lid) for lid in caches]
+        a_all, b_all = ab_all
+        if rows != list(range(len(pool.layer_ids))):
+            pick = on_device(rows, torch.int64, device)
+            a_all, b_all = a_all.index_select(0, pick), b_all.index_select(0, pick)
+        extend_stacked(pool.layers[next(iter(caches))].backend, [pool.layers[lid].layer for lid in caches], mixed,
+                       a_all, b_all, stack, plan.ext_dst, plan.ext_lens, plan.ext_prefix)
+
+
+def _stack_of(pool: RecordPool, caches: dict[int, Any], plan: _Plan) -> StackedStates | None:
+    """The state stack when this step's extend can run once for every layer (:mod:`.fold_stack`): chunk
+    kernels (not the sequential fold), GDN layers of one backend, used in place, and records past a lead."""
+    recs = [pool.layers[lid] for lid in caches]
+    if plan.sequential or not plan.ext_lens or any(r.kda for r in recs) or len({id(r.backend) for r in recs}) != 1:
+        return None
+    if getattr(recs[0].backend, "requires_contiguous_prefill_state", False):
+        return None
+    return stacked_states(caches)
 
 
 def _start_states_of_all_layers(pool: RecordPool, req_pool: Any, caches: dict[int, Any], dst: torch.Tensor,
@@ -197,7 +222,6 @@ class _Plan:
 def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor, b: torch.Tensor) -> None:
     """Fold the plan's records of one GDN layer into its pool ``cache`` (``mamba2_layer_cache``); ``a``,
     ``b``: the layer's gate inputs of the extended records (``ext_slots``), gathered by the caller."""
-    from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
     from sglang.srt.utils import is_cpu
 
     layer, backend = rec.layer, rec.backend
@@ -214,21 +238,7 @@ def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor,
         ext_idx = plan.ext_rows  # the work copies are in batch order
     else:
         conv_work, ssm_work, idx, ext_idx = conv_states, ssm_states, dst, plan.ext_dst
-    x = rec.x[plan.slots]
-    total = x.shape[0]
-    mixed = gdn_backend.causal_conv1d_fn(
-        x.transpose(0, 1),
-        layer.conv_weights,
-        layer.bias,
-        activation=layer.activation,
-        conv_states=conv_work,
-        has_initial_state=plan.conv_init,
-        cache_indices=idx,
-        query_start_loc=plan.conv_cu,
-        seq_lens_cpu=plan.conv_lens,
-    ).transpose(0, 1)[:total]
-    if plan.keep is not None:  # drop the lead rows: they only made the conv window
-        mixed = mixed[plan.keep]
+    mixed = _conv_gdn(rec, conv_work, idx, plan)
     n = mixed.shape[0]
     if n > 0:
         q, k, v = torch.split(mixed, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
@@ -254,6 +264,27 @@ def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor,
             track_chunk_idx=None,
         )
     _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
+
+
+def _conv_gdn(rec: LayerRecords, conv_states: torch.Tensor, idx: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """The layer's conv over the plan's records (``conv_states[idx]``: each job's window, updated), its
+    output rows past the leads ``[n, q + k + v]``."""
+    from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
+
+    layer = rec.layer
+    x = rec.x[plan.slots]
+    mixed = gdn_backend.causal_conv1d_fn(
+        x.transpose(0, 1),
+        layer.conv_weights,
+        layer.bias,
+        activation=layer.activation,
+        conv_states=conv_states,
+        has_initial_state=plan.conv_init,
+        cache_indices=idx,
+        query_start_loc=plan.conv_cu,
+        seq_lens_cpu=plan.conv_lens,
+    ).transpose(0, 1)[:x.shape[0]]
+    return mixed if plan.keep is None else mixed[plan.keep]  # the lead rows only made the conv window
 
 
 def _scatter(gather: bool, conv_states: torch.Tensor, ssm_states: torch.Tensor, dst: torch.Tensor,

@@ -1,0 +1,83 @@
+"""Every GDN layer's rebuild extend as one call over the pool's state stack (``radix/records/fold_stack.py``).
+
+CPU: which layouts count as a stack. CUDA (skips without it): SGLang's Triton gates and chunk extend over the
+stack give each layer's own calls' states bit for bit (Qwen3-Next shard GDN shapes, spans from 1 to 150
+records, padding slots and other layers' slots untouched).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from sglang_replayssm.radix.records.fold_stack import extend_stacked, stacked_states
+
+
+def _caches(temporal: torch.Tensor, layer_ids: list[int]) -> dict[int, types.SimpleNamespace]:
+    return {lid: types.SimpleNamespace(temporal=temporal[i]) for i, lid in enumerate(layer_ids)}
+
+
+def test_rows_of_one_contiguous_stack_are_found_with_their_rows():
+    temporal = torch.zeros(4, 6, 2, 3, 3)
+    stack = stacked_states({7: types.SimpleNamespace(temporal=temporal[2]), 3: types.SimpleNamespace(temporal=temporal[0])})
+    assert stack is not None and stack.rows == {7: 2, 3: 0} and stack.slots == 6
+    assert stack.flat.shape == (24, 2, 3, 3) and stack.flat.data_ptr() == temporal.data_ptr()
+    stack.flat[2 * 6 + 5].fill_(1.0)
+    assert temporal[2, 5].eq(1.0).all() and temporal.sum() == 18
+
+
+def test_layouts_that_are_not_one_stack_are_refused():
+    own = {0: types.SimpleNamespace(temporal=torch.zeros(6, 2, 3, 3)), 1: types.SimpleNamespace(temporal=torch.zeros(6, 2, 3, 3))}
+    assert stacked_states(own) is None  # one tensor per layer
+    page_major = torch.zeros(6, 4, 2, 3, 3).transpose(0, 1)  # [L, slots, ...] viewed from slot-major storage
+    assert stacked_states(_caches(page_major, [0, 1])) is None
+    other = torch.zeros(4, 6, 2, 3, 3)
+    assert stacked_states({0: types.SimpleNamespace(temporal=torch.zeros(4, 6, 2, 3, 3)[0]),
+                           1: types.SimpleNamespace(temporal=other[1])}) is None  # rows of two stacks
+    assert stacked_states({0: types.SimpleNamespace(temporal=other[0, :3])}) is None  # a part of a row
+    assert stacked_states({}) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_stacked_extend_gives_every_layers_own_calls_bit_for_bit():
+    from sglang.kernels.ops.attention.linear.fused_gdn_gating import fused_gdn_gating
+    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+
+    dev, gen = torch.device("cuda"), torch.Generator(device="cuda").manual_seed(3)
+    H, HV, K, V, L, SLOTS = 16, 32, 128, 128, 4, 12
+    layers = [types.SimpleNamespace(
+        layer_id=10 + i, A_log=torch.log(0.02 + 0.2 * torch.rand(HV, device=dev, generator=gen)),
+        dt_bias=-2.0 + 0.5 * torch.randn(HV, device=dev, generator=gen), q_dim=H * K, k_dim=H * K, v_dim=HV * V,
+        num_q_heads=H, num_k_heads=H, num_v_heads=HV, head_q_dim=K, head_k_dim=K, head_v_dim=V) for i in range(L)]
+    backend = types.SimpleNamespace(kernel_dispatcher=TritonGDNKernel(),
+                                    _prefill_gates=lambda lay, a, b: fused_gdn_gating(lay.A_log, a, b, lay.dt_bias))
+    lens = [1, 150, 37, 64]
+    n = sum(lens)
+    dst = torch.tensor([3, 7, 0, 11], dtype=torch.int32, device=dev)
+    prefix = torch.tensor([1, 1, 0, 1], dtype=torch.int32, device=dev)
+    mixed = [torch.randn(n, 2 * H * K + HV * V, device=dev, generator=gen).bfloat16() for _ in layers]
+    a = torch.randn(L, n, HV, device=dev, generator=gen).bfloat16()
+    b = torch.randn(L, n, HV, device=dev, generator=gen).bfloat16()
+    start = 0.05 * torch.randn(L + 1, SLOTS, HV, V, K, device=dev, generator=gen)
+    start[:, 0] = 0.0  # the span from the root starts from zeros
+    rows = [3, 0, 2, 4]  # the layers' rows in the stack (row 1 is a layer without records)
+
+    stacked = start.clone()
+    caches = {lay.layer_id: types.SimpleNamespace(temporal=stacked[r]) for lay, r in zip(layers, rows)}
+    stack = stacked_states(caches)
+    assert stack is not None and [stack.rows[lay.layer_id] for lay in layers] == rows
+    extend_stacked(backend, layers, mixed, a, b, stack, dst, lens, prefix)
+
+    own = start.clone()
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    for i, (lay, r) in enumerate(zip(layers, rows)):
+        q, k, v = torch.split(mixed[i], [lay.q_dim, lay.k_dim, lay.v_dim], dim=-1)
+        g, beta = backend._prefill_gates(lay, a[i], b[i])
+        backend.kernel_dispatcher.extend(
+            q=q.reshape(1, n, H, K), k=k.reshape(1, n, H, K), v=v.reshape(1, n, HV, V), g=g, beta=beta,
+            ssm_states=own[r], cache_indices=dst, query_start_loc=cu)
+    torch.cuda.synchronize()
+    assert not torch.equal(own, start)  # the spans were folded
+    assert torch.equal(stacked, own)  # every layer's slots as its own calls left them, the rest untouched
