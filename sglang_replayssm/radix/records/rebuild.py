@@ -21,8 +21,9 @@ tensor-core operands). The CPU runtime's decode kernel takes one token per seque
 keep the chunk path.
 
 Per step, not per layer: the plan's index tensors, the start states' copy into every layer's slot and every
-layer's ``a``, ``b`` gather, where the pool keeps them as stacks (:func:`~.startup.prepare_layers`); per layer
-only the layer's ``x`` gather, its conv, the conv rows past the lead, the gates and the extend.
+layer's ``a``, ``b`` gather, where the pool keeps them as stacks (:func:`~.startup.prepare_layers`), and for
+GDN chunk folds over the mamba pool's state stack the gates and the extend (:mod:`.fold_stack`); per layer
+only the layer's ``x`` gather, its conv and the conv rows past the lead (elsewhere also its gates and extend).
 
 Runs on the forward thread before the forward's first write, so every slot it reads (``src``, the
 records) still holds what the match saw: writes to pool slots and record slots happen only in
