@@ -63,12 +63,13 @@ def test_the_stacked_extend_gives_every_layers_own_calls_bit_for_bit():
     start = 0.05 * torch.randn(L + 1, SLOTS, HV, V, K, device=dev, generator=gen)
     start[:, 0] = 0.0  # the span from the root starts from zeros
     rows = [3, 0, 2, 4]  # the layers' rows in the stack (row 1 is a layer without records)
+    keep = torch.arange(5, 5 + n, device=dev)  # five lead rows before every layer's extended rows
 
     stacked = start.clone()
     caches = {lay.layer_id: types.SimpleNamespace(temporal=stacked[r]) for lay, r in zip(layers, rows)}
     stack = stacked_states(caches)
     assert stack is not None and [stack.rows[lay.layer_id] for lay in layers] == rows
-    extend_stacked(backend, layers, mixed, a, b, stack, dst, lens, prefix)
+    extend_stacked(backend, layers, [torch.cat([m[:5], m]) for m in mixed], keep, a, b, stack, dst, lens, prefix)
 
     own = start.clone()
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)

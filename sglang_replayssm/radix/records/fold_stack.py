@@ -52,17 +52,21 @@ def stacked_states(caches: dict[int, Any]) -> StackedStates | None:
     return StackedStates(base.flatten(0, 1), base.shape[1], rows)
 
 
-def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor], a: torch.Tensor, b: torch.Tensor,
-                   stack: StackedStates, ext_dst: torch.Tensor, ext_lens: list[int],
+def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor], keep: torch.Tensor | None,
+                   a: torch.Tensor, b: torch.Tensor, stack: StackedStates, ext_dst: torch.Tensor, ext_lens: list[int],
                    ext_prefix: torch.Tensor) -> None:
     """Fold every layer's extended rows into its states at ``ext_dst`` in one extend call.
 
-    ``layers[i]``: the GDN layer of ``mixed[i]`` (its conv output of the extended rows, ``[n, q + k + v]``)
-    and of ``a[i]``, ``b[i]`` (``[L, n, HV]``, the gate inputs of the same rows); ``ext_lens``: the spans'
-    lengths (summing to ``n``), ``ext_dst`` their state slots, ``ext_prefix`` the extend's prefix flags."""
+    ``layers[i]``: the GDN layer of ``mixed[i]`` (its conv output ``[rows, q + k + v]``, of which ``keep``
+    picks the extended rows, None: all) and of ``a[i]``, ``b[i]`` (``[L, n, HV]``, the gate inputs of the
+    extended rows); ``ext_lens``: the spans' lengths (summing to ``n``), ``ext_dst`` their state slots,
+    ``ext_prefix`` the extend's prefix flags."""
     first, L = layers[0], len(layers)
     n, hv = a.shape[1], a.shape[2]
-    rows = torch.cat(mixed) if L > 1 else mixed[0]  # [L * n, q + k + v], layer-major
+    rows = torch.cat(mixed) if L > 1 else mixed[0]  # [L * rows, q + k + v], layer-major
+    if keep is not None:  # every layer's extended rows in one gather
+        per_layer = mixed[0].shape[0]
+        rows = rows[(torch.arange(L, device=keep.device) * per_layer)[:, None].add(keep[None, :]).reshape(-1)]
     q, k, v = torch.split(rows, [first.q_dim, first.k_dim, first.v_dim], dim=-1)
     q = q.reshape(1, L * n, first.num_q_heads, first.head_q_dim)
     k = k.reshape(1, L * n, first.num_k_heads, first.head_k_dim)

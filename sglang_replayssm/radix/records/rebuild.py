@@ -124,7 +124,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
             cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
         rec = pool.layers[layer_id]
         if stack is not None:  # the conv now, the extend of every layer below
-            mixed.append(_conv_gdn(rec, cache.conv[0], plan.dst, plan))
+            mixed.append(_conv_gdn(rec, cache.conv[0], plan.dst, plan, keep=False))
             continue
         if ab_rows is None:
             a, b = rec.a[plan.ext_slots], rec.b[plan.ext_slots]
@@ -138,7 +138,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
             pick = on_device(rows, torch.int64, device)
             a_all, b_all = a_all.index_select(0, pick), b_all.index_select(0, pick)
         extend_stacked(pool.layers[next(iter(caches))].backend, [pool.layers[lid].layer for lid in caches], mixed,
-                       a_all, b_all, stack, plan.ext_dst, plan.ext_lens, plan.ext_prefix)
+                       plan.keep, a_all, b_all, stack, plan.ext_dst, plan.ext_lens, plan.ext_prefix)
 
 
 def _stack_of(pool: RecordPool, caches: dict[int, Any], plan: _Plan) -> StackedStates | None:
@@ -267,9 +267,10 @@ def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor,
     _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
 
 
-def _conv_gdn(rec: LayerRecords, conv_states: torch.Tensor, idx: torch.Tensor, plan: _Plan) -> torch.Tensor:
+def _conv_gdn(rec: LayerRecords, conv_states: torch.Tensor, idx: torch.Tensor, plan: _Plan,
+              keep: bool = True) -> torch.Tensor:
     """The layer's conv over the plan's records (``conv_states[idx]``: each job's window, updated), its
-    output rows past the leads ``[n, q + k + v]``."""
+    output rows ``[rows, q + k + v]``: with ``keep``, only those past the leads."""
     from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
 
     layer = rec.layer
@@ -285,7 +286,7 @@ def _conv_gdn(rec: LayerRecords, conv_states: torch.Tensor, idx: torch.Tensor, p
         query_start_loc=plan.conv_cu,
         seq_lens_cpu=plan.conv_lens,
     ).transpose(0, 1)[:x.shape[0]]
-    return mixed if plan.keep is None else mixed[plan.keep]  # the lead rows only made the conv window
+    return mixed if plan.keep is None or not keep else mixed[plan.keep]  # lead rows only made the conv window
 
 
 def _scatter(gather: bool, conv_states: torch.Tensor, ssm_states: torch.Tensor, dst: torch.Tensor,
