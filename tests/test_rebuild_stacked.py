@@ -82,3 +82,25 @@ def test_the_stacked_extend_gives_every_layers_own_calls_bit_for_bit():
     torch.cuda.synchronize()
     assert not torch.equal(own, start)  # the spans were folded
     assert torch.equal(stacked, own)  # every layer's slots as its own calls left them, the rest untouched
+
+
+def test_a_gpu_gdn_backend_over_contiguous_pools_takes_the_stack(monkeypatch):
+    """SGLang's GDN backend asks for contiguous prefill states (``requires_contiguous_prefill_state``); the
+    rows of the pool's stacks are, so the stacked extend applies; chunk folds only, GDN only."""
+    import sglang.srt.utils
+
+    from sglang_replayssm.radix.records import rebuild as rb
+
+    monkeypatch.setattr(sglang.srt.utils, "is_cpu", lambda: False)
+    temporal, conv = torch.zeros(3, 5, 2, 3, 3), torch.zeros(3, 5, 4, 3)
+    caches = {i: types.SimpleNamespace(temporal=temporal[i], conv=[conv[i]]) for i in range(3)}
+    backend = types.SimpleNamespace(requires_contiguous_prefill_state=True)
+    pool = types.SimpleNamespace(layers={i: types.SimpleNamespace(kda=False, backend=backend) for i in range(3)})
+    chunk = types.SimpleNamespace(sequential=False, ext_lens=[40])
+    assert rb._stack_of(pool, caches, chunk) is not None
+    assert rb._stack_of(pool, caches, types.SimpleNamespace(sequential=True, ext_lens=[4])) is None
+    pool.layers[1].kda = True
+    assert rb._stack_of(pool, caches, chunk) is None
+    pool.layers[1].kda = False
+    caches[2].conv = [torch.zeros(5, 3, 4).transpose(1, 2)]  # a strided conv window: work copies, layer by layer
+    assert rb._stack_of(pool, caches, chunk) is None

@@ -60,7 +60,7 @@ def cpu_engine_backend() -> types.SimpleNamespace:
                                           use_qk_l2norm_in_kernel=True, initial_state_indices=cache_indices)
 
     return types.SimpleNamespace(_prefill_gates=gates, kernel_dispatcher=types.SimpleNamespace(extend=extend),
-                                 requires_contiguous_prefill_state=False)
+                                 requires_contiguous_prefill_state=True)  # as SGLang's GDN backend
 
 
 class KDAAttnBackend:

@@ -147,9 +147,18 @@ def _stack_of(pool: RecordPool, caches: dict[int, Any], plan: _Plan) -> StackedS
     recs = [pool.layers[lid] for lid in caches]
     if plan.sequential or not plan.ext_lens or any(r.kda for r in recs) or len({id(r.backend) for r in recs}) != 1:
         return None
-    if getattr(recs[0].backend, "requires_contiguous_prefill_state", False):
+    if any(_needs_work_copies(r.backend, c.conv[0], c.temporal) for r, c in zip(recs, caches.values())):
         return None
     return stacked_states(caches)
+
+
+def _needs_work_copies(backend: Any, conv_states: torch.Tensor, ssm_states: torch.Tensor) -> bool:
+    """As SGLang's ``forward_extend``: kernels that need a contiguous slot layout get gathered work copies
+    of pools that are not (never on CPU)."""
+    from sglang.srt.utils import is_cpu
+
+    return (getattr(backend, "requires_contiguous_prefill_state", False) and not is_cpu()
+            and (not conv_states.is_contiguous() or not ssm_states.is_contiguous()))
 
 
 def _start_states_of_all_layers(pool: RecordPool, req_pool: Any, caches: dict[int, Any], dst: torch.Tensor,
@@ -223,15 +232,9 @@ class _Plan:
 def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor, b: torch.Tensor) -> None:
     """Fold the plan's records of one GDN layer into its pool ``cache`` (``mamba2_layer_cache``); ``a``,
     ``b``: the layer's gate inputs of the extended records (``ext_slots``), gathered by the caller."""
-    from sglang.srt.utils import is_cpu
-
     layer, backend = rec.layer, rec.backend
     conv_states, ssm_states = cache.conv[0], cache.temporal
-    gather = (
-        getattr(backend, "requires_contiguous_prefill_state", False)
-        and not is_cpu()
-        and (not conv_states.is_contiguous() or not ssm_states.is_contiguous())
-    )
+    gather = _needs_work_copies(backend, conv_states, ssm_states)
     dst = plan.dst
     if gather:  # as SGLang's forward_extend: kernels that need a contiguous slot layout
         conv_work, ssm_work = conv_states[dst.long()].contiguous(), ssm_states[dst.long()].contiguous()
