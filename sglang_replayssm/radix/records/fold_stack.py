@@ -36,15 +36,16 @@ class StackedStates:
 def stacked_states(caches: dict[int, Any]) -> StackedStates | None:
     """The stack behind every ``caches[layer_id].temporal`` (``mamba2_layer_cache`` rows of one
     contiguous ``[L, slots, *state]`` tensor), or None where the layers' states are not laid out so."""
-    temporals = [getattr(c, "temporal", None) for c in caches.values()]
-    if not temporals or not all(isinstance(t, torch.Tensor) for t in temporals):
+    temporals: list[torch.Tensor] = [t for c in caches.values() if isinstance(t := getattr(c, "temporal", None),
+                                                                            torch.Tensor)]
+    if not temporals or len(temporals) != len(caches):
         return None
     base = temporals[0]._base
     if base is None or base.dim() != temporals[0].dim() + 1 or not base.is_contiguous():
         return None
     rows: dict[int, int] = {}
     for layer_id, t in zip(caches, temporals):
-        row, rem = divmod(t.storage_offset() - base.storage_offset(), base.stride(0))
+        row, rem = divmod(int(t.storage_offset()) - int(base.storage_offset()), int(base.stride(0)))
         if (t._base is not base or rem or not 0 <= row < base.shape[0] or t.shape != base.shape[1:]
                 or t.stride() != base.stride()[1:]):
             return None
