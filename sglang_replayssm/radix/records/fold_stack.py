@@ -23,7 +23,7 @@ import torch
 
 from sglang_replayssm.host_lists import on_device
 
-__all__ = ["StackedStates", "extend_stacked", "stacked_states"]
+__all__ = ["StackedStates", "extend_stacked", "gdn_extend", "stacked_states"]
 
 
 class StackedStates:
@@ -81,17 +81,16 @@ def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor], k
     indices = (offsets[:, None] + ext_dst[None, :]).reshape(-1)
     ends = list(itertools.accumulate(ext_lens))
     cu = on_device([0] + [i * n + e for i in range(L) for e in ends], torch.int32, ext_dst.device)
+    gdn_extend(backend, q, k, v, g, beta, stack.flat, indices, cu, first.layer_id, ext_prefix.repeat(L))
+
+
+def gdn_extend(backend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               ssm_states: torch.Tensor, indices: torch.Tensor, cu: torch.Tensor, layer_id: int,
+               prefix: torch.Tensor) -> None:
+    """SGLang's GDN extend kernel (``backend.kernel_dispatcher.extend``) over the varlen sequences ``cu``
+    from and into ``ssm_states[indices]``, as a prefill without tracked or checkpointed states calls it."""
     backend.kernel_dispatcher.extend(
-        q=q, k=k, v=v, g=g, beta=beta,
-        ssm_states=stack.flat,
-        cache_indices=indices,
-        query_start_loc=cu,
-        state_checkpoint_cu_starts=None,
-        num_state_checkpoints=0,
-        state_checkpoint_every_n_tokens=0,
-        output=None,
-        layer_id=first.layer_id,
-        extend_prefix_lens=ext_prefix.repeat(L),
-        track_state=None,
-        track_chunk_idx=None,
+        q=q, k=k, v=v, g=g, beta=beta, ssm_states=ssm_states, cache_indices=indices, query_start_loc=cu,
+        state_checkpoint_cu_starts=None, num_state_checkpoints=0, state_checkpoint_every_n_tokens=0, output=None,
+        layer_id=layer_id, extend_prefix_lens=prefix, track_state=None, track_chunk_idx=None,
     )

@@ -39,7 +39,12 @@ import torch
 
 from sglang_replayssm import settings
 from sglang_replayssm.host_lists import on_device
-from sglang_replayssm.radix.records.fold_stack import StackedStates, extend_stacked, stacked_states
+from sglang_replayssm.radix.records.fold_stack import (
+    StackedStates,
+    extend_stacked,
+    gdn_extend,
+    stacked_states,
+)
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of
 
@@ -253,20 +258,7 @@ def _fold_gdn_layer(rec: LayerRecords, cache: Any, plan: _Plan, a: torch.Tensor,
             _fold_sequential(q, k, v, a, b, layer, ssm_work, ext_idx, plan.ext_cu, is_kda=False)
             return _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
         g, beta = backend._prefill_gates(layer, a, b)
-        backend.kernel_dispatcher.extend(
-            q=q, k=k, v=v, g=g, beta=beta,
-            ssm_states=ssm_work,
-            cache_indices=ext_idx,
-            query_start_loc=plan.ext_cu,
-            state_checkpoint_cu_starts=None,
-            num_state_checkpoints=0,
-            state_checkpoint_every_n_tokens=0,
-            output=None,
-            layer_id=layer.layer_id,
-            extend_prefix_lens=plan.ext_prefix,
-            track_state=None,
-            track_chunk_idx=None,
-        )
+        gdn_extend(backend, q, k, v, g, beta, ssm_work, ext_idx, plan.ext_cu, layer.layer_id, plan.ext_prefix)
     _scatter(gather, conv_states, ssm_states, dst, conv_work, ssm_work)
 
 
