@@ -63,8 +63,10 @@ def write(doc: dict[str, Any], groups: list[dict[int, dict[str, list[float]]]], 
             n = min((len(v) for v in steps.values()), default=0)
             summary = summarize({a: v[:n] for a, v in steps.items()}, concurrency) if steps else {}
             doc["summary"].append({"concurrency": concurrency, "arms": summary})
-            texts.append(table(summary, concurrency) if summary else "")
-    text = "\n".join(texts)
+            texts.append(table(summary, concurrency) if n else "")  # no round ran: no decode table
+    for prefill in doc.get("prefill", []):
+        texts.append(prefill_table(prefill.get("summary", {}), prefill.get("reps", 0)))
+    text = "\n".join(t for t in texts if t)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
         (d / "decode_ab.json").write_text(json.dumps(doc, indent=1))
@@ -94,6 +96,19 @@ def table(summary: dict[str, Any], concurrency: int) -> str:
         rows.append(f"| {arm} | {s['tok_s_median']:.0f} | {s['step_ms_median']:.2f} | "
                     f"{' '.join(f'{x:.2f}' for x in s['step_ms'])} | {s['speedup_vs_first_median']:.2f}x"
                     f"{f' ({rng[0]:.2f}-{rng[1]:.2f})' if rng else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+def prefill_table(summary: dict[str, dict[str, list[float]]], reps: int) -> str:
+    """The prefill times (:func:`prefill_times`): per arm and kind, the client's p50 ms (p10-p90)."""
+    kinds = list(dict.fromkeys(k for by_kind in summary.values() for k in by_kind))
+    if not kinds:
+        return ""
+    rows = [f"| arm (client ms, p50 (p10-p90) of {reps} rotations) | " + " | ".join(kinds) + " |",
+            "|---|" + "---|" * len(kinds)]
+    for arm, by_kind in summary.items():
+        cells = [f"{v[0]:.1f} ({v[1]:.1f}-{v[2]:.1f})" if (v := by_kind.get(k)) else "-" for k in kinds]
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
 
