@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,11 +27,13 @@ from sglang_replayssm.host_lists import on_device
 __all__ = ["StackedStates", "extend_stacked", "gdn_extend", "stacked_states"]
 
 
+@dataclass(frozen=True)
 class StackedStates:
     """The pool's state stack flattened (``flat [L * slots, *state]``) and each layer's row in it."""
 
-    def __init__(self, flat: torch.Tensor, slots: int, rows: dict[int, int]) -> None:
-        self.flat, self.slots, self.rows = flat, slots, rows
+    flat: torch.Tensor
+    slots: int
+    rows: dict[int, int]
 
 
 def stacked_states(caches: dict[int, Any]) -> StackedStates | None:

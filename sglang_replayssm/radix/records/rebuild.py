@@ -119,31 +119,25 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
     if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
         starts = None
-    ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
-    ab_all = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
-    ab_rows = None if ab_all is None else tuple(zip(ab_all[0].unbind(0), ab_all[1].unbind(0)))
-    stack = _stack_of(pool, caches, plan) if ab is not None else None
-    mixed: list[torch.Tensor] = []
-    for layer_id, cache in caches.items():
-        if starts is not None and pool.states is not None:
+    if starts is not None and pool.states is not None:  # layer by layer where not copied at once above
+        for layer_id, cache in caches.items():
             cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
+    ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
+    ab_ext = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
+    stack = _stack_of(pool, caches, plan) if ab_ext is not None else None
+    if stack is not None and ab_ext is not None:  # the convs, then one extend for every layer (``ab``'s row order)
+        mixed = [_conv_gdn(pool.layers[lid], caches[lid].conv[0], plan.dst, plan, keep=False) for lid in pool.layer_ids]
+        extend_stacked(pool.layers[pool.layer_ids[0]].backend, [pool.layers[lid].layer for lid in pool.layer_ids],
+                       mixed, plan.keep, *ab_ext, stack, plan.ext_dst, plan.ext_lens, plan.ext_prefix)
+        return
+    ab_rows = None if ab_ext is None else tuple(zip(ab_ext[0].unbind(0), ab_ext[1].unbind(0)))
+    for layer_id, cache in caches.items():
         rec = pool.layers[layer_id]
-        if stack is not None:  # the conv now, the extend of every layer below
-            mixed.append(_conv_gdn(rec, cache.conv[0], plan.dst, plan, keep=False))
-            continue
         if ab_rows is None:
             a, b = rec.a[plan.ext_slots], rec.b[plan.ext_slots]
         else:
             a, b = ab_rows[pool.layer_ids.index(layer_id)]
         (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, cache, plan, a, b)
-    if stack is not None and ab_all is not None:
-        rows = [pool.layer_ids.index(lid) for lid in caches]
-        a_all, b_all = ab_all
-        if rows != list(range(len(pool.layer_ids))):
-            pick = on_device(rows, torch.int64, device)
-            a_all, b_all = a_all.index_select(0, pick), b_all.index_select(0, pick)
-        extend_stacked(pool.layers[next(iter(caches))].backend, [pool.layers[lid].layer for lid in caches], mixed,
-                       plan.keep, a_all, b_all, stack, plan.ext_dst, plan.ext_lens, plan.ext_prefix)
 
 
 def _stack_of(pool: RecordPool, caches: dict[int, Any], plan: _Plan) -> StackedStates | None:
