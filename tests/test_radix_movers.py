@@ -156,6 +156,42 @@ def test_which_forwards_fold(mode, original, folds):
         sim.check()  # folding preserves the state either way
 
 
+@pytest.mark.parametrize(
+    "mode, streaming, folds",
+    [("EXTEND", False, False), ("MIXED", False, True), ("EXTEND", True, True)],
+    ids=["plain-extend-skips", "mixed-folds", "streaming-session-folds"],
+)
+@pytest.mark.parametrize("debug", [False, True], ids=["", "debug-memory-pool"])
+def test_only_mixed_batches_and_streaming_sessions_fold(mode, streaming, folds, debug):
+    """With the server's args known, only the two extends whose rows can hold records fold (a plain
+    extend's rows are fresh or copied from exact states, so it skips the fold's launches). Under
+    SGLang's debug memory pool a plain extend over a slot with records is refused in one line."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    with config.override(True):
+        sim = Sim(SimConfig(kind="gdn", strategy="no_buffer", track_interval=3))
+        a = sim.admit([1, 2, 3, 4], [5, 6, 7, 8, 9, 1, 2, 3])
+        wp = sim.decode_until_pending(a, min_steps=2)
+        slot = int(a.req.kv.mamba_pool_idx)
+        fb = SimpleNamespace(forward_mode=ForwardMode[mode], logical_forward_mode=None,
+                             req_pool_indices=torch.tensor([a.req.kv.req_pool_idx]), mamba_clear_indices=None,
+                             mamba_cow_src_indices=None, mamba_cow_dst_indices=None)
+        runner = SimpleNamespace(req_to_token_pool=sim.req_pool, is_draft_worker=False,
+                                 server_args=SimpleNamespace(enable_streaming_session=streaming))
+        sim.mamba_pool.debug_memory_pool = debug
+        try:
+            if debug and not folds:
+                with pytest.raises(AssertionError, match=f"slots \\[{slot}\\] with pending ring records"):
+                    ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(runner, fb)
+            else:
+                ModelRunner._maybe_execute_deferred_mamba_cow_and_clear(runner, fb)
+        finally:
+            sim.mamba_pool.debug_memory_pool = False
+        assert int(sim.write_pos[slot]) == (0 if folds else wp)
+        sim.check()  # folding preserves the state; skipping leaves the ring as it was
+
+
 # ---- CPU retraction backup (Req.offload_kv_cache / load_kv_cache) ----------------------------------
 
 

@@ -22,7 +22,8 @@ read ``temporal`` alone or copy it alone:
   copy is loaded into (the copy is a full state, so the destination has no pending records).
 
 Invariants: after :func:`fold_before_extend` every slot of the batch's rows has ``write_pos == 0``
-and ``temporal`` equal to its full state; a CPU copy's ``temporal`` is the slot's full state; a
+and ``temporal`` equal to its full state (rows outside a MIXED batch or a streaming session have no
+records to fold: checked under ``SGLANG_DEBUG_MEMORY_POOL``); a CPU copy's ``temporal`` is the slot's full state; a
 slot loaded from a CPU copy has ``write_pos == 0``. Pools without the decode ring (ReplaySSM off,
 the spec-verify ring, the unified pool) are never touched.
 """
@@ -49,10 +50,34 @@ def _reads_extend_state(runner: Any, forward_batch: Any) -> bool:
     return not (hasattr(mode, "is_draft_extend_v2") and mode.is_draft_extend_v2())
 
 
+def _rows_may_hold_records(runner: Any, forward_batch: Any) -> bool:
+    """Whether an extend forward's rows can carry pending records: a MIXED batch's decode rows
+    (``--enable-mixed-chunk``) and a streaming session's kept slot (``--enable-streaming-session``:
+    its next turn, a retracted turn's resume), the two cases admission names. Any other extend row's
+    slot is fresh (its ring emptied at alloc), a copy-on-write destination of an exact tree state, a
+    slot loaded from a full-state CPU copy, or one its own earlier chunk extended. A runner without
+    server args is taken to allow both."""
+    if forward_batch.forward_mode.is_mixed():
+        return True
+    server_args = getattr(runner, "server_args", None)
+    return server_args is None or bool(getattr(server_args, "enable_streaming_session", False))
+
+
+def _check_no_records(view: Any, slots: torch.Tensor) -> None:
+    """Under SGLang's ``SGLANG_DEBUG_MEMORY_POOL`` (host syncs already paid): an extend that skips the
+    fold reads only slots without pending records."""
+    flat = view.index(slots)
+    pending = torch.where(flat > 0, view.counts(flat), torch.zeros_like(flat))
+    if bool((pending > 0).any().item()):
+        raise AssertionError(f"sglang-replayssm: an extend reads slots {flat[pending > 0].tolist()} with pending "
+                             "ring records outside a MIXED batch or a streaming session")
+
+
 def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
     """``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear`` preceded by a fold of every row.
 
-    Runs for extend and MIXED forwards on a decode-ring pool: each row's slot
+    Runs for extend and MIXED forwards on a decode-ring pool whose rows may hold records
+    (:func:`_rows_may_hold_records`; other extends skip the fold's launches): each row's slot
     (``req_to_token_pool.get_mamba_indices(req_pool_indices)``, translated to physical ids) has its
     pending records folded into ``temporal`` and its cursor zeroed; then SGLang's deferred clear /
     copy-on-write runs as before (a cleared slot ends zero with an empty ring, a copy-on-write
@@ -68,7 +93,13 @@ def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
         and hasattr(pool, "get_mamba_indices")
         and _reads_extend_state(runner, forward_batch)
     ):
-        view.fold(pool.translate_mamba_indices(pool.get_mamba_indices(indices)))
+        fold = _rows_may_hold_records(runner, forward_batch)
+        if fold or getattr(view.pool, "debug_memory_pool", False):
+            slots = pool.translate_mamba_indices(pool.get_mamba_indices(indices))
+            if fold:
+                view.fold(slots)
+            else:
+                _check_no_records(view, slots)
     original(runner, forward_batch)
 
 
