@@ -16,20 +16,21 @@ from tests.support.launch_count import run_capture, run_rebuild, slope
 
 
 def test_a_rebuild_launches_per_layer_only_the_layers_own_work(radix_adapter):
-    """Per GDN layer: the conv (SGLang's) and the gather of the layer's ``x`` records; the start states' copy,
-    the ``a``, ``b`` gathers, the conv rows past the lead, the gates and the extend (every layer's spans as
-    one varlen call over the pool's state stack) are once per forward."""
+    """Nothing per GDN layer: the start states' copy, the ``x``, ``a``, ``b`` gathers, the conv (every layer's
+    channels side by side) with its windows' gather and write-back, the conv rows past the lead, the gates and
+    the extend (every layer's spans as one varlen call over the pool's state stack) are once per forward."""
     per_layer, _, big = slope(run_rebuild)
-    assert per_layer == 2, dict(big.launches)
-    assert big.launches["index_put_.default"] == 1  # the interval states into every layer's slot at once
+    assert per_layer == 0, dict(big.launches)
+    assert big.launches["index_put_.default"] == 2  # the interval states, the conv windows: every layer at once
     assert big.launches["KERNEL extend"] == 1 and big.launches["KERNEL gates"] == 1
-    assert big.launches["KERNEL conv"] == 4
+    assert big.launches["KERNEL conv"] == 1
 
 
 def test_per_layer_pools_fold_each_layer_with_its_own_extend(radix_adapter):
-    """Layers whose states are not rows of one stack (hand-built pools) keep one extend per layer."""
+    """Layers whose states are not rows of one stack (hand-built pools) keep one conv and extend per layer."""
     counter, _ = run_rebuild(3, stacked=False)
     assert counter.launches["KERNEL extend"] == 3 and counter.launches["KERNEL gates"] == 3
+    assert counter.launches["KERNEL conv"] == 3
 
 
 def test_a_capture_launches_per_layer_only_the_layers_own_work(radix_adapter):

@@ -104,3 +104,38 @@ def test_a_gpu_gdn_backend_over_contiguous_pools_takes_the_stack(monkeypatch):
     pool.layers[1].kda = False
     caches[2].conv = [torch.zeros(5, 3, 4).transpose(1, 2)]  # a strided conv window: work copies, layer by layer
     assert rb._stack_of(pool, caches, chunk) is None
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_the_stacked_conv_gives_every_layers_own_conv_bit_for_bit(device):
+    """One depthwise conv over every layer's channels side by side: each layer's outputs and updated windows
+    as its own call leaves them (SGLang's platform conv), with roots and resumed windows, other slots untouched."""
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    from sglang_replayssm.radix.records.fold_stack import conv_stacked
+
+    dev, gen = torch.device(device), torch.Generator(device=device).manual_seed(5)
+    L, R, DIM, W, SLOTS = 3, 40, 64, 4, 9
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    layers = [types.SimpleNamespace(layer_id=20 + i, conv_weights=torch.randn(DIM, W, device=dev, generator=gen).to(dtype),
+                                    bias=None, activation="silu") for i in range(L)]
+    xs = torch.randn(L, R + 1, DIM, device=dev, generator=gen).to(dtype)
+    conv = torch.randn(L + 1, SLOTS, DIM, W - 1, device=dev, generator=gen).to(dtype)
+    rows = {20: 2, 21: 0, 22: 3}  # row 1: a layer without records
+    lens = [5, 17, 1]
+    slots = torch.randperm(R, device=dev, generator=gen)[:sum(lens)]
+    dst = torch.tensor([4, 8, 1], dtype=torch.int32, device=dev)
+    init = torch.tensor([True, False, True], device=dev)
+    cu = torch.tensor([0, 5, 22, 23], dtype=torch.int32, device=dev)
+
+    stacked = conv.clone()
+    out = conv_stacked(layers, xs, stacked, rows, slots, dst, init, cu, lens)
+    own, outs = conv.clone(), []
+    for i, lay in enumerate(layers):
+        x = xs[i][slots]
+        outs.append(gdn_backend.causal_conv1d_fn(
+            x.transpose(0, 1), lay.conv_weights, None, activation="silu", conv_states=own[rows[lay.layer_id]],
+            has_initial_state=init, cache_indices=dst, query_start_loc=cu, seq_lens_cpu=lens).transpose(0, 1)[:x.shape[0]])
+    assert torch.equal(out, torch.cat(outs))
+    assert not torch.equal(own, conv) and torch.equal(stacked, own)

@@ -10,7 +10,10 @@ layer's q, k, v, g, beta rows. The gates run once too, the layers side by side a
 
 Each sequence's recurrence reads and writes only its own state and rows, so the result is the per-layer
 calls' (bit for bit where the kernel treats sequences independently, as SGLang's Triton chunk kernels
-do). What stays per layer: the ``x`` gather and the conv (the layer's weights and conv window).
+do). The conv runs once too (:func:`conv_stacked`): it is depthwise, so the layers' channels side by side
+(``[T, L * conv_dim]``, every layer's weights and windows concatenated) give each channel its own layer's
+result, from the records' ``x`` stack ``[L, R + 1, conv_dim]`` and the pool's conv stack
+``[L, slots, conv_dim, W - 1]`` gathered into (and written back from) slot-major work windows.
 """
 
 from __future__ import annotations
@@ -24,52 +27,94 @@ import torch
 
 from sglang_replayssm.host_lists import on_device
 
-__all__ = ["StackedStates", "extend_stacked", "gdn_extend", "stacked_states"]
+__all__ = ["StackedStates", "conv_stacked", "extend_stacked", "gdn_extend", "stacked_states"]
 
 
 @dataclass(frozen=True)
 class StackedStates:
-    """The pool's state stack flattened (``flat [L * slots, *state]``) and each layer's row in it."""
+    """The pool's state stack flattened (``flat [L * slots, *state]``) and each layer's row in it; ``conv``:
+    the conv windows' stack ``[L, slots, conv_dim, W - 1]`` with the same rows, or None."""
 
     flat: torch.Tensor
     slots: int
     rows: dict[int, int]
+    conv: torch.Tensor | None = None
 
 
-def stacked_states(caches: dict[int, Any]) -> StackedStates | None:
-    """The stack behind every ``caches[layer_id].temporal`` (``mamba2_layer_cache`` rows of one
-    contiguous ``[L, slots, *state]`` tensor), or None where the layers' states are not laid out so."""
-    temporals: list[torch.Tensor] = [t for c in caches.values() if isinstance(t := getattr(c, "temporal", None),
-                                                                            torch.Tensor)]
-    if not temporals or len(temporals) != len(caches):
-        return None
-    base = temporals[0]._base
-    if base is None or base.dim() != temporals[0].dim() + 1 or not base.is_contiguous():
+def _rows_of(tensors: list[torch.Tensor], layer_ids: list[int]) -> tuple[torch.Tensor, dict[int, int]] | None:
+    """The one contiguous ``[L, ...]`` tensor whose rows are ``tensors`` (each a whole row), and each
+    layer's row; None otherwise."""
+    base = tensors[0]._base
+    if base is None or base.dim() != tensors[0].dim() + 1 or not base.is_contiguous():
         return None
     rows: dict[int, int] = {}
-    for layer_id, t in zip(caches, temporals):
+    for layer_id, t in zip(layer_ids, tensors):
         row, rem = divmod(int(t.storage_offset()) - int(base.storage_offset()), int(base.stride(0)))
         if (t._base is not base or rem or not 0 <= row < base.shape[0] or t.shape != base.shape[1:]
                 or t.stride() != base.stride()[1:]):
             return None
         rows[layer_id] = row
-    return StackedStates(base.flatten(0, 1), base.shape[1], rows)
+    return base, rows
 
 
-def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor], keep: torch.Tensor | None,
+def stacked_states(caches: dict[int, Any]) -> StackedStates | None:
+    """The stack behind every ``caches[layer_id].temporal`` (``mamba2_layer_cache`` rows of one
+    contiguous ``[L, slots, *state]`` tensor), or None where the layers' states are not laid out so; with
+    the conv windows' stack where ``conv[0]`` is laid out so too, in the same rows."""
+    temporals: list[torch.Tensor] = [t for c in caches.values() if isinstance(t := getattr(c, "temporal", None),
+                                                                            torch.Tensor)]
+    if not temporals or len(temporals) != len(caches):
+        return None
+    found = _rows_of(temporals, list(caches))
+    if found is None:
+        return None
+    base, rows = found
+    convs = [c.conv[0] for c in caches.values() if isinstance(getattr(c, "conv", None), (list, tuple))]
+    conv = _rows_of(convs, list(caches)) if len(convs) == len(caches) else None
+    return StackedStates(base.flatten(0, 1), base.shape[1], rows,
+                         conv[0] if conv is not None and conv[1] == rows and conv[0].dim() == 4 else None)
+
+
+def conv_stacked(layers: list[Any], xs: torch.Tensor, conv: torch.Tensor, rows: dict[int, int], slots: torch.Tensor,
+                 dst: torch.Tensor, conv_init: torch.Tensor, conv_cu: torch.Tensor,
+                 conv_lens: list[int]) -> torch.Tensor:
+    """Every layer's conv over the records ``slots`` (``T`` of them: the jobs' spans, lead rows included)
+    in one call: ``xs [L, R + 1, conv_dim]`` (row ``i``: ``layers[i]``), each job's window
+    ``conv[rows[layer], dst[job]]`` read (where ``conv_init``) and left updated. Returns the conv outputs
+    ``[L * T, conv_dim]``, layer-major."""
+    from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
+
+    L, T, dim = len(layers), int(slots.numel()), int(xs.shape[-1])
+    x = xs.index_select(1, slots).transpose(0, 1).reshape(T, L * dim)  # channels of every layer side by side
+    at = (on_device([rows[lay.layer_id] for lay in layers], torch.int64, dst.device)[:, None], dst.long()[None, :])
+    win = conv.shape[-1]
+    work = conv[at].transpose(0, 1).reshape(-1, L * dim, win)  # [n, L * dim, W - 1], slot-major
+    bias = None if layers[0].bias is None else torch.cat([lay.bias for lay in layers])
+    out = gdn_backend.causal_conv1d_fn(
+        x.transpose(0, 1), torch.cat([lay.conv_weights for lay in layers]), bias, activation=layers[0].activation,
+        conv_states=work, has_initial_state=conv_init,
+        cache_indices=torch.arange(work.shape[0], device=dst.device, dtype=dst.dtype),
+        query_start_loc=conv_cu, seq_lens_cpu=conv_lens,
+    ).transpose(0, 1)[:T]
+    conv[at] = work.reshape(-1, L, dim, win).transpose(0, 1)
+    return out.reshape(T, L, dim).transpose(0, 1).reshape(L * T, dim)
+
+
+def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor] | torch.Tensor, keep: torch.Tensor | None,
                    a: torch.Tensor, b: torch.Tensor, stack: StackedStates, ext_dst: torch.Tensor, ext_lens: list[int],
                    ext_prefix: torch.Tensor) -> None:
     """Fold every layer's extended rows into its states at ``ext_dst`` in one extend call.
 
-    ``layers[i]``: the GDN layer of ``mixed[i]`` (its conv output ``[rows, q + k + v]``, of which ``keep``
+    ``layers[i]``: the GDN layer of ``mixed[i]`` (its conv output ``[rows, q + k + v]``, or all of them as one
+    layer-major tensor, :func:`conv_stacked`'s; of each, ``keep``
     picks the extended rows, None: all) and of ``a[i]``, ``b[i]`` (``[L, n, HV]``, the gate inputs of the
     extended rows); ``ext_lens``: the spans' lengths (summing to ``n``), ``ext_dst`` their state slots,
     ``ext_prefix`` the extend's prefix flags."""
     first, L = layers[0], len(layers)
     n, hv = a.shape[1], a.shape[2]
-    rows = torch.cat(mixed) if L > 1 else mixed[0]  # [L * rows, q + k + v], layer-major
+    rows = mixed if isinstance(mixed, torch.Tensor) else torch.cat(mixed)  # [L * rows, q + k + v], layer-major
     if keep is not None:  # every layer's extended rows in one gather
-        per_layer = mixed[0].shape[0]
+        per_layer = rows.shape[0] // L
         rows = rows[(torch.arange(L, device=keep.device) * per_layer)[:, None].add(keep[None, :]).reshape(-1)]
     q, k, v = torch.split(rows, [first.q_dim, first.k_dim, first.v_dim], dim=-1)
     q = q.reshape(1, L * n, first.num_q_heads, first.head_q_dim)

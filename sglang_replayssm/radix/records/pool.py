@@ -71,7 +71,7 @@ class LayerRecords:
     layer: Any
     backend: Any
     kda: bool = False  # a KDA layer (KDAAttnBackend): its conv window is stored [W - 1, conv_dim]
-    stack_row: int | None = None  # a, b are rows ``stack_row`` of the pool's ``ab`` stacks, or own tensors
+    stack_row: int | None = None  # x, a, b are rows ``stack_row`` of the pool's ``xs``, ``ab`` stacks, or own tensors
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +98,7 @@ class RecordPool:
     sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/records/rebuild.py)
     layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``ab`` (startup)
     ab: tuple[torch.Tensor, torch.Tensor] | None = None  # a, b of the layer_ids [L, R + 1, HV] (views in layers)
+    xs: torch.Tensor | None = None  # x of the layer_ids [L, R + 1, conv_dim] (views in layers)
     staged: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, a, b) to write
     staged_at: tuple[torch.Tensor, torch.Tensor] | None = None  # (kv, dest) of the staged rows' forward
     last_row: int = -1  # the deepest row of ``ab`` a layer with records holds: a forward's last stacked layer
@@ -220,11 +221,12 @@ class RecordPool:
         rows = self.capacity + 1
         kda = type(backend).__name__ == "KDAAttnBackend"
         a2, b2 = a.reshape(x.shape[0], -1), b.reshape(x.shape[0], -1)
-        ab = stacked = None if kda else self._stacked_rows(layer.layer_id, a2, b2)
-        if ab is None:
-            ab = (torch.zeros(rows, a2.shape[1], dtype=a.dtype, device=x.device),
-                  torch.zeros(rows, b2.shape[1], dtype=b.dtype, device=x.device))
-        rec = LayerRecords(x=torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device), a=ab[0], b=ab[1],
+        xab = stacked = None if kda else self._stacked_rows(layer.layer_id, x, a2, b2)
+        if xab is None:
+            xab = (torch.zeros(rows, x.shape[1], dtype=x.dtype, device=x.device),
+                   torch.zeros(rows, a2.shape[1], dtype=a.dtype, device=x.device),
+                   torch.zeros(rows, b2.shape[1], dtype=b.dtype, device=x.device))
+        rec = LayerRecords(x=xab[0], a=xab[1], b=xab[2],
                            layer=layer, backend=backend, kda=kda,
                            stack_row=None if stacked is None else self.layer_ids.index(layer.layer_id))
         if rec.stack_row is not None:
@@ -232,30 +234,37 @@ class RecordPool:
         self.layers[layer.layer_id] = rec
         return rec
 
-    def _stacked_rows(self, layer_id: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Layer ``layer_id``'s rows of :attr:`ab` (allocated for every layer at the first one), or None
-        (not one of ``layer_ids``, or a shape / dtype the stacks do not have). KDA layers are never stacked:
-        their per-channel ``a`` gathered for every layer at once would be large."""
+    def _stacked_rows(self, layer_id: int, x: torch.Tensor, a: torch.Tensor,
+                      b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Layer ``layer_id``'s rows of :attr:`xs` and :attr:`ab` (allocated for every layer at the first one),
+        or None (not one of ``layer_ids``, or a shape / dtype the stacks do not have). KDA layers are never
+        stacked: their per-channel ``a`` gathered for every layer at once would be large."""
         if layer_id not in self.layer_ids:
             return None
-        if self.ab is None:
+        if self.ab is None or self.xs is None:
             shape = (len(self.layer_ids), self.capacity + 1)
+            self.xs = torch.zeros(*shape, x.shape[1], dtype=x.dtype, device=x.device)
             self.ab = (torch.zeros(*shape, a.shape[1], dtype=a.dtype, device=a.device),
                        torch.zeros(*shape, b.shape[1], dtype=b.dtype, device=a.device))
         i = self.layer_ids.index(layer_id)
-        rows = (self.ab[0][i], self.ab[1][i])
-        if any(r.shape[1:] != t.shape[1:] or r.dtype != t.dtype or r.device != t.device for r, t in zip(rows, (a, b))):
+        rows = (self.xs[i], self.ab[0][i], self.ab[1][i])
+        if any(r.shape[1:] != t.shape[1:] or r.dtype != t.dtype or r.device != t.device
+               for r, t in zip(rows, (x, a, b))):
             return None
         return rows
 
     def stacked_ab(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """:attr:`ab` when every layer with records holds its ``a``, ``b`` there (row ``i``: ``layer_ids[i]``)
-        and every one of ``layer_ids`` has records, else None."""
+        """:attr:`ab` when every layer with records holds its ``x``, ``a``, ``b`` in the stacks (row ``i``:
+        ``layer_ids[i]``) and every one of ``layer_ids`` has records, else None."""
         ab = self.ab
         if ab is None or len(self.layers) != len(self.layer_ids):
             return None
         held = (self.layers.get(lid) for lid in self.layer_ids)
         return ab if all(r is not None and r.stack_row == i for i, r in enumerate(held)) else None
+
+    def stacked_x(self) -> torch.Tensor | None:
+        """:attr:`xs` (``[L, R + 1, conv_dim]``) where :meth:`stacked_ab` holds, else None."""
+        return self.xs if self.stacked_ab() is not None else None
 
     @property
     def nbytes(self) -> int:

@@ -41,6 +41,7 @@ from sglang_replayssm import settings
 from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix.records.fold_stack import (
     StackedStates,
+    conv_stacked,
     extend_stacked,
     gdn_extend,
     stacked_states,
@@ -126,9 +127,15 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     ab_ext = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
     stack = _stack_of(pool, caches, plan) if ab_ext is not None else None
     if stack is not None and ab_ext is not None:  # the convs, then one extend for every layer (``ab``'s row order)
-        mixed = [_conv_gdn(pool.layers[lid], caches[lid].conv[0], plan.dst, plan, keep=False) for lid in pool.layer_ids]
-        extend_stacked(pool.layers[pool.layer_ids[0]].backend, [pool.layers[lid].layer for lid in pool.layer_ids],
-                       mixed, plan.keep, *ab_ext, stack, plan.ext_dst, plan.ext_lens, plan.ext_prefix)
+        layers, xs = [pool.layers[lid].layer for lid in pool.layer_ids], pool.stacked_x()
+        if stack.conv is not None and xs is not None:  # one conv for every layer
+            mixed: list[torch.Tensor] | torch.Tensor = conv_stacked(
+                layers, xs, stack.conv, stack.rows, plan.slots, plan.dst, plan.conv_init, plan.conv_cu, plan.conv_lens)
+        else:
+            mixed = [_conv_gdn(pool.layers[lid], caches[lid].conv[0], plan.dst, plan, keep=False)
+                     for lid in pool.layer_ids]
+        extend_stacked(pool.layers[pool.layer_ids[0]].backend, layers, mixed, plan.keep, *ab_ext, stack, plan.ext_dst,
+                       plan.ext_lens, plan.ext_prefix)
         return
     ab_rows = None if ab_ext is None else tuple(zip(ab_ext[0].unbind(0), ab_ext[1].unbind(0)))
     for layer_id, cache in caches.items():
