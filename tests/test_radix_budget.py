@@ -178,6 +178,23 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
         assert record_budget._record_reservation_gib(configurator, rest) == 0.0
 
 
+@pytest.mark.parametrize("rounded", ["1", "0"])
+def test_bf16_serving_reserves_the_rounded_interval_states_it_keeps(monkeypatch, rounded):
+    """Serving in bf16 over fp32 states, the interval states are kept rounded (``STATE_INTERVAL_ROUNDED``, the
+    default) and allocated at the first prefill: the reservation holds them, so they never land outside the
+    memory budget; with rounding off none is kept and none reserved."""
+    cfg = SimConfig(kind="gdn")
+    params = cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers)))
+    configurator = SimpleNamespace(hybrid_gdn_config=object(), model_config=SimpleNamespace(dtype=torch.bfloat16),
+                                   mambaish_config=SimpleNamespace(mamba2_cache_params=params), model=torch.nn.Module())
+    monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "1024")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL_ROUNDED", rounded)
+    records = record_budget.record_bytes_per_token(params, 2) * 1025
+    states = (1024 // 256 + 3) * record_budget.interval_state_bytes(params)
+    gib = record_budget._record_reservation_gib(configurator, 1.0)
+    assert gib * GIB == records + (states if rounded == "1" else 0)
+
+
 def test_record_pool_is_built_with_sglangs_pools(monkeypatch):
     """After ``KVCacheConfigurator.configure`` (the records' AFTER hook): the record pool rides on the
     ``HybridReqToTokenPool``, sized by what the reservation handed that configurator, built once; a draft

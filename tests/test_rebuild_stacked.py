@@ -106,8 +106,9 @@ def test_a_gpu_gdn_backend_over_contiguous_pools_takes_the_stack(monkeypatch):
     assert rb._stack_of(pool, caches, chunk) is None
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the platform conv is CUDA's")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_the_stacked_conv_gives_every_layers_own_conv_bit_for_bit(device):
     """One depthwise conv over every layer's channels side by side: each layer's outputs and updated windows
     as its own call leaves them (SGLang's platform conv), with roots and resumed windows, other slots untouched."""

@@ -119,9 +119,13 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     dtype = getattr(getattr(configurator, "model_config", None), "dtype", None)
     itemsize = getattr(dtype, "itemsize", 4)
     params = configurator.mambaish_config.mamba2_cache_params
-    # Interval states are kept only from an exact (state-dtype) h: GDN serving in the state dtype.
+    # The policy prices interval states where h is exact (GDN serving in the state dtype), as it was measured;
+    # the reservation holds every state kept (allocated at the first prefill): exact, or rounded once to the
+    # serving dtype (STATE_INTERVAL_ROUNDED), GDN's and KDA's.
     exact_h = not params.is_kda and itemsize == params.dtype.temporal.itemsize
-    interval = interval_from_env() if exact_h else 0
+    kept = interval_from_env() if exact_h or itemsize == params.dtype.temporal.itemsize or \
+        settings.STATE_INTERVAL_ROUNDED.value() else 0
+    interval = kept if exact_h else 0
     sequential_tokens_from_env()  # a bad value is refused here, at startup, not at the first rebuild
     per_token = record_bytes_per_token(params, itemsize)
     if interval > 0:
@@ -132,7 +136,7 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     if not explicit:
         capacity, reason = default_record_policy(capacity, rest_gib * (1 << 30), per_token,
                                                  _kv_bytes_per_token(configurator))
-    nbytes = record_bytes(params, itemsize, capacity, interval) if capacity > 0 else 0
+    nbytes = record_bytes(params, itemsize, capacity, kept) if capacity > 0 else 0
     if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
         raise ValueError(
             f"{CAPACITY_ENV}={capacity}: the record pool needs {nbytes / (1 << 30):.2f} GiB but only "
