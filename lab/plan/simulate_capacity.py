@@ -117,6 +117,22 @@ def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[l
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _with_rounded_states(sizes: Any) -> Any:
+    """``plan.sizes`` that also prices an interval state where none is exact (bf16 records: kept rounded)."""
+    import dataclasses
+
+    from sglang_replayssm.bench import plan as capacity
+
+    def priced(model: Any, tp: int = 1, **kwargs: Any) -> Any:
+        s = sizes(model, tp, **kwargs)
+        interval = kwargs.get("interval", capacity.DEFAULT_STATE_INTERVAL)
+        if s.interval or not interval:
+            return s
+        return dataclasses.replace(s, interval_state=capacity.interval_state_bytes(s.params), interval=interval)
+
+    return priced
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the KDA rebuild's Triton kernels on CPU, as the tests run them
     from sglang_replayssm.bench import plan as capacity
@@ -143,10 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-interval", type=int, default=0, metavar="TOKENS",
                    help="record arms keep an interval state every TOKENS (unscaled; the product's default is 256, "
                         "which plan charges to the record budget); 0: none, as before")
+    p.add_argument("--price-rounded-states", action="store_true",
+                   help="charge the record arms' interval states where bf16 serving keeps them rounded (the startup "
+                        "reservation does; the default rule's price does not)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()
     budgets = tuple(int(x) for x in args.record_budgets.split(",") if x)
+    if args.price_rounded_states:
+        capacity.sizes = _with_rounded_states(capacity.sizes)
     doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB),
                         record_budgets=budgets, ring_rows=args.ring_rows)
     trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len, system_len=args.system_len)
