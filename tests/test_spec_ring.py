@@ -182,6 +182,23 @@ def test_d3_d4_extend_forward_folds_every_spec_row_only_with_the_fix(fix_on: boo
     assert int(pool.replayssm_spec_write_pos[1]) == 5  # a verify forward is never folded
 
 
+@pytest.mark.parametrize(("mode", "streaming", "folds"), [("EXTEND", False, False), ("MIXED", False, True),
+                                                        ("EXTEND", True, True)])
+def test_d3_d4_only_extends_whose_rows_can_hold_records_fold(mode: str, streaming: bool, folds: bool) -> None:
+    """With the server's args known, a plain extend (fresh or copied rows) skips the spec fold; a MIXED batch
+    and a streaming-session server fold, as the decode ring's movers do."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    pool = _pool()
+    pending = int(pool.replayssm_spec_write_pos[4])
+    runner = SimpleNamespace(req_to_token_pool=_req_pool(pool), is_draft_worker=False,
+                             server_args=SimpleNamespace(enable_streaming_session=streaming))
+    batch = SimpleNamespace(forward_mode=ForwardMode[mode], logical_forward_mode=None,
+                            req_pool_indices=torch.tensor([4, 3]))
+    hooks.hook_fn("spec_fold_before_extend")(lambda r, b: None, runner, batch)
+    assert pending > 0 and int(pool.replayssm_spec_write_pos[4]) == (0 if folds else pending)
+
+
 @pytest.mark.parametrize(("length", "tokens", "bad"), [(16, 4, False), (12, 4, True), (4, 4, True), (8, 4, False)])
 def test_d5_spec_ring_length_checked_at_startup(length: int, tokens: int, bad: bool) -> None:
     from sglang.srt.arg_groups import attention_hook

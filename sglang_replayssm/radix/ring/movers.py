@@ -36,7 +36,7 @@ import torch
 
 from sglang_replayssm.radix.ring.pool import ring_pool
 
-__all__ = ["cpu_copy_exact", "fold_before_extend"]
+__all__ = ["cpu_copy_exact", "fold_before_extend", "rows_may_hold_records"]
 
 
 def _reads_extend_state(runner: Any, forward_batch: Any) -> bool:
@@ -50,7 +50,7 @@ def _reads_extend_state(runner: Any, forward_batch: Any) -> bool:
     return not (hasattr(mode, "is_draft_extend_v2") and mode.is_draft_extend_v2())
 
 
-def _rows_may_hold_records(runner: Any, forward_batch: Any) -> bool:
+def rows_may_hold_records(runner: Any, forward_batch: Any) -> bool:
     """Whether an extend forward's rows can carry pending records: a MIXED batch's decode rows
     (``--enable-mixed-chunk``) and a streaming session's kept slot (``--enable-streaming-session``:
     its next turn, a retracted turn's resume), the two cases admission names. Any other extend row's
@@ -77,7 +77,7 @@ def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
     """``ModelRunner._maybe_execute_deferred_mamba_cow_and_clear`` preceded by a fold of every row.
 
     Runs for extend and MIXED forwards on a decode-ring pool whose rows may hold records
-    (:func:`_rows_may_hold_records`; other extends skip the fold's launches): each row's slot
+    (:func:`rows_may_hold_records`; other extends skip the fold's launches): each row's slot
     (``req_to_token_pool.get_mamba_indices(req_pool_indices)``, translated to physical ids) has its
     pending records folded into ``temporal`` and its cursor zeroed; then SGLang's deferred clear /
     copy-on-write runs as before (a cleared slot ends zero with an empty ring, a copy-on-write
@@ -93,7 +93,7 @@ def fold_before_extend(original: Any, runner: Any, forward_batch: Any) -> None:
         and hasattr(pool, "get_mamba_indices")
         and _reads_extend_state(runner, forward_batch)
     ):
-        fold = _rows_may_hold_records(runner, forward_batch)
+        fold = rows_may_hold_records(runner, forward_batch)
         if fold or getattr(view.pool, "debug_memory_pool", False):
             slots = pool.translate_mamba_indices(pool.get_mamba_indices(indices))
             if fold:

@@ -194,12 +194,15 @@ def fold_before_offload(req: Any, req_to_token_pool: Any) -> None:
 def fold_before_extend(runner: Any, forward_batch: Any) -> None:
     """D3 / D4: before an extend or MIXED forward (not a verify / draft extend / draft worker) reads
     ``temporal``, fold every row's pending spec records (a mixed-chunk decode row, a streaming
-    session's next turn on the row it kept)."""
-    from sglang_replayssm.radix.ring.movers import _reads_extend_state
+    session's next turn on the row it kept); extends whose rows cannot hold records skip it, as the
+    decode ring's fold does (:func:`~sglang_replayssm.radix.ring.movers.rows_may_hold_records`)."""
+    from sglang_replayssm.radix.ring.movers import _reads_extend_state, rows_may_hold_records
 
     pool: Any = getattr(runner, "req_to_token_pool", None)
     view = spec_ring(getattr(pool, "mamba_pool", None))
     rows = getattr(forward_batch, "req_pool_indices", None)
     if view is None or rows is None or not _reads_extend_state(runner, forward_batch):
+        return
+    if not rows_may_hold_records(runner, forward_batch):
         return
     view.fold(pool.translate_mamba_indices(pool.get_mamba_indices(rows)), rows)
