@@ -122,9 +122,9 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     # The policy prices interval states where h is exact (GDN serving in the state dtype), as it was measured;
     # the reservation holds every state kept (allocated at the first prefill): exact, or rounded once to the
     # serving dtype (STATE_INTERVAL_ROUNDED), GDN's and KDA's.
-    exact_h = not params.is_kda and itemsize == params.dtype.temporal.itemsize
-    kept = interval_from_env() if exact_h or itemsize == params.dtype.temporal.itemsize or \
-        settings.STATE_INTERVAL_ROUNDED.value() else 0
+    same_dtype = itemsize == params.dtype.temporal.itemsize
+    exact_h = not params.is_kda and same_dtype
+    kept = interval_from_env() if same_dtype or settings.STATE_INTERVAL_ROUNDED.value() else 0
     interval = kept if exact_h else 0
     sequential_tokens_from_env()  # a bad value is refused here, at startup, not at the first rebuild
     per_token = record_bytes_per_token(params, itemsize)

@@ -262,10 +262,6 @@ class RecordPool:
         held = (self.layers.get(lid) for lid in self.layer_ids)
         return ab if all(r is not None and r.stack_row == i for i, r in enumerate(held)) else None
 
-    def stacked_x(self) -> torch.Tensor | None:
-        """:attr:`xs` (``[L, R + 1, conv_dim]``) where :meth:`stacked_ab` holds, else None."""
-        return self.xs if self.stacked_ab() is not None else None
-
     @property
     def nbytes(self) -> int:
         """Bytes held: the records of every layer seen so far, plus the two index maps."""

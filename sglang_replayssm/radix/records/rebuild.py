@@ -127,7 +127,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     ab_ext = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
     stack = _stack_of(pool, caches, plan) if ab_ext is not None else None
     if stack is not None and ab_ext is not None:  # the convs, then one extend for every layer (``ab``'s row order)
-        layers, xs = [pool.layers[lid].layer for lid in pool.layer_ids], pool.stacked_x()
+        layers, xs = [pool.layers[lid].layer for lid in pool.layer_ids], pool.xs  # stacked where ``ab`` is
         if stack.conv is not None and xs is not None:  # one conv for every layer
             mixed: list[torch.Tensor] | torch.Tensor = conv_stacked(
                 layers, xs, stack.conv, stack.rows, plan.slots, plan.dst, plan.conv_init, plan.conv_cu, plan.conv_lens)

@@ -201,8 +201,7 @@ def fold_before_extend(runner: Any, forward_batch: Any) -> None:
     pool: Any = getattr(runner, "req_to_token_pool", None)
     view = spec_ring(getattr(pool, "mamba_pool", None))
     rows = getattr(forward_batch, "req_pool_indices", None)
-    if view is None or rows is None or not _reads_extend_state(runner, forward_batch):
-        return
-    if not rows_may_hold_records(runner, forward_batch):
+    if (view is None or rows is None or not _reads_extend_state(runner, forward_batch)
+            or not rows_may_hold_records(runner, forward_batch)):
         return
     view.fold(pool.translate_mamba_indices(pool.get_mamba_indices(rows)), rows)
