@@ -97,3 +97,32 @@ def test_shim_is_inert_without_the_lab_switch() -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(LAB / "shim")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
+    from main_ab import compare, send_order, table
+
+    from sglang_replayssm.bench.records import RequestRecord
+    from sglang_replayssm.bench.workload import Conversation, Turn
+
+    convs = [Conversation(c, c, 0, tuple(Turn((100 * c + t + 1, 7, 8), 2) for t in range(turns)))
+             for c, turns in ((0, 2), (1, 1), (2, 2))]
+    assert [(c.cid, t) for c, t in send_order(convs)] == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)]
+
+    def rec(conv: Conversation, t: int, start: float, ttft: float, cached: int) -> RequestRecord:
+        r = RequestRecord(conv.rid(t), conv.cid, t, conv.group, prompt_tokens=10, cached_tokens=cached)
+        r.start_s, r.ttft_s, r.e2e_s, r.output_ids = start, ttft, ttft + 0.01, [5, 6]
+        return r
+
+    order = send_order(convs)
+    base = [rec(c, t, i, 0.050, 0) for i, (c, t) in enumerate(order)]
+    plug = [rec(c, t, i + 0.5, ttft, cached) for i, ((c, t), ttft, cached) in
+            enumerate(zip(order, (0.9, 0.055, 0.052, 0.051, 0.060), (0, 0, 0, 8, 8)))]
+    res = compare(convs, {"baseline": base, "plugin": plug})
+    d = res["plugin"]["ttft_minus_first_arm"]
+    assert res["plugin"]["first_ttft_ms"] == 900.0  # the first request is apart, not in the pairs
+    assert d["all"]["n"] == 4 and d["same_hit"]["n"] == 2 and d["deeper_hit"]["n"] == 2
+    assert d["same_hit"]["p50_ms"] == 3.5 and d["deeper_hit"]["p50_ms"] == 5.5
+    assert res["baseline"]["ttft_minus_first_arm"]["all"]["p50_ms"] == 0.0
+    assert res["plugin"]["hit_rate"] == 16 / 50
+    assert "| plugin | 32.00% |" in table({"rag": {"arms": res}})

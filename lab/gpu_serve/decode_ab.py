@@ -9,7 +9,8 @@ given ``--static-gib`` of GPU memory for its pools),
 then each round sends one burst to every arm in turn (the order rotates every round); only one server
 decodes at a time. Per arm: SGLang's per-step time of each burst (bench/decode.py) and tokens/s =
 concurrency / step; per round the ratio to the first arm; medians and ranges in DIR/decode_ab.json
-and DIR/decode_ab.md.
+and DIR/decode_ab.md. ``--floor-reps``: paired prefill times after the rounds; ``--main-workloads``: then the
+main job, paired (main_ab.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve_check import LAB_FLAGS, SERVE_FLAGS
+from main_ab import run_main_pairs
+from main_ab import table as main_table
+from serve_check import GSP_ARGS, LAB_FLAGS, RAG_ARGS, SERVE_FLAGS
 
 from sglang_replayssm.bench.arms import ARMS, merge_flags, parse_arms, server_command, server_env
 from sglang_replayssm.bench.decode import run_decode
@@ -66,6 +69,8 @@ def write(doc: dict[str, Any], groups: list[dict[int, dict[str, list[float]]]], 
             texts.append(table(summary, concurrency) if n else "")  # no round ran: no decode table
     for prefill in doc.get("prefill", []):
         texts.append(prefill_table(prefill.get("summary", {}), prefill.get("reps", 0)))
+    for main_job in doc.get("main", []):
+        texts.append(main_table(main_job))
     text = "\n".join(t for t in texts if t)
     for d in dirs:
         d.mkdir(parents=True, exist_ok=True)
@@ -249,6 +254,13 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
             keep(prefill_times(servers, live, args.floor_reps, args.stream, on_rep=keep, long_hit=args.long_hit))
             print("[ab] prefill ms (median, p10-p90): " + json.dumps(doc["prefill"][-1]["summary"]), flush=True)
             write_all()
+        if args.main_workloads and live and time.monotonic() < t_end:
+            bench_args = {"rag": args.rag_args, "gsp": args.gsp_args}
+            doc.setdefault("main", []).append(run_main_pairs(
+                {n: servers[n][0] for n in live}, {w: bench_args[w] for w in args.main_workloads.split(",")},
+                args.model_path))
+            print(main_table(doc["main"][-1]), flush=True)
+            write_all()
         for name, (_, log) in servers.items():
             doc["servers"][name]["log_flags"] = log_flags(log)
             doc["servers"][name]["pools"] = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace")
@@ -276,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="--floor-reps also streams each kind with 32 new tokens (TTFT with the first decode launch)")
     p.add_argument("--long-hit", type=int, default=0,
                    help="--floor-reps also times a hit at this depth (+ 150 new tokens): a longer rebuild")
+    p.add_argument("--main-workloads", default="", help="after the prefill times: the main job, paired "
+                   "(main_ab.py), on these workloads (of rag, gsp)")
+    p.add_argument("--rag-args", default=RAG_ARGS, help="bench arguments of the paired main job's RAG workload")
+    p.add_argument("--gsp-args", default=GSP_ARGS, help="bench arguments of the paired main job's gsp workload")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)

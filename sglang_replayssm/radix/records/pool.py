@@ -102,6 +102,7 @@ class RecordPool:
     staged: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, a, b) to write
     staged_at: tuple[torch.Tensor, torch.Tensor] | None = None  # (kv, dest) of the staged rows' forward
     last_row: int = -1  # the deepest row of ``ab`` a layer with records holds: a forward's last stacked layer
+    warmed: bool = False  # the warm-up rebuilds ran (radix/records/warmup.py)
 
     def __post_init__(self) -> None:
         if self.capacity < 1:

@@ -91,6 +91,10 @@ def run_pending(runner: Any) -> int:
     if pool is None:
         return 0
     pool.settle()  # records a forward left half-written are dropped before anything reads them
+    if not pool.warmed:
+        from sglang_replayssm.radix.records.warmup import warm_up
+
+        warm_up(pool, req_pool)
     if not pool.pending:
         return 0
     jobs, pool.pending = pool.pending, []
