@@ -16,7 +16,7 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 
 * ``state_of [KV + 1]`` int64: the state slot holding the state after the token at that KV index,
   or -1 (the last entry is a sink that stays -1);
-* ``owner [M + 1]`` int64: the KV index a state slot was assigned to;
+* ``owner [M + 1]`` int64: the KV index a state slot was assigned to, or ``KV`` (never assigned; :mod:`.fifo`);
 * per linear layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink. With
   ``layer_ids`` (the mamba pool's linear layers in its order) the layers' ``ssm`` are rows ``i`` of one
   ``stack [L, M + 1, *state]`` (:meth:`IntervalStates.stacked`): a rebuild copies its start states into every
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_replayssm import settings
+from sglang_replayssm.radix.records import fifo
 
 __all__ = [
     "CHUNK",
@@ -100,6 +101,7 @@ class IntervalStates:
     rounded: bool = False  # also keep ``h`` rounded to the activation dtype, widened to the state dtype
     state_of: torch.Tensor = field(init=False)
     owner: torch.Tensor = field(init=False)
+    iota: torch.Tensor = field(init=False)  # arange(capacity): the slot numbers (radix/records/fifo.py)
     head: int = 0
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [M + 1, *state]
     skipped: set[int] = field(default_factory=set)  # layers whose chunk states are not exact
@@ -112,7 +114,8 @@ class IntervalStates:
             raise ValueError(f"interval states need capacity >= 1 and an interval that is a multiple of "
                              f"{self.chunk}, got {self.capacity}, {self.interval}")
         self.state_of = torch.full((self.kv_size + 1,), -1, dtype=torch.int64, device=self.device)
-        self.owner = torch.full((self.capacity + 1,), -1, dtype=torch.int64, device=self.device)
+        self.owner = fifo.unassigned_owner(self.capacity, self.kv_size, self.device)
+        self.iota = torch.arange(self.capacity, dtype=torch.int64, device=self.device)
 
     # ---- bookkeeping (scheduler side) ---------------------------------------------------------
 
@@ -123,16 +126,8 @@ class IntervalStates:
     def assign(self, keys: torch.Tensor) -> None:
         """Give every key (the KV index of a kept state's last token) a state slot, oldest first."""
         keys = keys.reshape(-1).to(self.state_of.device, torch.int64)[-self.capacity:]
-        n = keys.numel()
-        if n == 0:
-            return
-        slots = (self.head + torch.arange(n, device=self.device)) % self.capacity
-        old = self.owner[slots]
-        held = (old >= 0) & (self.state_of[old.clamp(min=0)] == slots)
-        self.state_of.index_fill_(0, torch.where(held, old, self.kv_size), -1)
-        self.state_of[keys] = slots
-        self.owner[slots] = keys
-        self.head = (self.head + n) % self.capacity
+        if keys.numel():
+            self.head = fifo.assign(self.state_of, self.owner, self.iota, self.head, keys)
 
     def deepest(self, span: torch.Tensor) -> tuple[int, int] | None:
         """``(j, slot)``: the last token ``span[j]`` of ``span`` (KV indices, path order) with a kept

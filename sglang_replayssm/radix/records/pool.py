@@ -11,7 +11,8 @@ Layout (``R`` = capacity in tokens, ``KV`` = the token KV pool's size):
 
 * ``slot_of [KV + 1]`` int64: the record slot holding the inputs of the token whose KV is at that
   index, or -1; the last entry is a sink that stays -1.
-* ``owner [R + 1]`` int64: the KV index a record slot was assigned to (the last entry is a sink).
+* ``owner [R + 1]`` int64: the KV index a record slot was assigned to, or ``KV`` (``slot_of``'s sink) for a slot
+  never assigned (:mod:`~sglang_replayssm.radix.records.fifo`).
 * per layer: ``x [R + 1, conv_dim]``, ``a``, ``b`` ``[R + 1, HV]``; row ``R`` is a sink that absorbs
   the writes of tokens without a slot, so no write needs a host-side mask. With ``layer_ids`` (the
   mamba pool's GDN layers, in its order: :func:`~sglang_replayssm.radix.records.startup.prepare_layers`)
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from sglang_replayssm import settings
+from sglang_replayssm.radix.records import fifo
 from sglang_replayssm.state import peek, state_of
 
 __all__ = [
@@ -87,6 +89,7 @@ class RecordPool:
     device: torch.device
     slot_of: torch.Tensor = field(init=False)
     owner: torch.Tensor = field(init=False)
+    iota: torch.Tensor = field(init=False)  # arange(capacity): the slot numbers (radix/records/fifo.py)
     head: int = 0
     used: int = 0  # slots ever assigned, at most the capacity
     evicted: int = 0  # assignments that took a slot from an older token (first in, first out)
@@ -108,7 +111,8 @@ class RecordPool:
         if self.capacity < 1:
             raise ValueError(f"record capacity must be >= 1 token, got {self.capacity}")
         self.slot_of = torch.full((self.kv_size + 1,), -1, dtype=torch.int64, device=self.device)
-        self.owner = torch.full((self.capacity + 1,), -1, dtype=torch.int64, device=self.device)
+        self.owner = fifo.unassigned_owner(self.capacity, self.kv_size, self.device)
+        self.iota = torch.arange(self.capacity, dtype=torch.int64, device=self.device)
 
     # ---- bookkeeping (scheduler side) ---------------------------------------------------------
 
@@ -123,18 +127,12 @@ class RecordPool:
 
     def assign(self, kv: torch.Tensor | None) -> None:
         """Give every token of ``kv`` (freshly allocated KV indices, in order) a record slot, the
-        oldest slots first; the tokens that held those slots lose their records."""
+        oldest slots first; the tokens that held those slots lose their records (:func:`fifo.assign`)."""
         if kv is None or kv.numel() == 0:
             return
         kv = kv.reshape(-1).to(self.slot_of.device, torch.int64)[-self.capacity:]
         n = kv.numel()
-        slots = (self.head + torch.arange(n, device=self.device)) % self.capacity
-        old = self.owner[slots]
-        held = (old >= 0) & (self.slot_of[old.clamp(min=0)] == slots)
-        self.slot_of.index_fill_(0, torch.where(held, old, self.kv_size), -1)  # the sink absorbs the others
-        self.slot_of[kv] = slots
-        self.owner[slots] = kv
-        self.head = (self.head + n) % self.capacity
+        self.head = fifo.assign(self.slot_of, self.owner, self.iota, self.head, kv)
         self.evicted += max(0, self.used + n - self.capacity)
         self.used = min(self.capacity, self.used + n)
 
