@@ -126,3 +126,15 @@ def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
     assert res["baseline"]["ttft_minus_first_arm"]["all"]["p50_ms"] == 0.0
     assert res["plugin"]["hit_rate"] == 16 / 50
     assert "| plugin | 32.00% |" in table({"rag": {"arms": res}})
+
+
+def test_pinned_servers_get_disjoint_equal_core_blocks_beside_the_client() -> None:
+    from decode_ab import core_blocks, pinned
+
+    client, blocks = core_blocks(list(range(16)), 3)
+    assert client == [0] and blocks == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
+    with pytest.raises(SystemExit):
+        core_blocks([0, 1], 2)
+    out = subprocess.run(pinned([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], [0]),
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[0]"

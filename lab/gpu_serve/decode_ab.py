@@ -23,6 +23,7 @@ import os
 import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,25 @@ def prefill_table(summary: dict[str, dict[str, list[float]]], reps: int) -> str:
     return "\n".join(rows) + "\n"
 
 
+#: The cores this process may use when it starts (pinning narrows its own affinity to the client's core).
+ALL_CORES = sorted(os.sched_getaffinity(0))
+
+
+def core_blocks(cores: list[int], n: int) -> tuple[list[int], list[list[int]]]:
+    """``cores`` split for ``n`` servers: the first for the client, the rest in ``n`` equal contiguous blocks (the
+    remainder unused), so no server's processes share a core with another's or the client's."""
+    per = (len(cores) - 1) // n
+    if per < 1:
+        raise SystemExit(f"--pin-cores: {len(cores)} cores cannot give {n} servers one each beside the client")
+    return cores[:1], [cores[1 + i * per:1 + (i + 1) * per] for i in range(n)]
+
+
+def pinned(cmd: list[str], cores: list[int]) -> list[str]:
+    """``cmd`` run with its CPU affinity (inherited by every process it starts) set to ``cores``."""
+    code = f"import os, sys; os.sched_setaffinity(0, {sorted(cores)}); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", code, *cmd]
+
+
 def add_variant(spec: str) -> str:
     """``NAME=BASE:VAR=VALUE[,VAR=VALUE]``: an arm ``NAME`` = arm ``BASE`` with those environment
     variables added (e.g. a fix turned off), registered in ``ARMS`` for this run; returns ``NAME``."""
@@ -201,14 +221,21 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
     """Start ``arms``' servers (one after another, each with its static GiB), then rounds of one burst per
     arm and concurrency in rotating arm order until ``--rounds`` or the budget; the servers stop at the end."""
     default_gib, per_arm_gib = static_gib_of(args.static_gib)
+    blocks: list[list[int]] = []
+    if args.pin_cores:
+        client, blocks = core_blocks(ALL_CORES, len(arms))
+        os.sched_setaffinity(0, client)
+        doc["pinned_cores"] = {"client": client, **dict(zip(arms, blocks))}
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, Path]] = {}
-        for name in arms:
+        for i, name in enumerate(arms):
             frac = mem_fraction_for(per_arm_gib.get(name, default_gib))
             extra = merge_flags(["--mem-fraction-static", str(frac), *shlex.split(args.server_flags)],
                                 shlex.split(LAB_FLAGS) + shlex.split(SERVE_FLAGS))
             port = pick_port()
             cmd = server_command(ARMS[name], args.model_path, port, device="cuda", tp=1, extra_args=extra)
+            if blocks:
+                cmd = pinned(cmd, blocks[i])
             log = args.out / "logs" / f"server-ab-{name}.log"
             try:
                 srv = stack.enter_context(ServerProcess(cmd, server_env(ARMS[name], "cuda"), log,
@@ -292,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(main_ab.py), on these workloads (of rag, gsp)")
     p.add_argument("--rag-args", default=RAG_ARGS, help="bench arguments of the paired main job's RAG workload")
     p.add_argument("--gsp-args", default=GSP_ARGS, help="bench arguments of the paired main job's gsp workload")
+    p.add_argument("--pin-cores", action="store_true", help="each server of a group on its own equal block of "
+                   "cores, the client on another (no server's host work shares a core with another's)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)
