@@ -115,6 +115,9 @@ def prefill_table(summary: dict[str, dict[str, list[float]]], reps: int) -> str:
     for arm, by_kind in summary.items():
         cells = [f"{v[0]:.1f} ({v[1]:.1f}-{v[2]:.1f})" if (v := by_kind.get(k)) else "-" for k in kinds]
         rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    spread = max((v[2] - v[1] for by_kind in summary.values() if (v := by_kind.get("floor"))), default=0.0)
+    rows.append(f"\nhost noise: the widest floor p10-p90 is {spread:.1f} ms"
+                + (" (differences below it are not resolved)" if spread > 2.0 else ""))
     return "\n".join(rows) + "\n"
 
 
