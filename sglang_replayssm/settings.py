@@ -181,9 +181,10 @@ HOST_RECORD_TOKENS = Setting(f"{PREFIX}HOST_RECORD_TOKENS", "tokens", None, _tok
                              "HiCache: the host record pool's capacity (at most the host KV pool's; 0 none)",
                              "records", "the device pool's")
 REBUILD_SEQUENTIAL_TOKENS = Setting(f"{PREFIX}REBUILD_SEQUENTIAL_TOKENS", "tokens", 32,
-                                    _tokens("0 always folds with the chunk kernels"), "on CUDA, rebuilds whose spans "
-                                    "all have at most N records fold token by token through SGLang's decode kernel, "
-                                    "longer ones through its chunk kernels (0: always the chunk kernels)", "records")
+                                    _tokens("0 always folds with the chunk kernels"), "on CUDA, unstacked rebuilds (KDA "
+                                    "layers) whose spans all have at most N records fold token by token through "
+                                    "SGLang's decode kernel, longer ones through its chunk kernels (0: always the chunk "
+                                    "kernels); stacked GDN rebuilds always fold by chunks", "records")
 READ_COPY = Setting(f"{PREFIX}READ_COPY", "off|bf16|fp8", "off", _choice(*READ_COPY_MODES), "non-flush decode steps read "
                     "a bf16 / fp8 copy of the fp32 checkpoint, flushes stay fp32-exact (radix/read_copy/store.py); needs "
                     "--enable-linear-replayssm and an fp32 checkpoint; refused with speculative decoding and the Helion "

@@ -86,7 +86,7 @@ def test_the_stacked_extend_gives_every_layers_own_calls_bit_for_bit():
 
 def test_a_gpu_gdn_backend_over_contiguous_pools_takes_the_stack(monkeypatch):
     """SGLang's GDN backend asks for contiguous prefill states (``requires_contiguous_prefill_state``); the
-    rows of the pool's stacks are, so the stacked extend applies; chunk folds only, GDN only."""
+    rows of the pool's stacks are, so the stacked extend applies; GDN only."""
     import sglang.srt.utils
 
     from sglang_replayssm.radix.records import rebuild as rb
@@ -96,14 +96,12 @@ def test_a_gpu_gdn_backend_over_contiguous_pools_takes_the_stack(monkeypatch):
     caches = {i: types.SimpleNamespace(temporal=temporal[i], conv=[conv[i]]) for i in range(3)}
     backend = types.SimpleNamespace(requires_contiguous_prefill_state=True)
     pool = types.SimpleNamespace(layers={i: types.SimpleNamespace(kda=False, backend=backend) for i in range(3)})
-    chunk = types.SimpleNamespace(sequential=False, ext_lens=[40])
-    assert rb._stack_of(pool, caches, chunk) is not None
-    assert rb._stack_of(pool, caches, types.SimpleNamespace(sequential=True, ext_lens=[4])) is None
+    assert rb._stackable(pool, caches)
     pool.layers[1].kda = True
-    assert rb._stack_of(pool, caches, chunk) is None
+    assert not rb._stackable(pool, caches)
     pool.layers[1].kda = False
     caches[2].conv = [torch.zeros(5, 3, 4).transpose(1, 2)]  # a strided conv window: work copies, layer by layer
-    assert rb._stack_of(pool, caches, chunk) is None
+    assert not rb._stackable(pool, caches)
 
 
 @pytest.mark.parametrize("device", [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from sglang_replayssm.radix.records import rebuild as rb
@@ -63,17 +64,23 @@ def test_the_warm_up_folds_into_the_padding_slot_once_and_touches_nothing_else(r
         assert counter.total() == 0
 
 
-def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter, monkeypatch):
+@pytest.mark.parametrize("stacked", [True, False])
+def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter, monkeypatch, stacked):
+    """Per-layer pools (KDA's, hand-built ones) fold short spans token by token: the warm-up runs that path too.
+    Stacked GDN pools fold every span by chunks (fewer launches for every layer at once): both warm-ups do."""
     counter = OpCounter()
     folded: list[list[int]] = []
     monkeypatch.setattr(rb, "_fold_sequential", lambda *args, **kw: folded.append(torch.diff(args[8]).tolist()))
-    with _setup(2, counter, True) as (model, req_pool, layers, backend, pool, gen):
+    with _setup(2, counter, stacked) as (model, req_pool, layers, backend, pool, gen):
         pool.sequential_tokens = 32
         kv = torch.randperm(1000, generator=gen)[:40]
         pool.assign(kv)
         _write(pool, layers, backend, model, kv, gen)
         with counter:
             assert warm_up(pool, req_pool)
-        assert counter.launches["KERNEL extend"] == 1  # the chunk rebuild of CHUNK_RECORDS
-        assert folded == [[SEQUENTIAL_RECORDS]] * len(layers)  # the sequential one, layer by layer
+        if stacked:
+            assert counter.launches["KERNEL extend"] == 2 and folded == []
+        else:  # the chunk rebuild of CHUNK_RECORDS, layer by layer, then the sequential one
+            assert counter.launches["KERNEL extend"] == len(layers)
+            assert folded == [[SEQUENTIAL_RECORDS]] * len(layers)
         assert CHUNK_RECORDS > pool.sequential_tokens >= SEQUENTIAL_RECORDS

@@ -11,13 +11,14 @@ backend (``GDNKernelDispatcher.extend``), which leaves the state after the span 
 and the conv window of the span's last three inputs in ``conv[dst]``. That is what a prefill from
 ``src``'s depth computes, with the same kernels, so the result is as exact as SGLang's prefill.
 
-Short spans (every span of the step at most ``pool.sequential_tokens`` records, CUDA only) run the
-recurrence through SGLang's Triton decode kernel instead (``fused_sigmoid_gating_delta_rule_update``,
+Short spans (every span of the step at most ``pool.sequential_tokens`` records, CUDA only) of a fold that
+is not stacked (KDA layers, pools whose states are not one stack) run the recurrence through SGLang's Triton decode kernel instead (``fused_sigmoid_gating_delta_rule_update``,
 what ``TritonGDNKernel.decode`` and KDA's Triton decode call, whatever decode backend the server uses:
 the CuTe DSL / FlashInfer decode kernels take one token per sequence), varlen over the spans, gates
 fused in, the state updated in place in fp32 token by token: two
 launches per layer instead of the chunk pipeline's dozen, for the same state (closer to fp64: no bf16
-tensor-core operands). The CPU runtime's decode kernel takes one token per sequence, so CPU pools
+tensor-core operands). A stacked chunk fold launches its few dozen ops once for every layer (42 against the
+sequential fold's 12 + 4 a layer, counted on CPU), so stacked GDN folds always take it. The CPU runtime's decode kernel takes one token per sequence, so CPU pools
 keep the chunk path.
 
 Per step, not per layer: the plan's index tensors, the start states' copy into every layer's slot and every
@@ -40,7 +41,6 @@ import torch
 from sglang_replayssm import settings
 from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix.records.fold_stack import (
-    StackedStates,
     conv_stacked,
     extend_stacked,
     gdn_extend,
@@ -120,8 +120,10 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     if from_state and pool.states is not None:
         starts = (translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64),
                   on_device([int(j.state) for j in from_state if j.state is not None], torch.int64, device))
-    plan = _Plan.of(jobs, device, translate, pool.sequential_tokens)
     caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
+    stackable = pool.stacked_ab() is not None and _stackable(pool, caches)
+    # Stacked, a chunk fold launches the same few ops for every layer at once; the sequential fold runs per layer.
+    plan = _Plan.of(jobs, device, translate, 0 if stackable else pool.sequential_tokens)
     if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
         starts = None
     if starts is not None and pool.states is not None:  # layer by layer where not copied at once above
@@ -129,7 +131,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
             cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
     ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
     ab_ext = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
-    stack = _stack_of(pool, caches, plan) if ab_ext is not None else None
+    stack = stacked_states(caches) if ab_ext is not None and stackable and plan.ext_lens else None
     if stack is not None and ab_ext is not None:  # the convs, then one extend for every layer (``ab``'s row order)
         layers, xs = [pool.layers[lid].layer for lid in pool.layer_ids], pool.xs  # stacked where ``ab`` is
         if stack.conv is not None and xs is not None:  # one conv for every layer
@@ -151,15 +153,15 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, cache, plan, a, b)
 
 
-def _stack_of(pool: RecordPool, caches: dict[int, Any], plan: _Plan) -> StackedStates | None:
-    """The state stack when this step's extend can run once for every layer (:mod:`.fold_stack`): chunk
-    kernels (not the sequential fold), GDN layers of one backend, used in place, and records past a lead."""
+def _stackable(pool: RecordPool, caches: dict[int, Any]) -> bool:
+    """Whether a chunk fold's extend can run once for every layer over the mamba pool's state stack
+    (:mod:`.fold_stack`): GDN layers of one backend, used in place, whose states are rows of one stack."""
     recs = [pool.layers[lid] for lid in caches]
-    if plan.sequential or not plan.ext_lens or any(r.kda for r in recs) or len({id(r.backend) for r in recs}) != 1:
-        return None
+    if any(r.kda for r in recs) or len({id(r.backend) for r in recs}) != 1:
+        return False
     if any(_needs_work_copies(r.backend, c.conv[0], c.temporal) for r, c in zip(recs, caches.values())):
-        return None
-    return stacked_states(caches)
+        return False
+    return stacked_states(caches) is not None
 
 
 def _needs_work_copies(backend: Any, conv_states: torch.Tensor, ssm_states: torch.Tensor) -> bool:
