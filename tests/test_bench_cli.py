@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sglang_replayssm.bench import cli
+from sglang_replayssm.bench import cli, launch
 from sglang_replayssm.bench.arms import Arm, merge_flags
 from tests.support import fake_server
 from tests.support.fake_server import FakeServer, write_fake_model_dir
@@ -44,7 +44,7 @@ def test_model_without_linear_attention_is_refused_before_any_server(
     def no_launch(*a: object, **k: object) -> list[str]:
         raise AssertionError("a server was about to be launched")
 
-    monkeypatch.setattr(cli, "server_command", no_launch)
+    monkeypatch.setattr(launch, "server_command", no_launch)
     rc = cli.main(["--model-path", str(plain), "--json", str(tmp_path / "r.json"), *SMALL])
     err = capsys.readouterr().err
     assert rc == 2
@@ -61,7 +61,7 @@ def test_model_without_linear_attention_is_refused_with_url_too(tmp_path: Path) 
 @pytest.mark.parametrize("argv", [["--arms", "baseline,turbo"], ["--gsp-zipf-alpha", "1.0"],
                                   ["--gsp-num-groups", "0"], ["--no-such-flag"]])
 def test_bad_arguments_exit_nonzero(argv: list[str], model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "server_command", lambda *a, **k: pytest.fail("no server expected"))
+    monkeypatch.setattr(launch, "server_command", lambda *a, **k: pytest.fail("no server expected"))
     assert cli.main(["--model-path", str(model_dir), *SMALL, *argv]) != 0
 
 
@@ -104,7 +104,7 @@ def fake_server_command(fail: set[str], crash: frozenset[str] = frozenset()) -> 
 
 def test_launched_arms_failed_arm_and_agreement(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "server_command", fake_server_command(fail={"upstream"}))
+    monkeypatch.setattr(launch, "server_command", fake_server_command(fail={"upstream"}))
     out = tmp_path / "r.json"
     rc = cli.main(["--model-path", str(model_dir), "--device", "cpu", "--json", str(out),
                    "--arms", "baseline,upstream,plugin", *SMALL])
@@ -135,7 +135,7 @@ def test_launched_arms_failed_arm_and_agreement(model_dir: Path, tmp_path: Path,
 def test_arms_that_ran_survive_an_interrupt(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sglang_replayssm.bench.runner as runner
 
-    monkeypatch.setattr(cli, "server_command", fake_server_command(fail=set()))
+    monkeypatch.setattr(launch, "server_command", fake_server_command(fail=set()))
     real = runner.run_arm
     calls = []
 
@@ -157,7 +157,7 @@ def test_arms_that_ran_survive_an_interrupt(model_dir: Path, tmp_path: Path, mon
 def test_server_crash_during_the_run_reports_the_log_tail(model_dir: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "server_command", fake_server_command(fail=set(), crash=frozenset({"plugin"})))
+    monkeypatch.setattr(launch, "server_command", fake_server_command(fail=set(), crash=frozenset({"plugin"})))
     out = tmp_path / "r.json"
     rc = cli.main(["--model-path", str(model_dir), "--device", "cpu", "--json", str(out), "--arms",
                    "baseline,plugin", *SMALL])
@@ -213,7 +213,7 @@ def test_mtp_fit_workload_sends_the_fitted_prompts(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["small-gdn", "someone-elses"])
 def test_mtp_fit_workload_refuses_a_model_without_a_fitted_mtp_layer(
         name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "server_command", lambda *a, **k: pytest.fail("no server expected"))
+    monkeypatch.setattr(launch, "server_command", lambda *a, **k: pytest.fail("no server expected"))
     model = _mtp_model_dir(tmp_path / "m", name)
     rc = cli.main(["--model-path", str(model), "--dataset-name", "mtp-fit", "--json", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
@@ -226,3 +226,38 @@ def test_merge_flags_keeps_every_value_of_a_flag_and_drops_overridden_flags_whol
              "--mem-fraction-static=0.85", "--chunked-prefill-size", "8192"]
     assert merge_flags(base, extra) == [*base, "--max-running-requests", "256", "--enable-metrics",
                                         "--chunked-prefill-size", "8192"]
+
+
+def test_paired_arms_run_side_by_side_one_request_at_a_time(model_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Both servers up at once; every request goes to each arm in turn (order rotating) before the next one; the
+    arms' results as sequential arms have them, plus the per-request TTFT difference to the first arm."""
+    monkeypatch.setattr(launch, "server_command", fake_server_command(fail={"upstream"}))
+    out = tmp_path / "p.json"
+    rc = cli.main(["--model-path", str(model_dir), "--device", "cpu", "--json", str(out), "--paired",
+                   "--arms", "baseline,upstream,plugin", "--gsp-num-turns", "2", *SMALL])
+    assert rc == 1  # upstream did not start; the other two ran paired
+    doc, text = read(out), capsys.readouterr().out
+    assert set(doc["arms"]) == {"baseline", "plugin"} and "upstream" in doc["failed_arms"]
+    base, plug = doc["arms"]["baseline"]["requests"], doc["arms"]["plugin"]["requests"]
+    assert [r["rid"] for r in base] == [r["rid"] for r in plug] and len(base) == 8
+    assert [r["turn"] for r in base] == [0, 0, 0, 0, 1, 1, 1, 1]  # every first turn, then every second
+    starts = sorted((r["start_s"], arm, r["rid"]) for arm, reqs in (("b", base), ("p", plug)) for r in reqs)
+    assert [rid for _, _, rid in starts][::2] == [r["rid"] for r in base]  # request k on both arms before k + 1
+    assert [arm for _, arm, _ in starts][:4] == ["b", "p", "p", "b"]  # the order rotates
+    assert doc["arms"]["plugin"]["hit_rate"] == doc["arms"]["baseline"]["hit_rate"] > 0  # the same ideal cache
+    paired = doc["arms"]["plugin"]["paired"]
+    assert paired["all"]["n"] == 7 and paired["same_hit"]["n"] == 7
+    assert doc["arms"]["baseline"]["paired"]["all"]["p50_ms"] == 0.0
+    assert "plugin     TTFT - first arm per request: p50" in text
+
+
+@pytest.mark.parametrize("extra", [["--url", "http://127.0.0.1:9"], ["--max-concurrency", "2"],
+                                   ["--request-rate", "5"]])
+def test_paired_refuses_what_cannot_be_sent_one_request_at_a_time(model_dir: Path, extra: list[str],
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(launch, "server_command", lambda *a, **k: pytest.fail("no server expected"))
+    assert cli.main(["--model-path", str(model_dir), "--paired", *extra, *SMALL]) == 2
+    assert "--paired sends one request at a time" in capsys.readouterr().err

@@ -100,8 +100,9 @@ def test_shim_is_inert_without_the_lab_switch() -> None:
 
 
 def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
-    from main_ab import compare, send_order, table
+    from main_ab import compare, table
 
+    from sglang_replayssm.bench.paired import send_order
     from sglang_replayssm.bench.records import RequestRecord
     from sglang_replayssm.bench.workload import Conversation, Turn
 

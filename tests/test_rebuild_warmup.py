@@ -33,9 +33,9 @@ def test_the_warm_up_folds_into_the_padding_slot_once_and_touches_nothing_else(r
         kv = torch.randperm(1000, generator=gen)[:300]
         pool.assign(kv)
         runner = types.SimpleNamespace(req_to_token_pool=req_pool)
-        assert not warm_up(pool, req_pool)  # no layer has records yet
+        assert not warm_up(pool, req_pool, rb.rebuild)  # no layer has records yet
         _write(pool, layers[:2], backend, model, kv, gen)
-        assert not warm_up(pool, req_pool) and not pool.warmed  # a forward's capture is not complete
+        assert not warm_up(pool, req_pool, rb.rebuild) and not pool.warmed  # a forward's capture is not complete
         _write(pool, layers[2:], backend, model, kv, gen)
         assert pool.xs is not None and pool.ab is not None
         for rows in (pool.xs, *pool.ab):  # the sink row: what tokens without a slot wrote
@@ -60,7 +60,7 @@ def test_the_warm_up_folds_into_the_padding_slot_once_and_touches_nothing_else(r
 
         counter.launches.clear()
         with counter:
-            assert not warm_up(pool, req_pool) and rb.run_pending(runner) == 0  # once per pool
+            assert not warm_up(pool, req_pool, rb.rebuild) and rb.run_pending(runner) == 0  # once per pool
         assert counter.total() == 0
 
 
@@ -77,7 +77,7 @@ def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter,
         pool.assign(kv)
         _write(pool, layers, backend, model, kv, gen)
         with counter:
-            assert warm_up(pool, req_pool)
+            assert warm_up(pool, req_pool, rb.rebuild)
         if stacked:
             assert counter.launches["KERNEL extend"] == 2 and folded == []
         else:  # the chunk rebuild of CHUNK_RECORDS, layer by layer, then the sequential one

@@ -7,21 +7,13 @@ runs at ``--url``. Workload option names follow ``sglang.benchmark.serving``.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from sglang_replayssm import __version__
-from sglang_replayssm.bench.arms import (
-    ARMS,
-    DEFAULT_ARMS,
-    command_line,
-    parse_arms,
-    server_command,
-    server_env,
-)
+from sglang_replayssm.bench.arms import ARMS, DEFAULT_ARMS, parse_arms
 from sglang_replayssm.bench.ceiling import ceiling_hit_rate, ceiling_tokens
 from sglang_replayssm.bench.memory import (
     RAG_MEM_MIB,
@@ -90,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for a launched server's /health (default %(default)s)")
     g.add_argument("--log-dir", type=Path, default=None,
                    help="server logs and commands (default: next to --json, else ./sglang-replayssm-bench-logs)")
+    g.add_argument("--paired", action="store_true",
+                   help="every launched arm's server up at once, each request sent to every arm in turn (one at a "
+                        "time), so host drift hits every arm alike; the table adds each arm's per-request TTFT "
+                        "difference to the first arm's")
 
     w = p.add_argument_group("workload")
     w.add_argument("--dataset-name", choices=("generated-shared-prefix", "rag", "rag-mem", "mtp-fit"),
@@ -181,14 +177,6 @@ def _resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _log_dir(args: argparse.Namespace) -> Path:
-    if args.log_dir is not None:
-        return args.log_dir
-    if args.json is not None:
-        return args.json.parent / f"{args.json.stem}-logs"
-    return Path("sglang-replayssm-bench-logs")
-
-
 class Bench:
     """State of one invocation: the JSON document and the arms done so far."""
 
@@ -238,6 +226,7 @@ class Bench:
 
 def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn],
               model_dir: Path | None, arm_names: list[str]) -> None:
+    from sglang_replayssm.bench.launch import arm_launch
     from sglang_replayssm.bench.runner import ArmRunError, run_arm
     from sglang_replayssm.bench.server import ServerProcess, ServerStartError, pick_port
 
@@ -259,40 +248,32 @@ def _run_arms(bench: Bench, conversations: list[Conversation], warmup: list[Turn
 
     assert model_dir is not None
     device = _resolve_device(args.device)
-    extra = [tok for s in args.server_args for tok in shlex.split(s)]
-    log_dir = _log_dir(args)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    if args.paired:
+        from sglang_replayssm.bench.paired import run_paired_arms
+
+        run_paired_arms(bench, conversations, warmup, model_dir, device, arm_names)
+        return
     for name in arm_names:
-        arm = ARMS[name]
         bench.doc["arm_order"].append(name)
-        port = pick_port()
-        budget = bench.budgets.get(name)
-        cmd = server_command(arm, model_dir, port, device=device, tp=args.tp,
-                             extra_args=[*(budget.flags if budget else ()), *extra])
-        env = {**server_env(arm, device), **dict(budget.env if budget else ())}
-        cmd_str = command_line(cmd, env)
-        log_path = log_dir / f"server-{name}.log"
-        (log_dir / f"server-{name}.cmd").write_text(cmd_str + "\n")
-        print(f"[{name}] {arm.description}\n[{name}] server: {cmd_str}\n[{name}] log: {log_path}\n"
-              f"[{name}] waiting for /health (up to {args.ready_check_timeout_sec:.0f} s) ...", flush=True)
+        spec = arm_launch(args, name, model_dir, device, pick_port(), bench.budgets)
         t0 = time.monotonic()
         try:
-            with ServerProcess(cmd, env, log_path, f"http://127.0.0.1:{port}",
+            with ServerProcess(spec.cmd, spec.env, spec.log_path, spec.base_url,
                                args.ready_check_timeout_sec) as srv:
                 print(f"[{name}] server healthy after {srv.startup_s:.1f} s", flush=True)
                 try:
                     run = run_arm(srv.base_url, conversations, warmup, label=name, **run_kw)
                 except ArmRunError as exc:
                     raise ArmRunError(f"{exc}\n{srv.diagnosis()}") from exc
-                spent = spent_bytes(bench.sizes, log_path, srv.base_url)
+                spent = spent_bytes(bench.sizes, spec.log_path, srv.base_url)
         except (ServerStartError, ArmRunError, OSError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(f"error: arm {name} failed: {exc}", file=sys.stderr, flush=True)
-            bench.add_failure(name, str(exc), cmd_str, log=str(log_path), summary=first)
+            bench.add_failure(name, str(exc), spec.cmd_str, log=str(spec.log_path), summary=first)
             continue
-        bench.add_arm(name, run, cmd_str, log=str(log_path), arm_wall_s=time.monotonic() - t0,
+        bench.add_arm(name, run, spec.cmd_str, log=str(spec.log_path), arm_wall_s=time.monotonic() - t0,
                       startup_s=srv.startup_s, cache_bytes=spent,
-                      equal_memory=budget.as_dict() if budget else None)
+                      equal_memory=spec.budget.as_dict() if spec.budget else None)
 
 
 def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int], Path]:
@@ -300,6 +281,9 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], Path | None, list[int
     directory; BenchError on bad input."""
     from sglang_replayssm.bench.runner import reachable, server_model_path
 
+    if args.paired and (args.url is not None or args.max_concurrency != 1 or args.request_rate != float("inf")):
+        raise BenchError("--paired sends one request at a time to launched arms: not with --url, --request-rate or "
+                         "--max-concurrency other than 1")
     if args.url is not None:
         names = [x.strip() for x in (args.arms or URL_ARM).split(",") if x.strip()]
         if len(names) != 1:

@@ -28,7 +28,7 @@ class ArmRun:
     notes: list[str]
 
 
-async def _counters(base_url: str) -> CacheCounters | None:
+async def cache_counters(base_url: str) -> CacheCounters | None:
     try:
         status, text = await client.get_text(base_url, "/metrics")
     except Exception:
@@ -51,7 +51,7 @@ async def _run(base_url: str, conversations: Sequence[Conversation], warmup: Seq
         status = await client.post(base_url, "/flush_cache")
         if status != 200:
             notes.append(f"/flush_cache answered HTTP {status}")
-    before = await _counters(base_url)
+    before = await cache_counters(base_url)
     if before is None:
         notes.append("no /metrics counters (server without --enable-metrics?): server hit rate unknown")
     total = sum(len(c.turns) for c in conversations)
@@ -61,7 +61,7 @@ async def _run(base_url: str, conversations: Sequence[Conversation], warmup: Seq
             base_url, conversations, request_rate=request_rate, max_concurrency=max_concurrency, seed=seed,
             on_done=lambda _r: bar.update(1))
         wall = time.perf_counter() - t0
-    after = await _counters(base_url) if before is not None else None
+    after = await cache_counters(base_url) if before is not None else None
     if not any(r.ok for r in records):
         first = next((r.error for r in records if r.error), "no requests")
         raise ArmRunError(f"every request failed; first error: {first}")

@@ -48,6 +48,7 @@ from sglang_replayssm.radix.records.fold_stack import (
 )
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import LayerRecords, RecordPool, pool_of
+from sglang_replayssm.radix.records.warmup import warm_up
 
 __all__ = ["DEFAULT_SEQUENTIAL_TOKENS", "SEQUENTIAL_ENV", "rebuild", "run_pending", "sequential_tokens_from_env"]
 
@@ -92,9 +93,7 @@ def run_pending(runner: Any) -> int:
         return 0
     pool.settle()  # records a forward left half-written are dropped before anything reads them
     if not pool.warmed:
-        from sglang_replayssm.radix.records.warmup import warm_up
-
-        warm_up(pool, req_pool)
+        warm_up(pool, req_pool, rebuild)
     if not pool.pending:
         return 0
     jobs, pool.pending = pool.pending, []

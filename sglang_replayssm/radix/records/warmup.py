@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,15 +44,13 @@ def _job(pool: RecordPool, n: int) -> Rebuild:
     return Rebuild(dst=slot, src=None, slots=sink)
 
 
-def warm_up(pool: RecordPool, req_pool: Any) -> bool:
-    """Run the warm-up rebuilds if ``pool`` has records of every layer and has not warmed up; returns
-    whether it ran (see the module docstring)."""
+def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any, list[Rebuild]], None]) -> bool:
+    """Run the warm-up rebuilds through ``rebuild`` (:func:`~.rebuild.rebuild`) if ``pool`` has records of every
+    layer and has not warmed up; returns whether it ran (see the module docstring)."""
     if pool.warmed or not pool.layers or (pool.layer_ids and len(pool.layers) < len(pool.layer_ids)):
         return False
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return False
-    from sglang_replayssm.radix.records.rebuild import rebuild
-
     pool.warmed = True
     spans = [CHUNK_RECORDS] + ([min(SEQUENTIAL_RECORDS, pool.sequential_tokens)] if pool.sequential_tokens else [])
     t0 = time.perf_counter()
