@@ -35,11 +35,12 @@ def log_dir_of(args: argparse.Namespace) -> Path:
 
 
 def arm_launch(args: argparse.Namespace, name: str, model_dir: Path, device: str, port: int,
-               budgets: dict[str, Any]) -> ArmLaunch:
-    """Arm ``name``'s server on ``port``: writes its ``.cmd`` file and prints what it is and how it starts."""
+               budgets: dict[str, Any], common: tuple[str, ...] = ()) -> ArmLaunch:
+    """Arm ``name``'s server on ``port`` (``common``: flags every arm of the run gets, before ``--server-args``):
+    writes its ``.cmd`` file and prints what it is and how it starts."""
     arm = ARMS[name]
     budget = budgets.get(name)
-    extra = [tok for s in args.server_args for tok in shlex.split(s)]
+    extra = [*common, *(tok for s in args.server_args for tok in shlex.split(s))]
     cmd = server_command(arm, model_dir, port, device=device, tp=args.tp,
                          extra_args=[*(budget.flags if budget else ()), *extra])
     env = {**server_env(arm, device), **dict(budget.env if budget else ())}

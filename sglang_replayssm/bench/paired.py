@@ -32,7 +32,11 @@ from sglang_replayssm.bench.runner import ArmRun, cache_counters
 from sglang_replayssm.bench.server_metrics import server_hit_rate
 from sglang_replayssm.bench.workload import Conversation, Turn
 
-__all__ = ["paired_differences", "run_paired", "run_paired_arms", "send_order"]
+__all__ = ["IDLE_FLAGS", "paired_differences", "run_paired", "run_paired_arms", "send_order"]
+
+#: Every paired server sleeps while idle: an idle SGLang scheduler otherwise spins a core (measured on the CPU
+#: runtime: ~100% each), and the servers waiting for their turn would slow the one serving.
+IDLE_FLAGS = ("--sleep-on-idle",)
 
 
 def send_order(conversations: Sequence[Conversation]) -> list[tuple[Conversation, int]]:
@@ -120,7 +124,7 @@ def run_paired_arms(bench: Any, conversations: list[Conversation], warmup: list[
         up: dict[str, tuple[Any, Any]] = {}
         for name in names:
             bench.doc["arm_order"].append(name)
-            spec = arm_launch(args, name, model_dir, device, pick_port(), bench.budgets)
+            spec = arm_launch(args, name, model_dir, device, pick_port(), bench.budgets, common=IDLE_FLAGS)
             try:
                 srv = stack.enter_context(ServerProcess(spec.cmd, spec.env, spec.log_path, spec.base_url,
                                                         args.ready_check_timeout_sec))
