@@ -36,9 +36,9 @@ bench: env
 	@$(PY) -m sglang_replayssm.cli bench $(BENCH_ARGS)
 	@$(PY) -m sglang_replayssm.cli bench $(RAG_ARGS)
 
-# The memory-bound workload (rag-mem) at equal memory, 36 MiB of cache per arm: docs/BENCHMARKS.md.
+# The memory-bound workload (rag-mem) at equal memory, 36 MiB of cache per arm, the arms paired: docs/BENCHMARKS.md.
 bench-mem: env
-	@$(PY) -m sglang_replayssm.cli bench --dataset-name rag-mem --json out/bench-mem.json --plot-dir out/mem
+	@$(PY) -m sglang_replayssm.cli bench --dataset-name rag-mem --paired --json out/bench-mem.json --plot-dir out/mem
 
 lint: env
 	@$(PY) -m ruff check sglang_replayssm tests scripts lab
