@@ -96,12 +96,12 @@ def test_a_gpu_gdn_backend_over_contiguous_pools_takes_the_stack(monkeypatch):
     caches = {i: types.SimpleNamespace(temporal=temporal[i], conv=[conv[i]]) for i in range(3)}
     backend = types.SimpleNamespace(requires_contiguous_prefill_state=True)
     pool = types.SimpleNamespace(layers={i: types.SimpleNamespace(kda=False, backend=backend) for i in range(3)})
-    assert rb._stackable(pool, caches)
+    assert rb._stack_of(pool, caches) is not None
     pool.layers[1].kda = True
-    assert not rb._stackable(pool, caches)
+    assert rb._stack_of(pool, caches) is None
     pool.layers[1].kda = False
     caches[2].conv = [torch.zeros(5, 3, 4).transpose(1, 2)]  # a strided conv window: work copies, layer by layer
-    assert not rb._stackable(pool, caches)
+    assert rb._stack_of(pool, caches) is None
 
 
 @pytest.mark.parametrize("device", [

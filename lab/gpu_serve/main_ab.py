@@ -24,18 +24,14 @@ from sglang_replayssm.bench.metrics import summarize
 from sglang_replayssm.bench.model import vocab_ids
 from sglang_replayssm.bench.paired import paired_differences, run_paired
 from sglang_replayssm.bench.records import RequestRecord
-from sglang_replayssm.bench.workload import Conversation, Turn, first_tokens, warmup_requests
+from sglang_replayssm.bench.workload import Conversation, Turn
 
 
 def workload(bench_args: str, model_path: Path) -> tuple[list[Conversation], list[Turn]]:
     """The conversations and warmup requests ``sglang-replayssm bench`` builds from ``bench_args``."""
     args = bench_cli.build_parser().parse_args(["--model-path", str(model_path), *shlex.split(bench_args)])
     resolve_defaults(args)
-    vocab = vocab_ids(model_path)
-    conversations = bench_cli._workload(args, vocab, model_path)
-    first_len = max((len(c.turns[0].new_ids) for c in conversations if c.turns), default=16)
-    warm = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations), input_len=first_len)
-    return conversations, warm
+    return bench_cli.workload_and_warmup(args, vocab_ids(model_path), model_path)
 
 
 def compare(conversations: list[Conversation], records: dict[str, list[RequestRecord]]) -> dict[str, Any]:

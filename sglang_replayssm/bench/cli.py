@@ -169,6 +169,16 @@ def _workload(args: argparse.Namespace, vocab: list[int], model_dir: Path) -> li
         ordered=args.gsp_ordered), vocab, args.seed)
 
 
+def workload_and_warmup(args: argparse.Namespace, vocab: list[int],
+                        model_dir: Path) -> tuple[list[Conversation], list[Turn]]:
+    """The workload's conversations and its warmup requests: at the workload's prompt length (first-time kernel and
+    allocator costs at that shape), with tokens no workload prompt starts with, so nothing of them is ever a hit."""
+    conversations = _workload(args, vocab, model_dir)
+    first_len = max((len(c.turns[0].new_ids) for c in conversations if c.turns), default=16)
+    warmup = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations), input_len=first_len)
+    return conversations, warmup
+
+
 def _resolve_device(device: str) -> str:
     if device != "auto":
         return device
@@ -316,12 +326,7 @@ def main(argv: list[str]) -> int:
     bench = Bench(args, list(argv))
     try:
         names, model_dir, vocab, local_model = _prepare(args)
-        conversations = _workload(args, vocab, local_model)
-        # Warm up at the workload's prompt length (first-time kernel and allocator costs at that
-        # shape), with tokens no workload prompt starts with, so nothing of it is ever a cache hit.
-        first_len = max((len(c.turns[0].new_ids) for c in conversations if c.turns), default=16)
-        warmup = warmup_requests(args.warmup_requests, vocab, args.seed, first_tokens(conversations),
-                                 input_len=first_len)
+        conversations, warmup = workload_and_warmup(args, vocab, local_model)
         bench.conversations = conversations
         if model_dir is not None:
             bench.sizes, bench.budgets, doc, text = equal_memory(args, names, model_dir.name, conversations)

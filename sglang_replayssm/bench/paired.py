@@ -7,10 +7,10 @@ ratio moved 0.70-0.91x between runs. Paired, host drift hits every arm alike, an
 the first arm is a paired sample.
 
 The turns go in the order the one-at-a-time client sends them (every conversation's first turn, then every second
-turn, ...); each arm keeps its own conversation histories (its own outputs). Every arm gets its warmup requests (and with
-``--flush-cache`` a ``/flush_cache``) before the measured run. Per arm the usual results (``report.arm_result``), plus ``paired``: the
-per-request TTFT difference to the first arm (p10 / p50 / p90 ms) over every request after the first, over requests
-both hit alike and over requests this arm hit deeper.
+turn, ...); each arm keeps its own conversation histories (its own outputs). Every arm gets its warmup requests (and
+with ``--flush-cache`` a ``/flush_cache``) before the measured run. Per arm the usual results
+(``report.arm_result``), plus ``paired``: the per-request TTFT difference to the first arm (p10 / p50 / p90 ms) over
+every request after the first, over requests both hit alike and over requests this arm hit deeper.
 """
 
 from __future__ import annotations

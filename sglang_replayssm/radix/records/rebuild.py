@@ -11,15 +11,15 @@ backend (``GDNKernelDispatcher.extend``), which leaves the state after the span 
 and the conv window of the span's last three inputs in ``conv[dst]``. That is what a prefill from
 ``src``'s depth computes, with the same kernels, so the result is as exact as SGLang's prefill.
 
-Short spans (every span of the step at most ``pool.sequential_tokens`` records, CUDA only) of a fold that
-is not stacked (KDA layers, pools whose states are not one stack) run the recurrence through SGLang's Triton decode kernel instead (``fused_sigmoid_gating_delta_rule_update``,
-what ``TritonGDNKernel.decode`` and KDA's Triton decode call, whatever decode backend the server uses:
-the CuTe DSL / FlashInfer decode kernels take one token per sequence), varlen over the spans, gates
-fused in, the state updated in place in fp32 token by token: two
-launches per layer instead of the chunk pipeline's dozen, for the same state (closer to fp64: no bf16
+Short spans (every span of the step at most ``pool.sequential_tokens`` records, CUDA only) of a fold that is
+not stacked (KDA layers, pools whose states are not one stack) run the recurrence through SGLang's Triton
+decode kernel instead (``fused_sigmoid_gating_delta_rule_update``, what ``TritonGDNKernel.decode`` and KDA's
+Triton decode call, whatever decode backend the server uses: the CuTe DSL / FlashInfer decode kernels take one
+token per sequence), varlen over the spans, gates fused in, the state updated in place in fp32 token by token:
+two launches per layer instead of the chunk pipeline's dozen, for the same state (closer to fp64: no bf16
 tensor-core operands). A stacked chunk fold launches its few dozen ops once for every layer (42 against the
-sequential fold's 12 + 4 a layer, counted on CPU), so stacked GDN folds always take it. The CPU runtime's decode kernel takes one token per sequence, so CPU pools
-keep the chunk path.
+sequential fold's 12 + 4 a layer, counted on CPU), so stacked GDN folds always take it. The CPU runtime's
+decode kernel takes one token per sequence, so CPU pools keep the chunk path.
 
 Per step, not per layer: the plan's index tensors, the start states' copy into every layer's slot and every
 layer's ``a``, ``b`` gather, where the pool keeps them as stacks (:func:`~.startup.prepare_layers`), and for
@@ -41,6 +41,7 @@ import torch
 from sglang_replayssm import settings
 from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix.records.fold_stack import (
+    StackedStates,
     conv_stacked,
     extend_stacked,
     gdn_extend,
@@ -120,18 +121,18 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         starts = (translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64),
                   on_device([int(j.state) for j in from_state if j.state is not None], torch.int64, device))
     caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
-    stackable = pool.stacked_ab() is not None and _stackable(pool, caches)
+    ab = pool.stacked_ab()  # every layer's gate inputs, one stack each
+    stack = _stack_of(pool, caches) if ab is not None else None
     # Stacked, a chunk fold launches the same few ops for every layer at once; the sequential fold runs per layer.
-    plan = _Plan.of(jobs, device, translate, 0 if stackable else pool.sequential_tokens)
+    plan = _Plan.of(jobs, device, translate, 0 if stack is not None else pool.sequential_tokens)
     if starts is not None and _start_states_of_all_layers(pool, req_pool, caches, *starts):
         starts = None
     if starts is not None and pool.states is not None:  # layer by layer where not copied at once above
         for layer_id, cache in caches.items():
             cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
-    ab = pool.stacked_ab()  # every layer's gate inputs of the extended rows, one gather each
+    # the extended rows' gate inputs of every layer, one gather each
     ab_ext = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
-    stack = stacked_states(caches) if ab_ext is not None and stackable and plan.ext_lens else None
-    if stack is not None and ab_ext is not None:  # the convs, then one extend for every layer (``ab``'s row order)
+    if stack is not None and ab_ext is not None and plan.ext_lens:  # the convs, then one extend for every layer
         layers, xs = [pool.layers[lid].layer for lid in pool.layer_ids], pool.xs  # stacked where ``ab`` is
         if stack.conv is not None and xs is not None:  # one conv for every layer
             mixed: list[torch.Tensor] | torch.Tensor = conv_stacked(
@@ -152,15 +153,15 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, cache, plan, a, b)
 
 
-def _stackable(pool: RecordPool, caches: dict[int, Any]) -> bool:
-    """Whether a chunk fold's extend can run once for every layer over the mamba pool's state stack
-    (:mod:`.fold_stack`): GDN layers of one backend, used in place, whose states are rows of one stack."""
+def _stack_of(pool: RecordPool, caches: dict[int, Any]) -> StackedStates | None:
+    """The mamba pool's state stack when a chunk fold's extend can run once for every layer over it
+    (:mod:`.fold_stack`): GDN layers of one backend, used in place, whose states are rows of one stack; else None."""
     recs = [pool.layers[lid] for lid in caches]
     if any(r.kda for r in recs) or len({id(r.backend) for r in recs}) != 1:
-        return False
+        return None
     if any(_needs_work_copies(r.backend, c.conv[0], c.temporal) for r, c in zip(recs, caches.values())):
-        return False
-    return stacked_states(caches) is not None
+        return None
+    return stacked_states(caches)
 
 
 def _needs_work_copies(backend: Any, conv_states: torch.Tensor, ssm_states: torch.Tensor) -> bool:
