@@ -18,8 +18,9 @@ Triton decode call, whatever decode backend the server uses: the CuTe DSL / Flas
 token per sequence), varlen over the spans, gates fused in, the state updated in place in fp32 token by token:
 two launches per layer instead of the chunk pipeline's dozen, for the same state (closer to fp64: no bf16
 tensor-core operands). A stacked chunk fold launches its few dozen ops once for every layer (42 against the
-sequential fold's 12 + 4 a layer, counted on CPU), so stacked GDN folds always take it. The CPU runtime's
-decode kernel takes one token per sequence, so CPU pools keep the chunk path.
+sequential fold's 8 + 8 a layer, counted on CPU: ``lab/scripts/count_rebuild_paths.py``), so stacked GDN folds
+always take it. The CPU runtime's decode kernel takes one token per sequence, so CPU pools keep the chunk
+path.
 
 Per step, not per layer: the plan's index tensors, the start states' copy into every layer's slot and every
 layer's ``a``, ``b`` gather, where the pool keeps them as stacks (:func:`~.startup.prepare_layers`), and for
