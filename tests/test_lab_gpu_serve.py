@@ -129,13 +129,34 @@ def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
     assert "| plugin | 32.00% |" in table({"rag": {"arms": res}})
 
 
-def test_pinned_servers_get_disjoint_equal_core_blocks_beside_the_client() -> None:
+def _topology(root: Path, siblings: dict[int, str]) -> Path:
+    """A sysfs CPU tree whose cores have these ``thread_siblings_list`` texts."""
+    for cpu, text in siblings.items():
+        (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text + "\n")
+    return root
+
+
+def test_pinned_servers_get_disjoint_equal_core_blocks_beside_the_client(tmp_path: Path) -> None:
     from decode_ab import core_blocks, pinned
 
-    client, blocks = core_blocks(list(range(16)), 3)
+    client, blocks = core_blocks(list(range(16)), 3, tmp_path / "none")  # no topology: every core its own
     assert client == [0] and blocks == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
     with pytest.raises(SystemExit):
-        core_blocks([0, 1], 2)
+        core_blocks([0, 1], 2, tmp_path / "none")
     out = subprocess.run(pinned([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], [0]),
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[0]"
+
+
+def test_pinned_blocks_keep_smt_siblings_together(tmp_path: Path) -> None:
+    """8 physical cores with two threads each, numbered as Linux does (core c: threads c and c + 8): the client gets
+    one whole core, each of 3 servers two whole cores, and no physical core is split between two of them."""
+    from decode_ab import core_blocks, physical_cores
+
+    topo = _topology(tmp_path, {c: f"{c % 8},{c % 8 + 8}" for c in range(16)})
+    assert physical_cores(list(range(16)), topo)[:2] == [[0, 8], [1, 9]]
+    client, blocks = core_blocks(list(range(16)), 3, topo)
+    assert client == [0, 8] and blocks == [[1, 2, 9, 10], [3, 4, 11, 12], [5, 6, 13, 14]]
+    topo2 = _topology(tmp_path / "ranges", {c: "0-1" if c < 2 else f"{c}" for c in range(4)})
+    assert physical_cores([0, 1, 2, 3], topo2) == [[0, 1], [2], [3]]

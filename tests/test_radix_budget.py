@@ -181,8 +181,9 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
 @pytest.mark.parametrize("rounded", ["1", "0"])
 def test_bf16_serving_reserves_the_rounded_interval_states_it_keeps(monkeypatch, rounded):
     """Serving in bf16 over fp32 states, the interval states are kept rounded (``STATE_INTERVAL_ROUNDED``, the
-    default) and allocated at the first prefill: the reservation holds them, so they never land outside the
-    memory budget; with rounding off none is kept and none reserved."""
+    default), in bf16 as the kernel computes them, and allocated at the first prefill: the reservation holds
+    them at that size, so they never land outside the memory budget; with rounding off none is kept and none
+    reserved."""
     cfg = SimConfig(kind="gdn")
     params = cache_params(cfg, ToyModel(cfg), list(range(cfg.mamba_layers)))
     configurator = SimpleNamespace(hybrid_gdn_config=object(), model_config=SimpleNamespace(dtype=torch.bfloat16),
@@ -190,7 +191,8 @@ def test_bf16_serving_reserves_the_rounded_interval_states_it_keeps(monkeypatch,
     monkeypatch.setenv("SGLANG_REPLAYSSM_RECORD_TOKENS", "1024")
     monkeypatch.setenv("SGLANG_REPLAYSSM_STATE_INTERVAL_ROUNDED", rounded)
     records = record_budget.record_bytes_per_token(params, 2) * 1025
-    states = (1024 // 256 + 3) * record_budget.interval_state_bytes(params)
+    states = (1024 // 256 + 3) * record_budget.interval_state_bytes(params, 2)  # kept in bf16, as computed
+    assert 2 * states == (1024 // 256 + 3) * record_budget.interval_state_bytes(params)  # fp32 states
     gib = record_budget._record_reservation_gib(configurator, 1.0)
     assert gib * GIB == records + (states if rounded == "1" else 0)
 

@@ -167,19 +167,23 @@ def test_interval_states_first_in_first_out_and_invalidate():
     assert 1 in st.skipped and not st.usable([0, 1]) and 1 not in st.ssm
 
 
-def test_rounded_interval_states_keep_the_activation_dtype_widened():
-    """With ``rounded``, a bf16 ``h`` (bf16 serving) is kept widened to the state dtype: the kept state is
-    the bf16 value exactly (one rounding), and the layer stays usable; without it the layer keeps nothing."""
+def test_rounded_interval_states_keep_the_activation_dtype_as_computed():
+    """With ``rounded``, a bf16 ``h`` (bf16 serving) is kept in bf16 as computed (half an fp32 state's bytes): the
+    kept state is the bf16 value exactly (one rounding), and the layer stays usable; without it the layer keeps
+    nothing. An ``h`` in the state dtype is kept in it either way."""
     from sglang_replayssm.radix.records.interval_states import IntervalStates
 
     h = (torch.arange(6.0) / 3).view(2, 3, 1, 1).to(torch.bfloat16)
     for rounded in (False, True):
         st = IntervalStates(kv_size=8, capacity=2, interval=64, device=torch.device("cpu"), rounded=rounded)
-        st.assign(torch.tensor([5]))
+        st.assign(torch.tensor([5, 6]))
         st.write(0, torch.tensor([5]), h.view(2, 3, 1), torch.tensor([1]), torch.float32)
         assert st.usable([0]) is rounded
         if rounded:
-            assert st.ssm[0].dtype == torch.float32 and torch.equal(st.ssm[0][0], h.view(2, 3, 1)[1].float())
+            assert st.ssm[0].dtype == torch.bfloat16 and torch.equal(st.ssm[0][0], h.view(2, 3, 1)[1])
+            assert st.nbytes == st.state_of.numel() * 8 + st.owner.numel() * 8 + 3 * 3 * 2  # 3 rows of 3 bf16
+        st.write(1, torch.tensor([6]), h.view(2, 3, 1).float(), torch.tensor([0]), torch.float32)
+        assert st.ssm[1].dtype == torch.float32 and torch.equal(st.ssm[1][1], h.view(2, 3, 1)[0].float())
 
 
 def test_rounded_interval_states_follow_the_setting(monkeypatch):

@@ -34,10 +34,12 @@ def test_per_layer_pools_fold_each_layer_with_its_own_extend(radix_adapter):
 
 
 def test_a_capture_launches_per_layer_only_the_layers_own_work(radix_adapter):
-    """Per GDN layer: the ``x`` write and the kept states (gather, widen, write); the ``a``, ``b`` writes of
-    every layer are two ``index_copy_`` at the forward's last layer."""
+    """Per GDN layer: the ``x`` write and the kept states (gather, write: kept in ``h``'s dtype, no widening); the
+    ``a``, ``b`` writes of every layer are two ``index_copy_`` at the forward's last layer; the rows of the forward's
+    tokens and kept states are found once (a gather and a remainder each, no ``where``)."""
     per_layer, _, big = slope(run_capture)
-    assert per_layer == 4, dict(big.launches)
+    assert per_layer == 3, dict(big.launches)
+    assert "where.self" not in big.launches and big.launches["remainder.Scalar"] == 2
     assert big.launches["stack.default"] == 2
 
 

@@ -35,6 +35,7 @@ from serve_check import GSP_ARGS, LAB_FLAGS, RAG_ARGS, SERVE_FLAGS
 from sglang_replayssm.bench.arms import ARMS, merge_flags, parse_arms, server_command, server_env
 from sglang_replayssm.bench.decode import run_decode
 from sglang_replayssm.bench.metrics import percentile
+from sglang_replayssm.bench.paired import IDLE_FLAGS
 from sglang_replayssm.bench.server import ServerProcess, pick_port
 
 
@@ -125,13 +126,42 @@ def prefill_table(summary: dict[str, dict[str, list[float]]], reps: int) -> str:
 ALL_CORES = sorted(os.sched_getaffinity(0))
 
 
-def core_blocks(cores: list[int], n: int) -> tuple[list[int], list[list[int]]]:
-    """``cores`` split for ``n`` servers: the first for the client, the rest in ``n`` equal contiguous blocks (the
-    remainder unused), so no server's processes share a core with another's or the client's."""
-    per = (len(cores) - 1) // n
+def physical_cores(cores: list[int], topology: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """``cores`` grouped by physical core (SMT siblings together, from sysfs ``thread_siblings_list``), in the
+    order of each group's lowest core; a core whose topology cannot be read is its own group."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    allowed = set(cores)
+    for c in sorted(cores):
+        try:
+            text = (topology / f"cpu{c}" / "topology" / "thread_siblings_list").read_text().strip()
+            siblings = tuple(sorted(allowed & set(_cpu_list(text)))) or (c,)
+        except (OSError, ValueError):
+            siblings = (c,)
+        groups.setdefault(siblings, [])
+        if c not in groups[siblings]:
+            groups[siblings].append(c)
+    return sorted(groups.values(), key=min)
+
+
+def _cpu_list(text: str) -> list[int]:
+    """Linux's CPU list syntax (``0-3,8,10-11``) as numbers."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def core_blocks(cores: list[int], n: int, topology: Path = Path("/sys/devices/system/cpu")) -> tuple[list[int], list[list[int]]]:
+    """``cores`` split for ``n`` servers by whole physical cores (SMT siblings never split between two servers, or a
+    server and the client): the first physical core for the client, the rest in ``n`` equal contiguous blocks (the
+    remainder unused), so no server's processes share a core, nor a core's execution units, with another's."""
+    phys = physical_cores(cores, topology)
+    per = (len(phys) - 1) // n
     if per < 1:
-        raise SystemExit(f"--pin-cores: {len(cores)} cores cannot give {n} servers one each beside the client")
-    return cores[:1], [cores[1 + i * per:1 + (i + 1) * per] for i in range(n)]
+        raise SystemExit(f"--pin-cores: {len(phys)} physical cores cannot give {n} servers one each beside the client")
+    blocks = [sorted(c for group in phys[1 + i * per:1 + (i + 1) * per] for c in group) for i in range(n)]
+    return phys[0], blocks
 
 
 def pinned(cmd: list[str], cores: list[int]) -> list[str]:
@@ -228,12 +258,15 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
     if args.pin_cores:
         client, blocks = core_blocks(ALL_CORES, len(arms))
         os.sched_setaffinity(0, client)
-        doc["pinned_cores"] = {"client": client, **dict(zip(arms, blocks))}
+        doc["pinned_cores"] = {"client": client, **dict(zip(arms, blocks)),
+                               "physical": physical_cores(ALL_CORES)}
     with contextlib.ExitStack() as stack:
         servers: dict[str, tuple[str, Path]] = {}
         for i, name in enumerate(arms):
             frac = mem_fraction_for(per_arm_gib.get(name, default_gib))
-            extra = merge_flags(["--mem-fraction-static", str(frac), *shlex.split(args.server_flags)],
+            # Idle servers sleep (SGLang's --sleep-on-idle, bench/paired.py): an idle scheduler otherwise spins a core
+            # while another arm serves.
+            extra = merge_flags(["--mem-fraction-static", str(frac), *IDLE_FLAGS, *shlex.split(args.server_flags)],
                                 shlex.split(LAB_FLAGS) + shlex.split(SERVE_FLAGS))
             port = pick_port()
             cmd = server_command(ARMS[name], args.model_path, port, device="cuda", tp=1, extra_args=extra)

@@ -29,16 +29,20 @@ def record_bytes_per_token(cache_params: Any, itemsize: int) -> int:
     return (cache_params.shape.conv[0][0] + 2 * hv) * itemsize * len(cache_params.layers)
 
 
-def interval_state_bytes(cache_params: Any) -> int:
-    """Bytes of one interval state: every GDN layer's SSM state in the pool's state dtype."""
+def interval_state_bytes(cache_params: Any, itemsize: int | None = None) -> int:
+    """Bytes of one interval state: every GDN layer's SSM state in the pool's state dtype, or in ``itemsize``
+    bytes a value (a rounded state is kept in the activation dtype, :mod:`interval_states`)."""
     hv, v_dim, k_dim = cache_params.shape.temporal
-    return hv * v_dim * k_dim * cache_params.dtype.temporal.itemsize * len(cache_params.layers)
+    size = cache_params.dtype.temporal.itemsize if itemsize is None else itemsize
+    return hv * v_dim * k_dim * size * len(cache_params.layers)
 
 
-def record_bytes(cache_params: Any, itemsize: int, capacity: int, interval: int = 0) -> int:
+def record_bytes(cache_params: Any, itemsize: int, capacity: int, interval: int = 0,
+                 state_itemsize: int | None = None) -> int:
     """Bytes of a record pool of ``capacity`` tokens (one sink row more) and, with ``interval``, its
-    ``capacity // interval + 2`` interval states (one sink more)."""
-    states = (capacity // interval + 3) * interval_state_bytes(cache_params) if interval > 0 else 0
+    ``capacity // interval + 2`` interval states (one sink more) of ``state_itemsize`` bytes a value (default:
+    the pool's state dtype)."""
+    states = (capacity // interval + 3) * interval_state_bytes(cache_params, state_itemsize) if interval > 0 else 0
     return record_bytes_per_token(cache_params, itemsize) * (capacity + 1) + states
 
 
@@ -136,7 +140,8 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     if not explicit:
         capacity, reason = default_record_policy(capacity, rest_gib * (1 << 30), per_token,
                                                  _kv_bytes_per_token(configurator))
-    nbytes = record_bytes(params, itemsize, capacity, kept) if capacity > 0 else 0
+    # kept states are in h's dtype, the activation dtype (exact where it is the state dtype, else rounded)
+    nbytes = record_bytes(params, itemsize, capacity, kept, state_itemsize=itemsize) if capacity > 0 else 0
     if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
         raise ValueError(
             f"{CAPACITY_ENV}={capacity}: the record pool needs {nbytes / (1 << 30):.2f} GiB but only "

@@ -17,7 +17,8 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 * ``state_of [KV + 1]`` int64: the state slot holding the state after the token at that KV index,
   or -1 (the last entry is a sink that stays -1);
 * ``owner [M + 1]`` int64: the KV index a state slot was assigned to, or ``KV`` (never assigned; :mod:`.fifo`);
-* per linear layer ``ssm [M + 1, *state]`` in the mamba pool's state dtype; row ``M`` is a sink. With
+* per linear layer ``ssm [M + 1, *state]`` in the dtype of ``h`` (:meth:`IntervalStates.kept_dtype`): the mamba
+  pool's state dtype, or the activation dtype of a rounded state; row ``M`` is a sink. With
   ``layer_ids`` (the mamba pool's linear layers in its order) the layers' ``ssm`` are rows ``i`` of one
   ``stack [L, M + 1, *state]`` (:meth:`IntervalStates.stacked`): a rebuild copies its start states into every
   layer's pool slot in one op.
@@ -25,7 +26,8 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 Exactness: per-chunk states in the pool's own state dtype are exact (fp32 on the CPU runtime's fp32
 models). SGLang's kernels round ``h`` to the activation dtype (bf16 serving): there a kept state is
 a state rounded once to the activation dtype. ``SGLANG_REPLAYSSM_STATE_INTERVAL_ROUNDED`` (on) keeps that
-``h`` widened to the state dtype: a rebuild folds < ``interval + 64`` records from it (measured on the H200:
+``h`` as it is, in the activation dtype (half an fp32 state's bytes, the same values), widened to the state dtype
+when a rebuild copies it into a pool slot: a rebuild folds < ``interval + 64`` records from it (measured on the H200:
 a rebuilt hit's KL to a cold prefill at or below an exact state's, docs/BENCHMARKS.md); off, such a layer
 keeps no interval state and a rebuild folds from the tree's deepest state (exact, up to a whole prefix).
 
@@ -146,7 +148,7 @@ class IntervalStates:
     def dest_of(self, keys: torch.Tensor) -> torch.Tensor:
         """The state rows of ``keys`` (KV indices): their slots, the sink row for keys without one."""
         slots = self.state_of[keys.to(self.state_of.device, torch.int64)]
-        return torch.where(slots >= 0, slots, self.capacity)
+        return slots.remainder(self.capacity + 1)  # -1 (no slot) -> the sink row ``capacity``, one launch
 
     def write(self, layer_id: int, keys: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
               state_dtype: torch.dtype) -> None:
@@ -154,18 +156,28 @@ class IntervalStates:
         indices); keys without a slot go to the sink row (:meth:`write_rows` with :meth:`dest_of`)."""
         self.write_rows(layer_id, self.dest_of(keys), h, chunks, state_dtype)
 
+    def kept_dtype(self, h_dtype: torch.dtype, state_dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype states computed in ``h_dtype`` are kept in, for a pool whose states are ``state_dtype``:
+        ``h_dtype`` where it is the state dtype (exact) or where ``rounded`` keeps a floating ``h`` as computed
+        (a state rounded once); None where nothing is kept."""
+        if h_dtype == state_dtype or (self.rounded and h_dtype.is_floating_point):
+            return h_dtype
+        return None
+
     def write_rows(self, layer_id: int, dest: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
                    state_dtype: torch.dtype) -> None:
-        """Store ``h[chunks]`` in state rows ``dest`` (:meth:`dest_of`, computed once per forward). A
-        layer whose ``h`` is not in the pool's state dtype keeps nothing (not exact) unless ``rounded``:
-        then ``h`` is widened to the state dtype, a state rounded once to the activation dtype. No host sync."""
-        if h.dtype != state_dtype and not (self.rounded and h.is_floating_point()):
+        """Store ``h[chunks]`` in state rows ``dest`` (:meth:`dest_of`, computed once per forward), in
+        :meth:`kept_dtype` (one gather and one copy, no conversion); a layer that keeps nothing is marked
+        ``skipped``. No host sync."""
+        kept = self.kept_dtype(h.dtype, state_dtype)
+        if kept is None:
             self.skipped.add(layer_id)
             return
         ssm = self.ssm.get(layer_id)
         if ssm is None:
-            ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), state_dtype, h.device)
-        ssm.index_copy_(0, dest.to(ssm.device), h.index_select(0, chunks.to(h.device)).to(state_dtype))
+            ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), kept, h.device)
+        rows = h.index_select(0, chunks.to(h.device))
+        ssm.index_copy_(0, dest.to(ssm.device), rows if rows.dtype == ssm.dtype else rows.to(ssm.dtype))
 
     def _new_rows(self, layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Layer ``layer_id``'s ``[M + 1, *shape]`` rows: its row of ``stack`` (allocated for every layer of

@@ -162,7 +162,7 @@ class RecordPool:
         without one. Every layer of a forward writes its tokens to the same rows (:func:`capture`
         computes them once per forward). No host sync."""
         slots = self.slot_of[kv.reshape(-1).to(self.slot_of.device, torch.int64)]
-        return torch.where(slots >= 0, slots, self.capacity)
+        return slots.remainder(self.capacity + 1)  # -1 (no slot) -> the sink row ``capacity``, one launch
 
     def write(self, layer: Any, backend: Any, kv: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
               b: torch.Tensor, dest: torch.Tensor | None = None, stage: bool = False) -> None:
