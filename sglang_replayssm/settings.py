@@ -174,8 +174,9 @@ STATE_INTERVAL = Setting(f"{PREFIX}STATE_INTERVAL", "tokens", 256, _interval, "k
                          "(a multiple of 64; 0 none; GDN and KDA prefills), so a rebuild folds < N + 64 "
                          "records", "records")
 STATE_INTERVAL_ROUNDED = Setting(f"{PREFIX}STATE_INTERVAL_ROUNDED", "bool", True, _flag, "also keep the prefill "
-                                 "states SGLang's extend kernel rounds to the activation dtype (bf16 serving), widened: "
-                                 "rebuilds fold < N + 64 records there too, from a state rounded once (H200: rebuilt-hit "
+                                 "states SGLang's extend kernel rounds to the activation dtype (bf16 serving), as computed (half an fp32 "
+                                 "state's bytes; widened when a rebuild copies one into a slot): rebuilds fold < N + 64 "
+                                 "records there too, from a state rounded once (H200: rebuilt-hit "
                                  "KL 0.0091 vs 0.0117 for an exact state; off: exact states only)", "records")
 HOST_RECORD_TOKENS = Setting(f"{PREFIX}HOST_RECORD_TOKENS", "tokens", None, _tokens("0: no host records"),
                              "HiCache: the host record pool's capacity (at most the host KV pool's; 0 none)",

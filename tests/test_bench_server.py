@@ -40,6 +40,21 @@ def test_server_process_becomes_healthy_and_is_stopped(tmp_path: Path) -> None:
     assert (tmp_path / "s.log").read_text().startswith("$ ")
 
 
+def test_picked_ports_are_free_and_outside_the_ephemeral_range() -> None:
+    """Ports come from below the kernel's ephemeral range (where outgoing connections take theirs), bindable,
+    and drawn at random (two pickers rarely meet)."""
+    import socket
+
+    from sglang_replayssm.bench.server import PORT_RANGE, _ephemeral_range
+
+    lo, hi = _ephemeral_range()
+    ports = [pick_port() for _ in range(20)]
+    assert all(PORT_RANGE[0] <= p < PORT_RANGE[1] and not lo <= p <= hi for p in ports)
+    assert len(set(ports)) > 10
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", ports[0]))
+
+
 def test_server_that_exits_reports_code_and_log_tail(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import sys; print('ValueError: no linear layers here'); sys.exit(3)"]
     with pytest.raises(ServerStartError) as info:

@@ -117,3 +117,38 @@ def test_a_view_of_a_large_output_is_written_at_once():
     assert not pool.staged and torch.equal(pool.layers[0].a[pool.slots(kv)], a)
     _write_forward(pool, kv, range(1))
     assert len(pool.staged) == 1
+
+
+def test_a_refresh_moves_every_stacked_layer_at_once():
+    """``refresh`` on stacked records: each stack's rows move in one gather and one write (six copies for every
+    layer, not six a layer), every layer's ``x``, ``a``, ``b`` as a layer-by-layer move leaves them; with a
+    transient bound below one stack's moved rows, the stacks move in groups of layers, to the same result."""
+    from sglang_replayssm.radix import config
+    from sglang_replayssm.radix.records import match
+    from tests.support.launch_count import OpCounter
+
+    results = []
+    for bound in (match.REFRESH_TRANSIENT_BYTES, 1):
+        torch.manual_seed(0)  # the same gate inputs in both pools
+        pool = _stacked_pool(layers=4)
+        kv = torch.tensor([3, 5, 9, 11])
+        pool.assign(torch.cat([torch.tensor([1]), kv]))
+        _write_forward(pool, torch.tensor([1]), range(4))
+        inputs = _write_forward(pool, kv, range(4))
+        counter = OpCounter()
+        with config.override(True), counter:
+            match.REFRESH_TRANSIENT_BYTES, saved = bound, match.REFRESH_TRANSIENT_BYTES
+            try:
+                assert match.refresh(pool, kv)
+            finally:
+                match.REFRESH_TRANSIENT_BYTES = saved
+        gathers = counter.launches["index_select.default"]
+        assert gathers == (3 if bound > 1 else 12), dict(counter.launches)
+        assert counter.launches["index_copy_.default"] == gathers + 1  # and the FIFO's own write (fifo.py)
+        slots = pool.slots(kv)
+        assert slots.tolist() == [(5 + i) % 16 for i in range(4)]  # the young end
+        for lid, (x, a, b) in enumerate(inputs):
+            rec = pool.layers[lid]
+            assert torch.equal(rec.x[slots], x) and torch.equal(rec.a[slots], a) and torch.equal(rec.b[slots], b)
+        results.append(torch.cat([pool.xs.flatten(), pool.ab[0].flatten(), pool.ab[1].flatten()]))
+    assert torch.equal(results[0], results[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import signal
 import socket
@@ -18,9 +19,35 @@ class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message holds its log tail."""
 
 
-def pick_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+#: Where :func:`pick_port` draws from: below Linux's default ephemeral range (32768-60999), which the kernel hands
+#: to every outgoing connection (a port found free by binding port 0 is drawn from that range, and a client
+#: socket may take it before the server binds it: "address already in use").
+PORT_RANGE = (20000, 32000)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def pick_port(host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A TCP port that was free a moment ago, outside the kernel's ephemeral range (:data:`PORT_RANGE`,
+    less any overlap with that range), drawn at random so that processes picking at once rarely meet."""
+    lo, hi = PORT_RANGE
+    eph_lo, eph_hi = _ephemeral_range()
+    candidates = [p for p in range(lo, hi) if not eph_lo <= p <= eph_hi]
+    rng = random.SystemRandom()
+    for port in rng.sample(candidates, min(tries, len(candidates))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # every candidate taken: any free port
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -131,8 +131,8 @@ def refresh(pool: RecordPool, kv: torch.Tensor) -> bool:
 
     Skipped (False) where the slots it would take hold a queued rebuild's records (they are read at the
     next forward), with HiCache (queued record loads), or for more than half the pool. Exact: the rows
-    are copied, not recomputed, one tensor at a time (the transient is one layer's input rows of the
-    moved tokens, not every layer's)."""
+    are copied, not recomputed, one tensor at a time (:func:`_moved_tensors`: the layer stacks in groups
+    of layers whose moved rows take at most :data:`REFRESH_TRANSIENT_BYTES`, else layer by layer)."""
     from sglang_replayssm.radix import config
 
     if not config.enabled("record_refresh") or pool.hicache is not None or not pool.layers:
@@ -150,10 +150,29 @@ def refresh(pool: RecordPool, kv: torch.Tensor) -> bool:
         return False
     pool.assign(kv)  # bookkeeping only: every row stays where it is until copied below
     new = pool.slots(kv)
-    for rec in pool.layers.values():
-        for rows in (rec.x, rec.a, rec.b):  # the gather copies one tensor's rows before the write
-            rows.index_copy_(0, new, rows[old])
+    for rows in _moved_tensors(pool, n):  # the gather copies one tensor's rows before the write
+        rows.index_copy_(-2, new, rows.index_select(-2, old))
     return True
+
+
+#: The most bytes of rows one gather of :func:`refresh` copies out at once (its transient).
+REFRESH_TRANSIENT_BYTES = 64 << 20
+
+
+def _moved_tensors(pool: RecordPool, n: int) -> list[torch.Tensor]:
+    """The record tensors :func:`refresh` moves ``n`` tokens' rows in, rows on dim -2: where every layer's
+    records are rows of the stacks (:meth:`RecordPool.stacked_ab`), the stacks ``[L, R + 1, *]`` cut into
+    groups of layers whose ``n`` rows take at most :data:`REFRESH_TRANSIENT_BYTES` (one group for a short
+    fold: six launches for every layer), else every layer's ``x``, ``a``, ``b``."""
+    ab, xs = pool.stacked_ab(), pool.xs
+    if ab is None or xs is None:
+        return [rows for rec in pool.layers.values() for rows in (rec.x, rec.a, rec.b)]
+    out: list[torch.Tensor] = []
+    for stack in (xs, *ab):
+        per_layer = n * stack[0, 0].numel() * stack.element_size()
+        group = max(1, REFRESH_TRANSIENT_BYTES // max(per_layer, 1))
+        out += [stack[i:i + group] for i in range(0, stack.shape[0], group)]
+    return out
 
 
 def rebuild_job(pool: RecordPool, slot: torch.Tensor, span: torch.Tensor,
