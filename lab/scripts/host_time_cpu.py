@@ -14,7 +14,9 @@ the second.
 Each sample is owned by its deepest frame of the plugin, the CPU runtime or SGLang (:func:`kind_of`): torch
 and library frames below count for the frame that called them, and SGLang's functions an AROUND hook calls
 count for SGLang. Prints, per arm: client ms per kind (median), sampled ms per request by owner, and the
-plugin's functions that own the most (deepest plugin frame).
+plugin's functions that own the most (deepest plugin frame). ``--ops``: instead of sampling, every server
+process counts its aten ops by owner (``opcount_site/sitecustomize.py``; a CUDA server launches about one kernel an
+op): ops per request by owner and the plugin's functions that issue them.
 """
 
 from __future__ import annotations
@@ -121,42 +123,82 @@ def prompts(reps: int, seed: int = 3) -> dict[str, list[list[int]]]:
     return {"floor": [ids(32) for _ in range(reps)], "cold": [ids(664) for _ in range(reps)], "hit": hits}
 
 
-def _sampled(pid: int, raw: Path, url: str, work: list[list[int]]) -> tuple[list[float], list[int]]:
-    """Send ``work`` one request at a time while py-spy samples the server's processes into ``raw``."""
-    spy = subprocess.Popen([str(PY_SPY), "record", "--subprocesses", "-r", str(RATE), "-f", "raw", "-o", str(raw),
-                            "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    time.sleep(2.0)  # py-spy attaches
+def _send(url: str, work: list[list[int]]) -> tuple[list[float], list[int]]:
     times, cached = [], []
     for ids in work:
         got = _generate(url, ids, 1)
         times.append(1e3 * got["client_s"])
         cached.append(int(got.get("meta_info", {}).get("cached_tokens", 0)))
-    spy.send_signal(signal.SIGINT)
-    spy.wait(timeout=60)
     return times, cached
 
 
-def run_arm(name: str, model: Path, reps: int, out: Path) -> dict[str, Any]:
+def _sampled(pid: int, raw: Path, url: str, work: list[list[int]]) -> tuple[list[float], list[int]]:
+    """Send ``work`` one request at a time while py-spy samples the server's processes into ``raw``."""
+    spy = subprocess.Popen([str(PY_SPY), "record", "--subprocesses", "-r", str(RATE), "-f", "raw", "-o", str(raw),
+                            "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    time.sleep(2.0)  # py-spy attaches
+    got = _send(url, work)
+    spy.send_signal(signal.SIGINT)
+    spy.wait(timeout=60)
+    return got
+
+
+#: ``--ops``: the folder whose ``sitecustomize.py`` counts every server process's aten ops by owner.
+OPCOUNT_SITE = Path(__file__).resolve().parent / "opcount_site"
+
+
+def _op_counts(folder: Path) -> collections.Counter[str]:
+    time.sleep(1.5)  # the servers write their counts every half second
+    total: collections.Counter[str] = collections.Counter()
+    for f in folder.glob("ops-*.json"):
+        total.update(json.loads(f.read_text()))
+    return total
+
+
+def _counted(folder: Path, url: str, work: list[list[int]], per: int) -> tuple[tuple[list[float], list[int]],
+                                                                               dict[str, Any]]:
+    """Send ``work`` and count the servers' aten ops meanwhile: per request, by owner, and the plugin's functions."""
+    before = _op_counts(folder)
+    got = _send(url, work)
+    diff = _op_counts(folder) - before
+    owners: collections.Counter[str] = collections.Counter()
+    for key, n in diff.items():
+        owners[key.split(" ", 1)[0]] += n
+    top = [(k.split(" ", 1)[1], round(n / per, 2)) for k, n in diff.most_common() if k.startswith("plugin ")][:20]
+    return got, {"ops_per_request": {k: round(n / per, 2) for k, n in owners.items()}, "plugin_ops_per_request": top}
+
+
+def run_arm(name: str, model: Path, reps: int, out: Path, ops: bool = False) -> dict[str, Any]:
     """One arm's server alone: per phase, sampled ms per request by owner (the ``hit`` phase's requests are a
     cold prompt and its branch: ``hit_only`` is that phase less the ``cold`` phase, per branch)."""
     port = pick_port()
     cmd = server_command(ARMS[name], model, port, device="cpu", tp=1, extra_args=FLAGS)
     log = out / f"server-{name}.log"
     res: dict[str, Any] = {}
-    with ServerProcess(cmd, server_env(ARMS[name], "cpu"), log, f"http://127.0.0.1:{port}", 600.0) as srv:
+    env = server_env(ARMS[name], "cpu")
+    counts = out / f"ops-{name}"
+    if ops:
+        counts.mkdir()
+        path = os.pathsep.join(p for p in (str(OPCOUNT_SITE), env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))) if p)
+        env = {**env, "LAB_OPCOUNT_DIR": str(counts), "PYTHONPATH": path}
+    with ServerProcess(cmd, env, log, f"http://127.0.0.1:{port}", 600.0) as srv:
         assert srv.proc is not None
         for work in prompts(1, seed=4).values():  # first-use costs, and the warm-up rebuild
             for ids in work:
                 _generate(srv.base_url, ids, 1)
         for kind, work in prompts(reps).items():
-            raw = out / f"spy-{name}-{kind}.txt"
-            times, cached = _sampled(srv.proc.pid, raw, srv.base_url, work)
             pairs = len(work) // 2 if kind == "hit" else len(work)
+            if ops:
+                (times, cached), measured = _counted(counts, srv.base_url, work, pairs)
+            else:
+                raw = out / f"spy-{name}-{kind}.txt"
+                times, cached = _sampled(srv.proc.pid, raw, srv.base_url, work)
+                measured = summarize(raw, pairs)
             res[kind] = {"client_ms_median": round(statistics.median(times[1::2] if kind == "hit" else times), 2),
-                         "cached_tokens": sorted(set(cached[1::2] if kind == "hit" else cached)),
-                         **summarize(raw, pairs)}
-    cold, hit = res["cold"]["ms_per_request"], res["hit"]["ms_per_request"]
-    res["hit_only"] = {"ms_per_request": {k: round(hit.get(k, 0.0) - cold.get(k, 0.0), 3) for k in hit}}
+                         "cached_tokens": sorted(set(cached[1::2] if kind == "hit" else cached)), **measured}
+    key = "ops_per_request" if ops else "ms_per_request"
+    cold, hit = res["cold"][key], res["hit"][key]
+    res["hit_only"] = {key: {k: round(hit.get(k, 0.0) - cold.get(k, 0.0), 3) for k in hit}}
     return res
 
 
@@ -165,6 +207,8 @@ def main() -> None:
     p.add_argument("--arms", default="baseline,plugin")
     p.add_argument("--reps", type=int, default=8)
     p.add_argument("--json", type=Path)
+    p.add_argument("--ops", action="store_true", help="count the servers' aten ops by owner instead of sampling "
+                   "(opcount_site/sitecustomize.py; a CUDA server launches about one kernel an op)")
     p.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "replayssm-host-time-models")
     args = p.parse_args()
     base = SPECS["tiny-gdn"]
@@ -175,13 +219,15 @@ def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     result: dict[str, Any] = {"model": str(model), "reps": args.reps, "rate": RATE, "arms": {}}
     for name in args.arms.split(","):
-        result["arms"][name] = res = run_arm(name, model, args.reps, out)
+        result["arms"][name] = res = run_arm(name, model, args.reps, out, args.ops)
         for kind in ("floor", "cold", "hit", "hit_only"):
             r = res[kind]
+            what = ("aten ops a request", r["ops_per_request"]) if args.ops else ("sampled ms a request",
+                                                                                  r["ms_per_request"])
             print(f"[{name}] {kind}: client ms (median) {r.get('client_ms_median')}, cached {r.get('cached_tokens')}, "
-                  f"sampled ms a request {r['ms_per_request']}", flush=True)
-            for frame, ms in r.get("plugin_frames_ms_per_request", [])[:8]:
-                print(f"    {ms:7.3f}  {frame}")
+                  f"{what[0]} {what[1]}", flush=True)
+            for frame, v in r.get("plugin_ops_per_request" if args.ops else "plugin_frames_ms_per_request", [])[:12]:
+                print(f"    {v:8.2f}  {frame}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"logs and samples: {out}")
