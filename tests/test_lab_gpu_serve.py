@@ -160,3 +160,18 @@ def test_pinned_blocks_keep_smt_siblings_together(tmp_path: Path) -> None:
     assert client == [0, 8] and blocks == [[1, 2, 9, 10], [3, 4, 11, 12], [5, 6, 13, 14]]
     topo2 = _topology(tmp_path / "ranges", {c: "0-1" if c < 2 else f"{c}" for c in range(4)})
     assert physical_cores([0, 1, 2, 3], topo2) == [[0, 1], [2], [3]]
+
+
+def test_bursts_larger_than_the_running_cap_are_skipped_with_the_reason(tmp_path: Path) -> None:
+    """SGLang caps ``max_running_requests`` by the mamba slots and says so in its startup log: a burst larger than
+    the cap never fills the batch, so it is skipped in one line instead of timing nothing."""
+    from decode_ab import full_batches, running_cap
+
+    log = tmp_path / "server.log"
+    assert running_cap(log) is None
+    log.write_text("max_running_requests is capped to 100 by the mamba state cache (max_mamba_cache_size=500, 5 state "
+                   "slots per request).\nmax_total_num_tokens=336932, max_running_requests=100, context_len=32768\n")
+    assert running_cap(log) == 100
+    kept, why = full_batches(100, [256, 64])
+    assert kept == [64] and "256" in why and "at most 100" in why
+    assert full_batches(None, [256]) == ([256], "") and full_batches(256, [256, 64]) == ([256, 64], "")

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -57,6 +58,29 @@ LOG_FLAGS = {"multiple_around": "Multiple AROUND", "read_copy_unlinked": "reache
 def log_flags(log: Path) -> dict[str, int]:
     text = log.read_text(errors="replace") if log.exists() else ""
     return {key: text.count(needle) for key, needle in LOG_FLAGS.items()}
+
+
+RUNNING_CAP = re.compile(r"max_running_requests=(\d+)")
+
+
+def running_cap(log: Path) -> int | None:
+    """The most requests SGLang will run at once, from its startup log line (``max_running_requests=N``: after any
+    cap the mamba state cache puts on it), or None before that line."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = RUNNING_CAP.findall(text)
+    return int(found[-1]) if found else None
+
+
+def full_batches(cap: int | None, concurrencies: list[int]) -> tuple[list[int], str]:
+    """The burst sizes a server that runs at most ``cap`` requests at once can decode as one full batch (a larger
+    burst never fills it, so SGLang's step lines of a full batch never come), and a one-line reason for the rest."""
+    if cap is None:
+        return concurrencies, ""
+    kept = [c for c in concurrencies if c <= cap]
+    dropped = [c for c in concurrencies if c > cap]
+    why = (f"bursts of {', '.join(map(str, dropped))} skipped: SGLang runs at most {cap} requests at once here "
+           f"(its log says why: raise --max-mamba-cache-size or the static GiB)") if dropped else ""
+    return kept, why
 
 
 def write(doc: dict[str, Any], groups: list[dict[int, dict[str, list[float]]]], dirs: list[Path]) -> str:
@@ -287,6 +311,12 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
             doc["servers"][name] = {"mem_fraction_static": frac, "startup_s": srv.startup_s}
             write_all()
             print(f"[ab] {name} healthy after {srv.startup_s:.0f} s (mem fraction {frac})", flush=True)
+            kept, why = full_batches(running_cap(log), list(steps))
+            if why:  # no full-batch step line would ever come: spend no device time on those bursts
+                print(f"[ab] {name}: {why}", flush=True)
+                doc["servers"][name]["skipped_bursts"] = why
+                for c in [c for c in list(steps) if c not in kept]:
+                    del steps[c]
             for concurrency in steps:  # first-use costs
                 run_decode(srv.base_url, concurrency, args.prompt_len, 24, seed=5)
         live = [a for a in arms if a in servers]
