@@ -118,7 +118,8 @@ def run_policy(policy: dict[str, Any], scale: int, trace: Trace, prompts: list[l
 
 
 def _with_rounded_states(sizes: Any) -> Any:
-    """``plan.sizes`` that also prices an interval state where none is exact (bf16 records: kept rounded)."""
+    """``plan.sizes`` that also prices an interval state where none is exact (bf16 records: kept rounded), at the
+    pool's state dtype (fp32): twice what the product now keeps (bf16, as computed), so an upper bound."""
     import dataclasses
 
     from sglang_replayssm.bench import plan as capacity
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                         "which plan charges to the record budget); 0: none, as before")
     p.add_argument("--price-rounded-states", action="store_true",
                    help="charge the record arms' interval states where bf16 serving keeps them rounded (the startup "
-                        "reservation does; the default rule's price does not)")
+                        "reservation does; the default rule's price does not), at fp32: twice their bf16 bytes")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()

@@ -140,7 +140,8 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
     if not explicit:
         capacity, reason = default_record_policy(capacity, rest_gib * (1 << 30), per_token,
                                                  _kv_bytes_per_token(configurator))
-    # kept states are in h's dtype, the activation dtype (exact where it is the state dtype, else rounded)
+    # kept states are in h's dtype: the activation dtype for GDN and KDA (SGLang's chunk kernels allocate h like k,
+    # sglang/kernels/ops/attention/fla/chunk_delta_h.py:397), exact where it is the state dtype, else rounded
     nbytes = record_bytes(params, itemsize, capacity, kept, state_itemsize=itemsize) if capacity > 0 else 0
     if explicit and capacity > 0 and nbytes >= rest_gib * (1 << 30):
         raise ValueError(
