@@ -8,6 +8,7 @@ exactly the bytes a real ``MambaPool`` allocates per slot.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -179,7 +180,7 @@ def test_record_pool_is_reserved_from_the_kv_budget(monkeypatch):
 
 
 @pytest.mark.parametrize("rounded", ["1", "0"])
-def test_bf16_serving_reserves_the_rounded_interval_states_it_keeps(monkeypatch, rounded):
+def test_bf16_serving_reserves_the_rounded_interval_states_it_keeps(monkeypatch, caplog, rounded):
     """Serving in bf16 over fp32 states, the interval states are kept rounded (``STATE_INTERVAL_ROUNDED``, the
     default), in bf16 as the kernel computes them, and allocated at the first prefill: the reservation holds
     them at that size, so they never land outside the memory budget; with rounding off none is kept and none
@@ -193,8 +194,13 @@ def test_bf16_serving_reserves_the_rounded_interval_states_it_keeps(monkeypatch,
     records = record_budget.record_bytes_per_token(params, 2) * 1025
     states = (1024 // 256 + 3) * record_budget.interval_state_bytes(params, 2)  # kept in bf16, as computed
     assert 2 * states == (1024 // 256 + 3) * record_budget.interval_state_bytes(params)  # fp32 states
-    gib = record_budget._record_reservation_gib(configurator, 1.0)
+    with caplog.at_level(logging.INFO, logger="sglang_replayssm.radix.records.budget"):
+        gib = record_budget._record_reservation_gib(configurator, 1.0)
     assert gib * GIB == records + (states if rounded == "1" else 0)
+    line = next(r.getMessage() for r in caplog.records if "reserved from the KV budget" in r.getMessage())
+    kept = (1024 // 256 + 3) if rounded == "1" else 0  # the startup line adds up: records + kept states
+    assert (f"1024 tokens x {records // 1025} B + {kept} kept states x "
+            f"{record_budget.interval_state_bytes(params, 2)} B = {gib * 1024:.1f} MiB") in line, line
 
 
 def test_record_pool_is_built_with_sglangs_pools(monkeypatch):

@@ -149,8 +149,10 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
             f"{rest_gib:.2f} GiB are left for the KV cache; lower it (0 turns records off)"
         )
     state_of(configurator.model).record_capacity = capacity
-    logger.info("sglang-replayssm records: %d tokens x %d B = %.1f MiB reserved from the KV budget (%s)",
-                capacity, per_token, nbytes / (1 << 20), reason)
+    states = (capacity // kept + 3) if capacity > 0 and kept > 0 else 0
+    logger.info("sglang-replayssm records: %d tokens x %d B + %d kept states x %d B = %.1f MiB reserved from the KV "
+                "budget (%s)", capacity, record_bytes_per_token(params, itemsize), states,
+                interval_state_bytes(params, itemsize), nbytes / (1 << 20), reason)
     return nbytes / (1 << 30)
 
 
