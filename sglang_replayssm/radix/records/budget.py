@@ -15,8 +15,8 @@ from typing import Any
 from sglang_replayssm import settings
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["default_capacity", "default_record_policy", "interval_state_bytes", "record_bytes", "record_bytes_per_token",
-           "reservation_gib", "reserved_capacity"]
+__all__ = ["default_capacity", "default_record_policy", "interval_state_bytes", "kept_states", "record_bytes",
+           "record_bytes_per_token", "reservation_gib", "reserved_capacity"]
 logger = logging.getLogger(__name__)
 
 
@@ -37,12 +37,18 @@ def interval_state_bytes(cache_params: Any, itemsize: int | None = None) -> int:
     return hv * v_dim * k_dim * size * len(cache_params.layers)
 
 
+def kept_states(capacity: int, interval: int) -> int:
+    """Interval state rows a record pool of ``capacity`` tokens reserves (``capacity // interval + 2`` states, one
+    sink more); none without ``interval``."""
+    return capacity // interval + 3 if interval > 0 else 0
+
+
 def record_bytes(cache_params: Any, itemsize: int, capacity: int, interval: int = 0,
                  state_itemsize: int | None = None) -> int:
     """Bytes of a record pool of ``capacity`` tokens (one sink row more) and, with ``interval``, its
     ``capacity // interval + 2`` interval states (one sink more) of ``state_itemsize`` bytes a value (default:
     the pool's state dtype)."""
-    states = (capacity // interval + 3) * interval_state_bytes(cache_params, state_itemsize) if interval > 0 else 0
+    states = kept_states(capacity, interval) * interval_state_bytes(cache_params, state_itemsize)
     return record_bytes_per_token(cache_params, itemsize) * (capacity + 1) + states
 
 
@@ -149,9 +155,8 @@ def _record_reservation_gib(configurator: Any, rest_gib: float) -> float:
             f"{rest_gib:.2f} GiB are left for the KV cache; lower it (0 turns records off)"
         )
     state_of(configurator.model).record_capacity = capacity
-    states = (capacity // kept + 3) if capacity > 0 and kept > 0 else 0
     logger.info("sglang-replayssm records: %d tokens x %d B + %d kept states x %d B = %.1f MiB reserved from the KV "
-                "budget (%s)", capacity, record_bytes_per_token(params, itemsize), states,
+                "budget (%s)", capacity, record_bytes_per_token(params, itemsize), kept_states(capacity, kept) if capacity else 0,
                 interval_state_bytes(params, itemsize), nbytes / (1 << 20), reason)
     return nbytes / (1 << 30)
 

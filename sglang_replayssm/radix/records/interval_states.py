@@ -17,7 +17,7 @@ Layout (``M`` = capacity in states, ``KV`` = the token KV pool's size):
 * ``state_of [KV + 1]`` int64: the state slot holding the state after the token at that KV index,
   or -1 (the last entry is a sink that stays -1);
 * ``owner [M + 1]`` int64: the KV index a state slot was assigned to, or ``KV`` (never assigned; :mod:`.fifo`);
-* per linear layer ``ssm [M + 1, *state]`` in the dtype of ``h`` (:meth:`IntervalStates.kept_dtype`): the mamba
+* per linear layer ``ssm [M + 1, *state]`` in the dtype of ``h`` (:meth:`IntervalStates.keeps`): the mamba
   pool's state dtype, or the activation dtype of a rounded state; row ``M`` is a sink. With
   ``layer_ids`` (the mamba pool's linear layers in its order) the layers' ``ssm`` are rows ``i`` of one
   ``stack [L, M + 1, *state]`` (:meth:`IntervalStates.stacked`): a rebuild copies its start states into every
@@ -156,28 +156,24 @@ class IntervalStates:
         indices); keys without a slot go to the sink row (:meth:`write_rows` with :meth:`dest_of`)."""
         self.write_rows(layer_id, self.dest_of(keys), h, chunks, state_dtype)
 
-    def kept_dtype(self, h_dtype: torch.dtype, state_dtype: torch.dtype) -> torch.dtype | None:
-        """The dtype states computed in ``h_dtype`` are kept in, for a pool whose states are ``state_dtype``:
-        ``h_dtype`` where it is the state dtype (exact) or where ``rounded`` keeps a floating ``h`` as computed
-        (a state rounded once); None where nothing is kept."""
-        if h_dtype == state_dtype or (self.rounded and h_dtype.is_floating_point):
-            return h_dtype
-        return None
+    def keeps(self, h_dtype: torch.dtype, state_dtype: torch.dtype) -> bool:
+        """Whether states computed in ``h_dtype`` are kept (in ``h_dtype``) for a pool whose states are
+        ``state_dtype``: where it is the state dtype (exact), or a floating ``h`` while ``rounded`` (a state
+        rounded once)."""
+        return h_dtype == state_dtype or (self.rounded and h_dtype.is_floating_point)
 
     def write_rows(self, layer_id: int, dest: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
                    state_dtype: torch.dtype) -> None:
-        """Store ``h[chunks]`` in state rows ``dest`` (:meth:`dest_of`, computed once per forward), in
-        :meth:`kept_dtype` (one gather and one copy, no conversion); a layer that keeps nothing is marked
-        ``skipped``. No host sync."""
-        kept = self.kept_dtype(h.dtype, state_dtype)
-        if kept is None:
+        """Store ``h[chunks]`` in state rows ``dest`` (:meth:`dest_of`, computed once per forward), in ``h``'s
+        dtype (one gather and one copy, no conversion) where :meth:`keeps`; else the layer is marked ``skipped``.
+        No host sync."""
+        if not self.keeps(h.dtype, state_dtype):
             self.skipped.add(layer_id)
             return
         ssm = self.ssm.get(layer_id)
         if ssm is None:
-            ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), kept, h.device)
-        rows = h.index_select(0, chunks.to(h.device))
-        ssm.index_copy_(0, dest.to(ssm.device), rows if rows.dtype == ssm.dtype else rows.to(ssm.dtype))
+            ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), h.dtype, h.device)
+        ssm.index_copy_(0, dest.to(ssm.device), h.index_select(0, chunks.to(h.device)).to(ssm.dtype))
 
     def _new_rows(self, layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Layer ``layer_id``'s ``[M + 1, *shape]`` rows: its row of ``stack`` (allocated for every layer of
