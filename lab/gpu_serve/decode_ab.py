@@ -348,7 +348,7 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
             print("[ab] prefill ms (median, p10-p90): " + json.dumps(doc["prefill"][-1]["summary"]), flush=True)
             write_all()
         if args.main_workloads and live and time.monotonic() < t_end:
-            bench_args = {"rag": args.rag_args, "gsp": args.gsp_args}
+            bench_args = {"rag": args.rag_args, "gsp": args.gsp_args, **dict(w.split("=", 1) for w in args.workload)}
             doc.setdefault("main", []).append(run_main_pairs(
                 {n: servers[n][0] for n in live}, {w: bench_args[w] for w in args.main_workloads.split(",")},
                 args.model_path))
@@ -382,9 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-hit", type=int, default=0,
                    help="--floor-reps also times a hit at this depth (+ 150 new tokens): a longer rebuild")
     p.add_argument("--main-workloads", default="", help="after the prefill times: the main job, paired "
-                   "(main_ab.py), on these workloads (of rag, gsp)")
+                   "(main_ab.py), on these workloads (rag, gsp, --workload names)")
     p.add_argument("--rag-args", default=RAG_ARGS, help="bench arguments of the paired main job's RAG workload")
     p.add_argument("--gsp-args", default=GSP_ARGS, help="bench arguments of the paired main job's gsp workload")
+    p.add_argument("--workload", action="append", default=[],
+                   help="NAME=BENCH_ARGS: one more workload --main-workloads may name (repeatable)")
     p.add_argument("--pin-cores", action="store_true", help="each server of a group on its own equal block of "
                    "cores, the client on another (no server's host work shares a core with another's)")
     p.add_argument("--budget-s", type=float, default=480.0)
