@@ -126,6 +126,8 @@ def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
     assert d["same_hit"]["p50_ms"] == 3.5 and d["deeper_hit"]["p50_ms"] == 5.5
     assert res["baseline"]["ttft_minus_first_arm"]["all"]["p50_ms"] == 0.0
     assert res["plugin"]["hit_rate"] == 16 / 50
+    assert (res["plugin"]["prefill_tokens"], res["plugin"]["prefill_tokens_p50"]) == (34, 10)  # 10+10+10+2+2
+    assert res["baseline"]["prefill_tokens"] == 50
     assert "| plugin | 32.00% |" in table({"rag": {"arms": res}})
 
 

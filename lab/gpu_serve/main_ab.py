@@ -43,6 +43,9 @@ def compare(conversations: list[Conversation], records: dict[str, list[RequestRe
         row = {k: s.get(k) for k in ("hit_rate", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s",
                                      "requests_ok", "requests_failed")}
         row["ceiling_hit_rate"] = ceiling_hit_rate(ceiling_tokens(conversations, recs), recs)
+        computed = sorted(r.prompt_tokens - r.cached_tokens for r in recs if r.ok)
+        row["prefill_tokens"] = sum(computed)  # what the arm prefilled: its TTFT's share that hits can cut
+        row["prefill_tokens_p50"] = computed[len(computed) // 2] if computed else None
         row["first_ttft_ms"] = round(1e3 * (recs[0].ttft_s or 0.0), 1) if recs else None
         row["ttft_minus_first_arm"] = paired_differences(records[first], recs)
         out[arm] = row
@@ -54,12 +57,13 @@ def table(result: dict[str, Any]) -> str:
     for workload_name, res in result.items():
         by_arm = res["arms"]
         lines += [f"main job, paired: {workload_name}",
-                  "| arm | hit | ceiling | TTFT p50 / p90 / mean ms | first request ms | TTFT - first arm, p50 ms "
-                  "(all / same hit / deeper hit) |", "|---|---|---|---|---|---|"]
+                  "| arm | hit | ceiling | prefilled tokens (sum / p50) | TTFT p50 / p90 / mean ms | first request "
+                  "ms | TTFT - first arm, p50 ms (all / same hit / deeper hit) |", "|---|---|---|---|---|---|---|"]
         for arm, r in by_arm.items():
             d = r["ttft_minus_first_arm"]
             cells = " / ".join(f"{d[k]['p50_ms']} (n={d[k]['n']})" for k in ("all", "same_hit", "deeper_hit"))
             lines.append(f"| {arm} | {100 * (r['hit_rate'] or 0):.2f}% | {100 * (r['ceiling_hit_rate'] or 0):.2f}% | "
+                         f"{r['prefill_tokens']} / {r['prefill_tokens_p50']} | "
                          f"{1e3 * (r['ttft_p50_s'] or 0):.1f} / {1e3 * (r['ttft_p90_s'] or 0):.1f} / "
                          f"{1e3 * (r['ttft_mean_s'] or 0):.1f} | "
                          f"{r['first_ttft_ms']} | {cells} |")
