@@ -138,3 +138,38 @@ def test_the_stacked_conv_gives_every_layers_own_conv_bit_for_bit(device):
             has_initial_state=init, cache_indices=dst, query_start_loc=cu, seq_lens_cpu=lens).transpose(0, 1)[:x.shape[0]])
     assert torch.equal(out, torch.cat(outs))
     assert not torch.equal(own, conv) and torch.equal(stacked, own)
+
+
+def test_the_stacked_conv_compiles_one_variant_for_any_count_of_jobs_up_to_its_bucket(monkeypatch):
+    """SGLang's Triton conv compiles a variant per row count of ``conv_states`` (a constexpr): the stacked conv's
+    work windows come in buckets (:func:`work_rows`), so 1 to 16 jobs in a step give the conv one row count; the
+    windows it leaves are the jobs' own (the bit-for-bit test above checks them against each layer's conv)."""
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    from sglang_replayssm.radix.records.fold_stack import CONV_WORK_ROWS, conv_stacked, work_rows
+
+    assert [work_rows(n) for n in (0, 1, 16, 17, 32, 33, 100)] == [16, 16, 16, 32, 32, 64, 128]
+    seen: list[int] = []
+    real = gdn_backend.causal_conv1d_fn
+
+    def spy(*args, **kwargs):
+        seen.append(int(kwargs["conv_states"].shape[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gdn_backend, "causal_conv1d_fn", spy)
+    gen = torch.Generator().manual_seed(7)
+    L, R, DIM, W, SLOTS = 2, 64, 32, 4, 20
+    layers = [types.SimpleNamespace(layer_id=i, conv_weights=torch.randn(DIM, W, generator=gen), bias=None,
+                                    activation="silu") for i in range(L)]
+    xs = torch.randn(L, R + 1, DIM, generator=gen)
+    for jobs in (1, 3, 16):
+        conv = torch.randn(L, SLOTS, DIM, W - 1, generator=gen)
+        before = conv.clone()
+        lens = [2] * jobs
+        dst = torch.arange(1, jobs + 1, dtype=torch.int32)
+        init = torch.ones(jobs, dtype=torch.bool)
+        cu = torch.arange(0, 2 * jobs + 1, 2, dtype=torch.int32)
+        conv_stacked(layers, xs, conv, {0: 0, 1: 1}, torch.arange(2 * jobs), dst, init, cu, lens)
+        untouched = [s for s in range(SLOTS) if s not in dst.tolist()]
+        assert torch.equal(conv[:, untouched], before[:, untouched]) and not torch.equal(conv, before)
+    assert seen == [CONV_WORK_ROWS] * 3

@@ -48,7 +48,9 @@ def test_the_warm_up_folds_into_the_padding_slot_once_and_touches_nothing_else(r
         with counter:
             assert rb.run_pending(runner) == 0  # nothing queued: the warm-up alone
         assert pool.warmed
-        assert counter.launches["KERNEL extend"] == 1 and counter.launches["KERNEL conv"] == 1
+        # a span of each kind Triton compiles apart: token counts divisible by 16 and not
+        assert counter.launches["KERNEL extend"] == 2 and counter.launches["KERNEL conv"] == 2
+        assert sorted(n % 16 == 0 for n in CHUNK_RECORDS) == [False, True]
         after = _snapshot(req_pool, pool)
         temporal = 1 + len(cache.conv)
         assert not torch.equal(after[temporal - 1][:, PADDING_SLOT], before[temporal - 1][:, PADDING_SLOT])
@@ -79,8 +81,8 @@ def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter,
         with counter:
             assert warm_up(pool, req_pool, rb.rebuild)
         if stacked:
-            assert counter.launches["KERNEL extend"] == 2 and folded == []
-        else:  # the chunk rebuild of CHUNK_RECORDS, layer by layer, then the sequential one
-            assert counter.launches["KERNEL extend"] == len(layers)
+            assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) + 1 and folded == []
+        else:  # the chunk rebuilds of CHUNK_RECORDS, layer by layer, then the sequential one
+            assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) * len(layers)
             assert folded == [[SEQUENTIAL_RECORDS]] * len(layers)
-        assert CHUNK_RECORDS > pool.sequential_tokens >= SEQUENTIAL_RECORDS
+        assert min(CHUNK_RECORDS) > pool.sequential_tokens >= SEQUENTIAL_RECORDS

@@ -27,7 +27,8 @@ import torch
 
 from sglang_replayssm.host_lists import on_device
 
-__all__ = ["StackedStates", "conv_stacked", "extend_stacked", "gdn_extend", "stacked_states"]
+__all__ = ["CONV_WORK_ROWS", "StackedStates", "conv_stacked", "extend_stacked", "gdn_extend", "stacked_states",
+           "work_rows"]
 
 
 @dataclass(frozen=True)
@@ -80,24 +81,38 @@ def conv_stacked(layers: list[Any], xs: torch.Tensor, conv: torch.Tensor, rows: 
                  conv_lens: list[int]) -> torch.Tensor:
     """Every layer's conv over the records ``slots`` (``T`` of them: the jobs' spans, lead rows included)
     in one call: ``xs [L, R + 1, conv_dim]`` (row ``i``: ``layers[i]``), each job's window
-    ``conv[rows[layer], dst[job]]`` read (where ``conv_init``) and left updated. Returns the conv outputs
-    ``[L * T, conv_dim]``, layer-major."""
+    ``conv[rows[layer], dst[job]]`` read (where ``conv_init``) and left updated, through work windows of
+    :func:`work_rows` rows (one compiled conv for any count of jobs up to :data:`CONV_WORK_ROWS`). Returns the conv
+    outputs ``[L * T, conv_dim]``, layer-major."""
     from sglang.srt.layers.attention.linear import gdn_backend  # its conv is the platform's
 
-    L, T, dim = len(layers), int(slots.numel()), int(xs.shape[-1])
+    L, T, dim, n = len(layers), int(slots.numel()), int(xs.shape[-1]), int(dst.numel())
     x = xs.index_select(1, slots).transpose(0, 1).reshape(T, L * dim)  # channels of every layer side by side
     at = (on_device([rows[lay.layer_id] for lay in layers], torch.int64, dst.device)[:, None], dst.long()[None, :])
     win = conv.shape[-1]
-    work = conv[at].transpose(0, 1).reshape(-1, L * dim, win)  # [n, L * dim, W - 1], slot-major
+    work = conv.new_empty((work_rows(n), L * dim, win))  # slot-major windows; rows past n are never read
+    work[:n].view(n, L, dim, win).copy_(conv[at].transpose(0, 1))
     bias = None if layers[0].bias is None else torch.cat([lay.bias for lay in layers])
     out = gdn_backend.causal_conv1d_fn(
         x.transpose(0, 1), torch.cat([lay.conv_weights for lay in layers]), bias, activation=layers[0].activation,
         conv_states=work, has_initial_state=conv_init,
-        cache_indices=torch.arange(work.shape[0], device=dst.device, dtype=dst.dtype),
+        cache_indices=torch.arange(n, device=dst.device, dtype=dst.dtype),
         query_start_loc=conv_cu, seq_lens_cpu=conv_lens,
     ).transpose(0, 1)[:T]
-    conv[at] = work.reshape(-1, L, dim, win).transpose(0, 1)
+    conv[at] = work[:n].view(n, L, dim, win).transpose(0, 1)
     return out.reshape(T, L, dim).transpose(0, 1).reshape(L * T, dim)
+
+
+#: The stacked conv's work windows come in row counts of powers of two, at least this many. SGLang's Triton conv
+#: compiles a variant per row count of its ``conv_states`` (``num_cache_lines`` is a ``tl.constexpr``): a count per
+#: number of jobs in a step would compile anew (0.1-0.3 s, the scheduler waiting) at every new count a server sees.
+CONV_WORK_ROWS = 16
+
+
+def work_rows(jobs: int) -> int:
+    """Rows of the stacked conv's work windows for ``jobs`` rebuilds: one variant for up to
+    :data:`CONV_WORK_ROWS` jobs, then one per power of two."""
+    return max(CONV_WORK_ROWS, 1 << max(jobs - 1, 0).bit_length())
 
 
 def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor] | torch.Tensor, keep: torch.Tensor | None,

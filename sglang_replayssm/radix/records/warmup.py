@@ -3,9 +3,12 @@
 A rebuild calls kernels no prefill calls with its shapes: the stacked gates and extend over every GDN layer's
 heads at once, the stacked conv, SGLang's Triton decode kernel over varlen spans. Their first call compiles
 or autotunes (about 0.6 s on the H200 at Qwen3-Next's shape): without a warm-up the server's first hit pays it.
+Triton compiles an integer argument divisible by 16 as its own variant (the conv's and the extend's token
+counts), so the chunk rebuild runs at two spans, one of each kind; the stacked conv's variant does not depend on
+the count of jobs up to :data:`~.fold_stack.CONV_WORK_ROWS` (:func:`~.fold_stack.work_rows`).
 
 :func:`warm_up` runs at the first forward after one forward captured every layer's records (SGLang's own
-startup warmup request: its prefill captures, its first decode step warms up), once per pool: one rebuild of
+startup warmup request: its prefill captures, its first decode step warms up), once per pool: rebuilds of
 :data:`CHUNK_RECORDS` records by the chunk kernels and, where short spans fold token by token
 (``pool.sequential_tokens``), one of :data:`SEQUENTIAL_RECORDS`, both from the zero state (whether a span
 starts from a state is a per-sequence tensor of the kernels, ``extend_prefix_lens`` / ``has_initial_state``,
@@ -32,8 +35,9 @@ logger = logging.getLogger(__name__)
 
 #: SGLang's reserved mamba slot (``MambaSlotAllocator`` never hands it out; padded rows write there).
 PADDING_SLOT = 0
-#: The chunk rebuild's span: more than two of the extend's 64-token chunks, past the 3-record conv lead.
-CHUNK_RECORDS = 131
+#: The chunk rebuild's spans: more than two of the extend's 64-token chunks, past the 3-record conv lead; token
+#: counts not divisible by 16 and divisible by 16 (at any layer count), each a variant of Triton's.
+CHUNK_RECORDS = (131, 128)
 #: The sequential rebuild's span, at most ``pool.sequential_tokens``.
 SEQUENTIAL_RECORDS = 8
 
@@ -52,12 +56,12 @@ def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any,
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return False
     pool.warmed = True
-    spans = [CHUNK_RECORDS] + ([min(SEQUENTIAL_RECORDS, pool.sequential_tokens)] if pool.sequential_tokens else [])
+    spans = [*CHUNK_RECORDS] + ([min(SEQUENTIAL_RECORDS, pool.sequential_tokens)] if pool.sequential_tokens else [])
     t0 = time.perf_counter()
     for n in spans:
         rebuild(pool, req_pool, [_job(pool, n)])
     if pool.device.type == "cuda":
         torch.cuda.synchronize(pool.device)  # once, at startup: the time logged is the first use's
     logger.info("sglang-replayssm records: warm-up rebuilds of %s records into the padding slot took %.0f ms",
-                " and ".join(map(str, spans)), 1e3 * (time.perf_counter() - t0))
+                ", ".join(map(str, spans)), 1e3 * (time.perf_counter() - t0))
     return True
