@@ -363,18 +363,24 @@ def test_a_forwards_extend_context_rides_on_its_dispatcher(monkeypatch):
     from sglang_replayssm.radix.records import capture as record_capture
     from sglang_replayssm.state import peek
 
-    pool = types.SimpleNamespace(states=object())
+    pool = types.SimpleNamespace(states=object(), capture_decode=False, dest_of=lambda kv: kv,
+                                 invalidate=lambda kv: None)
     monkeypatch.setattr(record_capture, "pool_of", lambda req_pool: pool)
     monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: True)
     dispatcher, other = types.SimpleNamespace(), types.SimpleNamespace()
     backend = types.SimpleNamespace(req_to_token_pool=None, kernel_dispatcher=dispatcher)
-    layer, fb = object(), object()
+
+    def forward() -> types.SimpleNamespace:
+        return types.SimpleNamespace(out_cache_loc=torch.arange(4),
+                                     forward_mode=types.SimpleNamespace(is_decode=lambda: False))
+
+    layer, fb = object(), forward()
     with record_capture.extending(backend, layer, fb):
         state = peek(dispatcher)
         assert state is not None and state.extending == (pool, layer, fb) and peek(other) is None
     assert state.extending is None
     monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: False)
-    with record_capture.extending(backend, layer, fb):
+    with record_capture.extending(backend, layer, forward()):  # a forward that captures nothing
         assert state.extending is None
 
 

@@ -36,6 +36,7 @@ in a full one) runs none of it: its tokens get no records (:func:`drop_graph_rep
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -128,29 +129,40 @@ def _speculative(batch: Any) -> bool:
 
 def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any, b: Any) -> None:
     """Before a GDN layer's extend/decode: store its inputs for the forward's new tokens."""
-    pool = pool_of(backend.req_to_token_pool)
     loc = getattr(forward_batch, "out_cache_loc", None)
-    if pool is None or loc is None or loc.numel() == 0:
+    if loc is None:
         return
-    if not _wanted(backend, forward_batch):
-        if not _graph_capturing():
-            pool.invalidate(loc)
+    plan = _forward_plan(backend, forward_batch, loc)
+    if plan is None:
         return
-    if not pool.capture_decode and forward_batch.forward_mode.is_decode():
-        return  # decode tokens were never assigned a slot (CUDA): nothing to write on the hot path
-    if _graph_capturing():
-        return
+    pool, dest = plan
     n = loc.numel()
     rows = [_token_rows(t) for t in (mixed_qkv, a, b)]
     if any(r is None or r.shape[0] < n for r in rows):
         pool.invalidate(loc)
         return
     x, ra, rb = (r[:n] for r in rows if r is not None)
+    pool.write(layer, backend, loc, x, ra, rb, dest, stage=True)
+
+
+def _forward_plan(backend: Any, forward_batch: Any, loc: torch.Tensor) -> tuple[RecordPool, torch.Tensor] | None:
+    """``(record pool, record rows of loc)`` where this forward captures records, else None; decided at its first
+    linear layer for every layer (one pool, one mode, one graph state a forward), kept in the batch's state
+    (``record_dest``, keyed by ``loc``). A forward that cannot capture drops its tokens' records there, once."""
     batch_state = state_of(forward_batch)
     cached = batch_state.record_dest
-    if cached is None or cached[0] is not loc:  # the forward's first layer: one gather for every layer
-        cached = batch_state.record_dest = (loc, pool.dest_of(loc))
-    pool.write(layer, backend, loc, x, ra, rb, cached[1], stage=True)
+    if cached is not None and cached[0] is loc:
+        return cached[1]
+    plan: tuple[RecordPool, torch.Tensor] | None = None
+    pool = pool_of(backend.req_to_token_pool)
+    if pool is not None and loc.numel() > 0:
+        if not _wanted(backend, forward_batch):
+            if not _graph_capturing():
+                pool.invalidate(loc)
+        elif (pool.capture_decode or not forward_batch.forward_mode.is_decode()) and not _graph_capturing():
+            plan = (pool, pool.dest_of(loc))  # one gather for every layer
+    batch_state.record_dest = (loc, plan)
+    return plan
 
 
 def drop_graph_replayed(backend: Any, forward_batch: Any) -> None:
@@ -183,10 +195,10 @@ class extending:  # noqa: N801 - a context manager named for what it marks
     cleared on exit, never left for a later extend (a rebuild's)."""
 
     def __init__(self, backend: Any, layer: Any, forward_batch: Any) -> None:
-        pool = pool_of(backend.req_to_token_pool)
-        wanted = (pool is not None and pool.states is not None and not _graph_capturing()
-                  and _wanted(backend, forward_batch))
-        self.ctx = (pool, layer, forward_batch) if wanted and pool is not None else None
+        loc = getattr(forward_batch, "out_cache_loc", None)
+        plan = None if loc is None else _forward_plan(backend, forward_batch, loc)
+        pool = None if plan is None else plan[0]
+        self.ctx = (pool, layer, forward_batch) if pool is not None and pool.states is not None else None
         self.dispatcher = getattr(backend, "kernel_dispatcher", None)
 
     def __enter__(self) -> None:
@@ -237,7 +249,7 @@ def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any, h_at: int =
         state_of(forward_batch).kept_chunk_states = ()  # once per forward
         return
     shape = tuple(ssm_states.shape[1:])
-    if h.numel() != total * ssm_states[0].numel() or tuple(h.shape[-len(shape):]) != shape:
+    if h.numel() != total * math.prod(shape) or tuple(h.shape[-len(shape):]) != shape:
         states.skipped.add(layer.layer_id)  # not the per-chunk states of this batch: keep none
         return
     states.write_rows(layer.layer_id, dest, h.reshape(total, *shape), chunks, ssm_states.dtype)
