@@ -141,7 +141,7 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
     if any(r is None or r.shape[0] < n for r in rows):
         pool.invalidate(loc)
         return
-    x, ra, rb = (r[:n] for r in rows if r is not None)
+    x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows if r is not None)
     pool.write(layer, backend, loc, x, ra, rb, dest, stage=True)
 
 
@@ -184,7 +184,7 @@ def _token_rows(t: Any) -> torch.Tensor | None:
         return None
     if t.dim() >= 3 and t.shape[0] == 1:
         t = t[0]
-    return t.reshape(t.shape[0], -1)
+    return t if t.dim() == 2 else t.reshape(t.shape[0], -1)
 
 
 class extending:  # noqa: N801 - a context manager named for what it marks

@@ -180,8 +180,8 @@ class RecordPool:
             rec = self._new_layer(layer, backend, x, a, b)
         if dest is None:
             dest = self.dest_of(kv)
-        rec.x.index_copy_(0, dest, x.to(rec.x.dtype))
-        a, b = a.reshape(dest.numel(), -1), b.reshape(dest.numel(), -1)
+        rec.x.index_copy_(0, dest, x if x.dtype == rec.x.dtype else x.to(rec.x.dtype))
+        a, b = _rows(a, dest.numel()), _rows(b, dest.numel())
         if self.staged_at is not None and self.staged_at[1] is not dest:
             self.settle()  # another forward's leftovers
         if stage and rec.stack_row is not None and _stageable(a, rec.a) and _stageable(b, rec.b):
@@ -267,6 +267,11 @@ class RecordPool:
         maps = (self.slot_of.numel() + self.owner.numel()) * self.slot_of.element_size()
         states = 0 if self.states is None else self.states.nbytes
         return maps + states + sum(rec.nbytes for rec in self.layers.values())
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` as ``[n, -1]`` (itself where it already is: a forward's capture passes its rows so)."""
+    return t if t.dim() == 2 and t.shape[0] == n else t.reshape(n, -1)
 
 
 def _stageable(t: torch.Tensor, rows: torch.Tensor) -> bool:
