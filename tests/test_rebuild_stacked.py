@@ -157,19 +157,25 @@ def test_the_stacked_conv_compiles_one_variant_for_any_count_of_jobs_up_to_its_b
         return real(*args, **kwargs)
 
     monkeypatch.setattr(gdn_backend, "causal_conv1d_fn", spy)
-    gen = torch.Generator().manual_seed(7)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the platform's conv: CUDA's where there is one
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    gen = torch.Generator(device=dev).manual_seed(7)
     L, R, DIM, W, SLOTS = 2, 64, 32, 4, 20
-    layers = [types.SimpleNamespace(layer_id=i, conv_weights=torch.randn(DIM, W, generator=gen), bias=None,
-                                    activation="silu") for i in range(L)]
-    xs = torch.randn(L, R + 1, DIM, generator=gen)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=dev, generator=gen).to(dtype)
+
+    layers = [types.SimpleNamespace(layer_id=i, conv_weights=randn(DIM, W), bias=None, activation="silu")
+              for i in range(L)]
+    xs = randn(L, R + 1, DIM)
     for jobs in (1, 3, 16):
-        conv = torch.randn(L, SLOTS, DIM, W - 1, generator=gen)
+        conv = randn(L, SLOTS, DIM, W - 1)
         before = conv.clone()
         lens = [2] * jobs
-        dst = torch.arange(1, jobs + 1, dtype=torch.int32)
-        init = torch.ones(jobs, dtype=torch.bool)
-        cu = torch.arange(0, 2 * jobs + 1, 2, dtype=torch.int32)
-        conv_stacked(layers, xs, conv, {0: 0, 1: 1}, torch.arange(2 * jobs), dst, init, cu, lens)
-        untouched = [s for s in range(SLOTS) if s not in dst.tolist()]
+        dst = torch.arange(1, jobs + 1, dtype=torch.int32, device=dev)
+        init = torch.ones(jobs, dtype=torch.bool, device=dev)
+        cu = torch.arange(0, 2 * jobs + 1, 2, dtype=torch.int32, device=dev)
+        conv_stacked(layers, xs, conv, {0: 0, 1: 1}, torch.arange(2 * jobs, device=dev), dst, init, cu, lens)
+        untouched = torch.tensor([s for s in range(SLOTS) if s not in dst.tolist()], device=dev)
         assert torch.equal(conv[:, untouched], before[:, untouched]) and not torch.equal(conv, before)
     assert seen == [CONV_WORK_ROWS] * 3
