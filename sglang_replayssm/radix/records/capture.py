@@ -129,13 +129,11 @@ def _speculative(batch: Any) -> bool:
 
 def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any, b: Any) -> None:
     """Before a GDN layer's extend/decode: store its inputs for the forward's new tokens."""
-    loc = getattr(forward_batch, "out_cache_loc", None)
-    if loc is None:
-        return
-    plan = _forward_plan(backend, forward_batch, loc)
+    plan = _forward_plan(backend, forward_batch)
     if plan is None:
         return
     pool, dest = plan
+    loc = forward_batch.out_cache_loc
     n = loc.numel()
     rows = [_token_rows(t) for t in (mixed_qkv, a, b)]
     if any(r is None or r.shape[0] < n for r in rows):
@@ -145,22 +143,26 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
     pool.write(layer, backend, loc, x, ra, rb, dest, stage=True)
 
 
-def _forward_plan(backend: Any, forward_batch: Any, loc: torch.Tensor) -> tuple[RecordPool, torch.Tensor] | None:
-    """``(record pool, record rows of loc)`` where this forward captures records, else None; decided at its first
-    linear layer for every layer (one pool, one mode, one graph state a forward), kept in the batch's state
-    (``record_dest``, keyed by ``loc``). A forward that cannot capture drops its tokens' records there, once."""
+def _forward_plan(backend: Any, forward_batch: Any) -> tuple[RecordPool, torch.Tensor] | None:
+    """``(record pool, record rows of out_cache_loc)`` where this forward captures records, else None; decided at its
+    first linear layer for every layer (one pool, one mode, one graph state a forward), kept in the batch's state
+    (``record_dest``, keyed by ``out_cache_loc``). A forward that cannot capture drops its tokens' records there,
+    once. Without a record pool nothing is kept on the batch."""
+    pool = pool_of(backend.req_to_token_pool)
+    loc = getattr(forward_batch, "out_cache_loc", None)
+    if pool is None or loc is None:
+        return None
     batch_state = state_of(forward_batch)
     cached = batch_state.record_dest
     if cached is not None and cached[0] is loc:
         return cached[1]
     plan: tuple[RecordPool, torch.Tensor] | None = None
-    pool = pool_of(backend.req_to_token_pool)
-    if pool is not None and loc.numel() > 0:
-        if not _wanted(backend, forward_batch):
-            if not _graph_capturing():
-                pool.invalidate(loc)
-        elif (pool.capture_decode or not forward_batch.forward_mode.is_decode()) and not _graph_capturing():
-            plan = (pool, pool.dest_of(loc))  # one gather for every layer
+    capturing = _graph_capturing()
+    if loc.numel() > 0 and not _wanted(backend, forward_batch):
+        if not capturing:
+            pool.invalidate(loc)
+    elif loc.numel() > 0 and not capturing and (pool.capture_decode or not forward_batch.forward_mode.is_decode()):
+        plan = (pool, pool.dest_of(loc))  # one gather for every layer
     batch_state.record_dest = (loc, plan)
     return plan
 
@@ -195,8 +197,7 @@ class extending:  # noqa: N801 - a context manager named for what it marks
     cleared on exit, never left for a later extend (a rebuild's)."""
 
     def __init__(self, backend: Any, layer: Any, forward_batch: Any) -> None:
-        loc = getattr(forward_batch, "out_cache_loc", None)
-        plan = None if loc is None else _forward_plan(backend, forward_batch, loc)
+        plan = _forward_plan(backend, forward_batch)
         pool = None if plan is None else plan[0]
         self.ctx = (pool, layer, forward_batch) if pool is not None and pool.states is not None else None
         self.dispatcher = getattr(backend, "kernel_dispatcher", None)
