@@ -20,6 +20,8 @@ cd "$(dirname "$0")/.."
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 OUT=${OUT:-out/gpu-serve}; mkdir -p "$OUT"; W=/tmp/serve_out; rm -rf $W; mkdir -p $W /tmp/ops
 BUDGET=${BUDGET:-570}; MODEL=${MODEL:-qnext-gdn}; C=.gpucarry; S=/tmp/site
+# A warm machine may still run servers of a call that its time limit cut short (they hold GPU memory): stop them.
+pkill -9 -f "[l]aunch_server" 2>/dev/null; pkill -9 -f "[s]glang::" 2>/dev/null; true
 # A second check in the same device call finds the carry installed (the marker) and the model built.
 if [ ! -f $S/.carry-installed ]; then
 {
