@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from sglang_replayssm.radix.records import rebuild as rb
-from sglang_replayssm.radix.records.warmup import CHUNK_RECORDS, PADDING_SLOT, SEQUENTIAL_RECORDS, warm_up
+from sglang_replayssm.radix.records.warmup import (
+    CHUNK_RECORDS,
+    PADDING_SLOT,
+    SEQUENTIAL_RECORDS,
+    bucket_spans,
+    warm_up,
+)
 from tests.support.launch_count import OpCounter, _setup
 
 
@@ -48,8 +54,8 @@ def test_the_warm_up_folds_into_the_padding_slot_once_and_touches_nothing_else(r
         with counter:
             assert rb.run_pending(runner) == 0  # nothing queued: the warm-up alone
         assert pool.warmed
-        # a span of each kind Triton compiles apart: token counts divisible by 16 and not
-        assert counter.launches["KERNEL extend"] == 2 and counter.launches["KERNEL conv"] == 2
+        # a span of each kind Triton compiles apart (token counts divisible by 16, not, and 1), and a one-chunk span
+        assert counter.launches["KERNEL extend"] == 4 and counter.launches["KERNEL conv"] == 4
         assert sorted(n % 16 == 0 for n in CHUNK_RECORDS) == [False, True]
         after = _snapshot(req_pool, pool)
         temporal = 1 + len(cache.conv)
@@ -81,8 +87,51 @@ def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter,
         with counter:
             assert warm_up(pool, req_pool, rb.rebuild)
         if stacked:
-            assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) + 1 and folded == []
+            assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) + 2 and folded == []  # + 8 and 1 record
         else:  # the chunk rebuilds of CHUNK_RECORDS, layer by layer, then the sequential one
             assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) * len(layers)
             assert folded == [[SEQUENTIAL_RECORDS]] * len(layers)
         assert min(CHUNK_RECORDS) > pool.sequential_tokens >= SEQUENTIAL_RECORDS
+
+
+def test_on_cuda_the_warm_up_reaches_every_conv_bucket_a_step_of_the_most_jobs_can_use(radix_adapter):
+    """SGLang's Triton conv compiles a variant per row count of its windows (the stacked conv's buckets) and per
+    token-count kind: the warm-up runs a step of the fewest jobs of every bucket up to the pool's most jobs a step,
+    at both kinds, all into the padding slot (CPU: the same steps when given ``max_jobs``; none by default, where the
+    conv is not Triton's)."""
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    assert bucket_spans(16) == [] and [len(s) for s in bucket_spans(40)] == [17, 17, 33, 33]
+    counter = OpCounter()
+    with _setup(2, counter, True) as (model, req_pool, layers, backend, pool, gen):
+        seen: list[tuple[int, int, bool]] = []
+        counted = gdn_backend.causal_conv1d_fn
+
+        def spy(*args, **kwargs):
+            lens = kwargs["seq_lens_cpu"]
+            seen.append((int(kwargs["conv_states"].shape[0]), len(lens), sum(lens) % 16 == 0))
+            return counted(*args, **kwargs)
+
+        gdn_backend.causal_conv1d_fn = spy  # _setup puts its own back on exit
+        kv = torch.randperm(1000, generator=gen)[:40]
+        pool.assign(kv)
+        _write(pool, layers, backend, model, kv, gen)
+        cache = req_pool.mamba_pool.mamba_cache
+        owned = torch.arange(1, cache.temporal.shape[1])
+        cache.temporal[:, owned] = 0.1 * torch.randn(cache.temporal[:, owned].shape, generator=gen)
+        before = _snapshot(req_pool, pool)
+        assert warm_up(pool, req_pool, rb.rebuild, max_jobs=40)
+        kinds = sorted(n % 16 == 0 for n in CHUNK_RECORDS)
+        assert seen == [(16, 1, k) for k in (False, True, False, False)] + [(r, r // 2 + 1, k) for r in (32, 64) for k in kinds]
+        after = _snapshot(req_pool, pool)
+        temporal = 1 + len(cache.conv)
+        for i, (b, a) in enumerate(zip(before, after)):  # every slot but the padding one, every record, as it was
+            assert torch.equal(b[:, 1:], a[:, 1:]) if i < temporal else torch.equal(b, a), i
+
+    with _setup(2, OpCounter(), True) as (model, req_pool, layers, backend, pool, gen):
+        kv = torch.randperm(1000, generator=gen)[:40]
+        pool.assign(kv)
+        _write(pool, layers, backend, model, kv, gen)
+        calls: list[int] = []
+        assert warm_up(pool, req_pool, lambda p, r, jobs: calls.append(len(jobs)))
+        assert calls == [1] * (len(CHUNK_RECORDS) + 2)  # CPU, no max_jobs: no bucket step

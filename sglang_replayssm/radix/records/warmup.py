@@ -5,16 +5,23 @@ heads at once, the stacked conv, SGLang's Triton decode kernel over varlen spans
 or autotunes (about 0.6 s on the H200 at Qwen3-Next's shape): without a warm-up the server's first hit pays it.
 Triton compiles an integer argument divisible by 16 as its own variant (the conv's and the extend's token
 counts), so the chunk rebuild runs at two spans, one of each kind; the stacked conv's variant does not depend on
-the count of jobs up to :data:`~.fold_stack.CONV_WORK_ROWS` (:func:`~.fold_stack.work_rows`).
+the count of jobs up to :data:`~.fold_stack.CONV_WORK_ROWS` (:func:`~.fold_stack.work_rows`); on CUDA (where the conv
+is Triton's) every further bucket a step of the pool's most jobs can reach is warmed too, at both token-count kinds
+(:func:`bucket_spans`). FLA's chunk kernels take their token counts unspecialized (``do_not_specialize``), but the
+state pass compiles a variant per bucket of the step's chunk count (``NT_BUCKET``: up to 32 chunks, up to 128, more;
+SGLang's ``chunk_delta_h.py``), and a stacked rebuild's chunks are every layer's (``L`` x the jobs' chunks): the
+short span is one chunk (and a one-record span gives the stacked conv Triton's third kind of count, 1), and on CUDA the bucket steps reach at least :data:`MIN_WARM_JOBS` one-chunk jobs, so
+the three chunk buckets are reached at 4 to 32 layers.
 
 :func:`warm_up` runs at the first forward after one forward captured every layer's records (SGLang's own
 startup warmup request: its prefill captures, its first decode step warms up), once per pool: rebuilds of
 :data:`CHUNK_RECORDS` records by the chunk kernels and, where short spans fold token by token
-(``pool.sequential_tokens``), one of :data:`SEQUENTIAL_RECORDS`, both from the zero state (whether a span
+(``pool.sequential_tokens``) or the pool is stacked (one chunk), one of :data:`SEQUENTIAL_RECORDS`, all from the zero state (whether a span
 starts from a state is a per-sequence tensor of the kernels, ``extend_prefix_lens`` / ``has_initial_state``,
-not a compiled variant). Invariant: it writes only mamba slot 0, SGLang's padding slot (padded CUDA-graph
-rows write there; no request or tree node owns it), and reads only the records' sink row; no record, kept
-state, ring or owned slot changes.
+not a compiled variant), and on CUDA the multi-job steps of :func:`bucket_spans`. Invariant: it writes only
+mamba slot 0, SGLang's padding slot (padded CUDA-graph rows write there; no request or tree node owns it; a
+multi-job step's jobs all fold into it), and reads only the records' sink row; no record, kept state, ring or owned
+slot changes.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ from typing import Any
 
 import torch
 
+from sglang_replayssm.radix.records.fold_stack import CONV_WORK_ROWS, work_rows
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import RecordPool
 
-__all__ = ["CHUNK_RECORDS", "PADDING_SLOT", "SEQUENTIAL_RECORDS", "warm_up"]
+__all__ = ["BUCKET_SPAN", "CHUNK_RECORDS", "MIN_WARM_JOBS", "PADDING_SLOT", "SEQUENTIAL_RECORDS", "bucket_spans", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +48,23 @@ PADDING_SLOT = 0
 CHUNK_RECORDS = (131, 128)
 #: The sequential rebuild's span, at most ``pool.sequential_tokens``.
 SEQUENTIAL_RECORDS = 8
+#: Records per job of the bucket warm-up steps (:func:`bucket_spans`).
+BUCKET_SPAN = 8
+#: The bucket steps on CUDA reach at least this many one-chunk jobs (the extend's chunk-count buckets, module docstring).
+MIN_WARM_JOBS = 33
+
+
+def bucket_spans(max_jobs: int) -> list[list[int]]:
+    """The warm-up steps past the first conv bucket for steps of up to ``max_jobs`` jobs: per bucket of
+    :func:`~.fold_stack.work_rows` rows, its fewest jobs (an odd count, ``rows / 2 + 1``) with spans of
+    :data:`BUCKET_SPAN` records, once as they are (a token count not divisible by 16) and once with the first span
+    doubled (divisible by 16)."""
+    steps, rows = [], CONV_WORK_ROWS
+    while rows < work_rows(max_jobs):
+        rows *= 2
+        jobs = rows // 2 + 1
+        steps += [[BUCKET_SPAN] * jobs, [2 * BUCKET_SPAN] + [BUCKET_SPAN] * (jobs - 1)]
+    return steps
 
 
 def _job(pool: RecordPool, n: int) -> Rebuild:
@@ -48,20 +73,33 @@ def _job(pool: RecordPool, n: int) -> Rebuild:
     return Rebuild(dst=slot, src=None, slots=sink)
 
 
-def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any, list[Rebuild]], None]) -> bool:
+def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any, list[Rebuild]], None],
+            max_jobs: int | None = None) -> bool:
     """Run the warm-up rebuilds through ``rebuild`` (:func:`~.rebuild.rebuild`) if ``pool`` has records of every
-    layer and has not warmed up; returns whether it ran (see the module docstring)."""
+    layer and has not warmed up; returns whether it ran (see the module docstring). ``max_jobs``: the most rebuilds
+    one step can hold (None: on CUDA the request rows of ``req_pool``, at least :data:`MIN_WARM_JOBS`; elsewhere no
+    bucket step)."""
     if pool.warmed or not pool.layers or (pool.layer_ids and len(pool.layers) < len(pool.layer_ids)):
         return False
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return False
     pool.warmed = True
-    spans = [*CHUNK_RECORDS] + ([min(SEQUENTIAL_RECORDS, pool.sequential_tokens)] if pool.sequential_tokens else [])
+    stacked = pool.stacked_ab() is not None
+    short = min(SEQUENTIAL_RECORDS, pool.sequential_tokens) if pool.sequential_tokens else (
+        SEQUENTIAL_RECORDS if stacked else 0)  # token by token where spans so short do; stacked: one chunk
+    spans = [*CHUNK_RECORDS] + ([short] if short else []) + ([1] if stacked else [])  # the conv's one-token kind
+    if max_jobs is None:
+        cuda = pool.device.type == "cuda"
+        max_jobs = max(int(getattr(req_pool, "size", 0) or 0), MIN_WARM_JOBS) if cuda else 0
+    buckets = bucket_spans(max_jobs) if stacked else []
+    steps = [[n] for n in spans] + buckets
     t0 = time.perf_counter()
-    for n in spans:
-        rebuild(pool, req_pool, [_job(pool, n)])
+    for step in steps:
+        rebuild(pool, req_pool, [_job(pool, n) for n in step])
     if pool.device.type == "cuda":
         torch.cuda.synchronize(pool.device)  # once, at startup: the time logged is the first use's
-    logger.info("sglang-replayssm records: warm-up rebuilds of %s records into the padding slot took %.0f ms",
-                ", ".join(map(str, spans)), 1e3 * (time.perf_counter() - t0))
+    logger.info("sglang-replayssm records: warm-up rebuilds of %s records%s into the padding slot took %.0f ms",
+                ", ".join(map(str, spans)), f" and steps of {', '.join(str(len(s)) for s in buckets[::2])} jobs"
+                if buckets else "",
+                1e3 * (time.perf_counter() - t0))
     return True
