@@ -33,7 +33,8 @@ export PYTHONPATH=$S:$PWD:$PWD/lab/gpu_serve/shim:$PWD/lab/gpu_serve/stubs PATH=
 export SGLANG_REPLAYSSM_LAB_GPU=1 SGLANG_REPLAYSSM_LAB_OPS_LOG=/tmp/ops/ops SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
   SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python SGLANG_FORCE_FUSED_OP_BACKEND=torch TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
   HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 SGLANG_JIT_CACHE_DIR=/tmp/jit TRITON_CACHE_DIR=/tmp/triton \
-  SGLANG_REPLAYSSM_CUDA_CACHE=/tmp/rrcache
+  SGLANG_REPLAYSSM_CUDA_CACHE=/tmp/rrcache LAB_COMPILE_LOG=$W/compiles/triton
+mkdir -p $W/compiles
 {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import sys, torch, triton, sglang; print(sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__)"

@@ -177,3 +177,30 @@ def test_bursts_larger_than_the_running_cap_are_skipped_with_the_reason(tmp_path
     kept, why = full_batches(100, [256, 64])
     assert kept == [64] and "256" in why and "at most 100" in why
     assert full_batches(None, [256]) == ([256], "") and full_batches(256, [256, 64]) == ([256, 64], "")
+
+
+def test_the_compile_log_writes_a_line_per_compiled_variant(tmp_path, monkeypatch) -> None:
+    """``LAB_COMPILE_LOG``: Triton's cache hook never skips a compile; its post-compile hook logs the kernel by
+    module and name with the time it took; without the variable nothing is installed."""
+    import types
+
+    from triton import knobs
+
+    sys.path.insert(0, str(LAB / "shim"))
+    import lab_compile_log
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.delenv("LAB_COMPILE_LOG", raising=False)
+    lab_compile_log.install()
+    assert knobs.runtime.jit_post_compile_hook is None
+    monkeypatch.setenv("LAB_COMPILE_LOG", str(tmp_path / "c"))
+    lab_compile_log.install()
+    key = ("spec", 1)
+    fn = types.SimpleNamespace(module="sglang.kernels.ops.mamba.causal_conv1d_triton", name="_causal_conv1d_fwd_kernel")
+    assert knobs.runtime.jit_cache_hook(key=key, fn=fn, repr="x[num_warps=4](...)") is False
+    knobs.runtime.jit_post_compile_hook(key=key, fn=fn, repr="x[num_warps=4](...)")
+    (log,) = tmp_path.glob("c.*.txt")
+    started, took, name = log.read_text().strip().split("\t")
+    assert float(started) >= 0 and float(took) >= 0
+    assert name == "sglang.kernels.ops.mamba.causal_conv1d_triton._causal_conv1d_fwd_kernel"
