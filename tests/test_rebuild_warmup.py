@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_replayssm.radix.records import rebuild as rb
+from sglang_replayssm.radix.records import warmup
 from sglang_replayssm.radix.records.warmup import (
     CHUNK_RECORDS,
     PADDING_SLOT,
@@ -94,11 +95,11 @@ def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter,
         assert min(CHUNK_RECORDS) > pool.sequential_tokens >= SEQUENTIAL_RECORDS
 
 
-def test_on_cuda_the_warm_up_reaches_every_conv_bucket_a_step_of_the_most_jobs_can_use(radix_adapter):
+def test_on_cuda_the_warm_up_reaches_every_conv_bucket_a_step_of_the_most_jobs_can_use(radix_adapter, monkeypatch):
     """SGLang's Triton conv compiles a variant per row count of its windows (the stacked conv's buckets) and per
     token-count kind: the warm-up runs a step of the fewest jobs of every bucket up to the pool's most jobs a step,
     at both kinds, all into the padding slot (CPU: the same steps when given ``max_jobs``; none by default, where the
-    conv is not Triton's)."""
+    conv is not Triton's), up to the largest bucket whose work windows fit ``MAX_WARM_WINDOW_BYTES``."""
     from sglang.srt.layers.attention.linear import gdn_backend
 
     assert bucket_spans(16) == [] and [len(s) for s in bucket_spans(40)] == [17, 17, 33, 33]
@@ -135,3 +136,9 @@ def test_on_cuda_the_warm_up_reaches_every_conv_bucket_a_step_of_the_most_jobs_c
         calls: list[int] = []
         assert warm_up(pool, req_pool, lambda p, r, jobs: calls.append(len(jobs)))
         assert calls == [1] * (len(CHUNK_RECORDS) + 2)  # CPU, no max_jobs: no bucket step
+        # work windows of 63 rows fit the byte cap: the buckets stop at 32 rows (17 jobs)
+        row_bytes = pool.xs.shape[0] * pool.xs.shape[-1] * pool.conv_lead * pool.xs.element_size()
+        monkeypatch.setattr(warmup, "MAX_WARM_WINDOW_BYTES", 63 * row_bytes)
+        pool.warmed, calls[:] = False, []
+        assert warm_up(pool, req_pool, lambda p, r, jobs: calls.append(len(jobs)), max_jobs=200)
+        assert calls == [1] * (len(CHUNK_RECORDS) + 2) + [17, 17]

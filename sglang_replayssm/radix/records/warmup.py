@@ -37,7 +37,7 @@ from sglang_replayssm.radix.records.fold_stack import CONV_WORK_ROWS, work_rows
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import RecordPool
 
-__all__ = ["BUCKET_SPAN", "CHUNK_RECORDS", "MIN_WARM_JOBS", "PADDING_SLOT", "SEQUENTIAL_RECORDS", "bucket_spans", "warm_up"]
+__all__ = ["BUCKET_SPAN", "CHUNK_RECORDS", "MAX_WARM_WINDOW_BYTES", "MIN_WARM_JOBS", "PADDING_SLOT", "SEQUENTIAL_RECORDS", "bucket_spans", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,9 @@ SEQUENTIAL_RECORDS = 8
 BUCKET_SPAN = 8
 #: The bucket steps on CUDA reach at least this many one-chunk jobs (the extend's chunk-count buckets, module docstring).
 MIN_WARM_JOBS = 33
+#: The bucket steps stop where the stacked conv's work windows would pass this many bytes (a step that large, rare,
+#: compiles at its first use rather than every server holding the bytes at startup).
+MAX_WARM_WINDOW_BYTES = 256 << 20
 
 
 def bucket_spans(max_jobs: int) -> list[list[int]]:
@@ -78,7 +81,7 @@ def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any,
     """Run the warm-up rebuilds through ``rebuild`` (:func:`~.rebuild.rebuild`) if ``pool`` has records of every
     layer and has not warmed up; returns whether it ran (see the module docstring). ``max_jobs``: the most rebuilds
     one step can hold (None: on CUDA the request rows of ``req_pool``, at least :data:`MIN_WARM_JOBS`; elsewhere no
-    bucket step)."""
+    bucket step); at most as many as fit work windows of :data:`MAX_WARM_WINDOW_BYTES`."""
     if pool.warmed or not pool.layers or (pool.layer_ids and len(pool.layers) < len(pool.layer_ids)):
         return False
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -91,6 +94,10 @@ def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any,
     if max_jobs is None:
         cuda = pool.device.type == "cuda"
         max_jobs = max(int(getattr(req_pool, "size", 0) or 0), MIN_WARM_JOBS) if cuda else 0
+    if stacked and pool.xs is not None:  # work windows: rows x every layer's channels x the conv lead
+        row_bytes = pool.xs.shape[0] * pool.xs.shape[-1] * max(pool.conv_lead, 1) * pool.xs.element_size()
+        rows = max(MAX_WARM_WINDOW_BYTES // row_bytes, 1)
+        max_jobs = min(max_jobs, max(CONV_WORK_ROWS, 1 << (rows.bit_length() - 1)))  # the largest bucket that fits
     buckets = bucket_spans(max_jobs) if stacked else []
     steps = [[n] for n in spans] + buckets
     t0 = time.perf_counter()
