@@ -1,27 +1,26 @@
-"""The rebuild paths run once at startup, so the first prefix hit does not pay their first use.
+"""The rebuild paths run once at startup, so no prefix hit pays a kernel's first use.
 
-A rebuild calls kernels no prefill calls with its shapes: the stacked gates and extend over every GDN layer's
-heads at once, the stacked conv, SGLang's Triton decode kernel over varlen spans. Their first call compiles
-or autotunes (about 0.6 s on the H200 at Qwen3-Next's shape): without a warm-up the server's first hit pays it.
-Triton compiles an integer argument divisible by 16 as its own variant (the conv's and the extend's token
-counts), so the chunk rebuild runs at two spans, one of each kind; the stacked conv's variant does not depend on
-the count of jobs up to :data:`~.fold_stack.CONV_WORK_ROWS` (:func:`~.fold_stack.work_rows`); on CUDA (where the conv
-is Triton's) every further bucket a step of the pool's most jobs can reach is warmed too, at both token-count kinds
-(:func:`bucket_spans`). FLA's chunk kernels take their token counts unspecialized (``do_not_specialize``), but the
-state pass compiles a variant per bucket of the step's chunk count (``NT_BUCKET``: up to 32 chunks, up to 128, more;
-SGLang's ``chunk_delta_h.py``), and a stacked rebuild's chunks are every layer's (``L`` x the jobs' chunks): the
-short span is one chunk (and a one-record span gives the stacked conv Triton's third kind of count, 1), and on CUDA the bucket steps reach at least :data:`MIN_WARM_JOBS` one-chunk jobs, so
-the three chunk buckets are reached at 4 to 32 layers.
+A rebuild calls kernels no prefill calls with its shapes: the stacked gates and extend over every GDN layer at once,
+the stacked conv, SGLang's Triton decode kernel over varlen spans. Their first call compiles or autotunes (about
+0.6 s on the H200 at Qwen3-Next's shape), and Triton compiles apart what a step's shape changes:
 
-:func:`warm_up` runs at the first forward after one forward captured every layer's records (SGLang's own
-startup warmup request: its prefill captures, its first decode step warms up), once per pool: rebuilds of
-:data:`CHUNK_RECORDS` records by the chunk kernels and, where short spans fold token by token
-(``pool.sequential_tokens``) or the pool is stacked (one chunk), one of :data:`SEQUENTIAL_RECORDS`, all from the zero state (whether a span
-starts from a state is a per-sequence tensor of the kernels, ``extend_prefix_lens`` / ``has_initial_state``,
-not a compiled variant), and on CUDA the multi-job steps of :func:`bucket_spans`. Invariant: it writes only
-mamba slot 0, SGLang's padding slot (padded CUDA-graph rows write there; no request or tree node owns it; a
-multi-job step's jobs all fold into it), and reads only the records' sink row; no record, kept state, ring or owned
-slot changes.
+* an integer argument equal to 1, divisible by 16, or neither (the stacked conv's token count): spans of 131, 128,
+  8 and (stacked pools) 1 records;
+* the row count of the stacked conv's work windows (a ``constexpr``; :func:`~.fold_stack.work_rows` buckets it): on
+  CUDA, a step of the fewest jobs of every bucket a step of the pool's most jobs can use, at both token-count kinds
+  (:func:`bucket_spans`), up to the largest bucket whose windows fit :data:`MAX_WARM_WINDOW_BYTES`;
+* the extend's chunk-count bucket (``NT_BUCKET`` of SGLang's ``chunk_delta_h.py``: up to 32 chunks, up to 128,
+  more; a stacked step's chunks are every layer's): the one-chunk span, the 128-record span and the bucket steps
+  (at least :data:`MIN_WARM_JOBS` one-chunk jobs) reach all three at 4 to 32 layers. FLA's chunk kernels take the
+  token count itself unspecialized (``do_not_specialize``).
+
+:func:`warm_up` runs at the first forward after one forward captured every layer's records (SGLang's own startup
+warmup request: its prefill captures, its first decode step warms up), once per pool, every job from the zero state
+(whether a span starts from a state is a per-sequence tensor of the kernels, ``extend_prefix_lens`` /
+``has_initial_state``, not a compiled variant); the 8-record span folds token by token where spans so short do
+(``pool.sequential_tokens``). Invariant: it writes only mamba slot 0, SGLang's padding slot (padded CUDA-graph rows
+write there; no request or tree node owns it; a multi-job step's jobs all fold into it), and reads only the records'
+sink row; no record, kept state, ring or owned slot changes.
 """
 
 from __future__ import annotations
@@ -37,7 +36,8 @@ from sglang_replayssm.radix.records.fold_stack import CONV_WORK_ROWS, work_rows
 from sglang_replayssm.radix.records.match import Rebuild
 from sglang_replayssm.radix.records.pool import RecordPool
 
-__all__ = ["BUCKET_SPAN", "CHUNK_RECORDS", "MAX_WARM_WINDOW_BYTES", "MIN_WARM_JOBS", "PADDING_SLOT", "SEQUENTIAL_RECORDS", "bucket_spans", "warm_up"]
+__all__ = ["BUCKET_SPAN", "CHUNK_RECORDS", "MAX_WARM_WINDOW_BYTES", "MIN_WARM_JOBS", "PADDING_SLOT", "SEQUENTIAL_RECORDS",
+           "bucket_spans", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
