@@ -4,13 +4,14 @@ A rebuild calls kernels no prefill calls with its shapes: the stacked gates and 
 the stacked conv, SGLang's Triton decode kernel over varlen spans. Their first call compiles or autotunes (about
 0.6 s on the H200 at Qwen3-Next's shape), and Triton compiles apart what a step's shape changes:
 
-* an integer argument equal to 1, divisible by 16, or neither (the stacked conv's token count): spans of 131, 128,
-  8 and (stacked pools) 1 records;
+* an integer argument divisible by 16 or not (the stacked conv's token count): spans of 131 and 128 records (Triton
+  3.x no longer compiles the value 1 apart);
 * the row count of the stacked conv's work windows (a ``constexpr``; :func:`~.fold_stack.work_rows` buckets it): on
   CUDA, a step of the fewest jobs of every bucket a step of the pool's most jobs can use, at both token-count kinds
   (:func:`bucket_spans`), up to the largest bucket whose windows fit :data:`MAX_WARM_WINDOW_BYTES`;
 * the extend's chunk-count bucket (``NT_BUCKET`` of SGLang's ``chunk_delta_h.py``: up to 32 chunks, up to 128,
-  more; a stacked step's chunks are every layer's): the one-chunk span, the 128-record span and the bucket steps
+  more; a stacked step's chunks are every layer's): the 8-record span (one chunk; stacked pools always run it), the
+  128-record span and the bucket steps
   (at least :data:`MIN_WARM_JOBS` one-chunk jobs) reach all three at 4 to 32 layers. FLA's chunk kernels take the
   token count itself unspecialized (``do_not_specialize``).
 
@@ -90,7 +91,7 @@ def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any,
     stacked = pool.stacked_ab() is not None
     short = min(SEQUENTIAL_RECORDS, pool.sequential_tokens) if pool.sequential_tokens else (
         SEQUENTIAL_RECORDS if stacked else 0)  # token by token where spans so short do; stacked: one chunk
-    spans = [*CHUNK_RECORDS] + ([short] if short else []) + ([1] if stacked else [])  # the conv's one-token kind
+    spans = [*CHUNK_RECORDS] + ([short] if short else [])
     if max_jobs is None:
         cuda = pool.device.type == "cuda"
         max_jobs = max(int(getattr(req_pool, "size", 0) or 0), MIN_WARM_JOBS) if cuda else 0
