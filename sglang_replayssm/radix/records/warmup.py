@@ -11,9 +11,8 @@ the stacked conv, SGLang's Triton decode kernel over varlen spans. Their first c
   (:func:`bucket_spans`), up to the largest bucket whose windows fit :data:`MAX_WARM_WINDOW_BYTES`;
 * the extend's chunk-count bucket (``NT_BUCKET`` of SGLang's ``chunk_delta_h.py``: up to 32 chunks, up to 128,
   more; a stacked step's chunks are every layer's): the 8-record span (one chunk; stacked pools always run it), the
-  128-record span and the bucket steps
-  (at least :data:`MIN_WARM_JOBS` one-chunk jobs) reach all three at 4 to 32 layers. FLA's chunk kernels take the
-  token count itself unspecialized (``do_not_specialize``).
+  128-record span and the bucket steps (at least :data:`MIN_WARM_JOBS` one-chunk jobs) reach all three at 4 to 32
+  layers. FLA's chunk kernels take the token count itself unspecialized (``do_not_specialize``).
 
 :func:`warm_up` runs at the first forward after one forward captured every layer's records (SGLang's own startup
 warmup request: its prefill captures, its first decode step warms up), once per pool, every job from the zero state
