@@ -59,7 +59,7 @@ def test_after_the_warm_up_steps_no_rebuild_step_compiles():
                        torch.zeros(len(lens), dtype=torch.int32, device=dev))
 
     # the warm-up's steps (all into slot 0, as into the padding slot)
-    for lens in [[n] for n in (*CHUNK_RECORDS, SEQUENTIAL_RECORDS)] + bucket_spans(max(MAX_JOBS, 33)):
+    for lens in [[n] for n in (*CHUNK_RECORDS, SEQUENTIAL_RECORDS, 1)] + bucket_spans(max(MAX_JOBS, 33)):
         step(lens, [0] * len(lens))
     torch.cuda.synchronize()
     warmed = _variants()

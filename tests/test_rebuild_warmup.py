@@ -55,8 +55,8 @@ def test_the_warm_up_folds_into_the_padding_slot_once_and_touches_nothing_else(r
         with counter:
             assert rb.run_pending(runner) == 0  # nothing queued: the warm-up alone
         assert pool.warmed
-        # a span of each kind Triton compiles apart (token counts divisible by 16 and not), and a one-chunk span
-        assert counter.launches["KERNEL extend"] == 3 and counter.launches["KERNEL conv"] == 3
+        # a span of each kind Triton compiles apart (token counts divisible by 16, neither, and 1), and a one-chunk span
+        assert counter.launches["KERNEL extend"] == 4 and counter.launches["KERNEL conv"] == 4
         assert sorted(n % 16 == 0 for n in CHUNK_RECORDS) == [False, True]
         after = _snapshot(req_pool, pool)
         temporal = 1 + len(cache.conv)
@@ -88,7 +88,7 @@ def test_where_short_spans_fold_token_by_token_both_paths_warm_up(radix_adapter,
         with counter:
             assert warm_up(pool, req_pool, rb.rebuild)
         if stacked:
-            assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) + 1 and folded == []
+            assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) + 2 and folded == []  # + 8 and 1 record
         else:  # the chunk rebuilds of CHUNK_RECORDS, layer by layer, then the sequential one
             assert counter.launches["KERNEL extend"] == len(CHUNK_RECORDS) * len(layers)
             assert folded == [[SEQUENTIAL_RECORDS]] * len(layers)
@@ -123,7 +123,7 @@ def test_on_cuda_the_warm_up_reaches_every_conv_bucket_a_step_of_the_most_jobs_c
         before = _snapshot(req_pool, pool)
         assert warm_up(pool, req_pool, rb.rebuild, max_jobs=40)
         kinds = sorted(n % 16 == 0 for n in CHUNK_RECORDS)
-        assert seen == [(16, 1, k) for k in (False, True, False)] + [(r, r // 2 + 1, k) for r in (32, 64) for k in kinds]
+        assert seen == [(16, 1, k) for k in (False, True, False, False)] + [(r, r // 2 + 1, k) for r in (32, 64) for k in kinds]
         after = _snapshot(req_pool, pool)
         temporal = 1 + len(cache.conv)
         for i, (b, a) in enumerate(zip(before, after)):  # every slot but the padding one, every record, as it was
@@ -135,10 +135,10 @@ def test_on_cuda_the_warm_up_reaches_every_conv_bucket_a_step_of_the_most_jobs_c
         _write(pool, layers, backend, model, kv, gen)
         calls: list[int] = []
         assert warm_up(pool, req_pool, lambda p, r, jobs: calls.append(len(jobs)))
-        assert calls == [1] * (len(CHUNK_RECORDS) + 1)  # CPU, no max_jobs: no bucket step
+        assert calls == [1] * (len(CHUNK_RECORDS) + 2)  # CPU, no max_jobs: no bucket step
         # work windows of 63 rows fit the byte cap: the buckets stop at 32 rows (17 jobs)
         row_bytes = pool.xs.shape[0] * pool.xs.shape[-1] * pool.conv_lead * pool.xs.element_size()
         monkeypatch.setattr(warmup, "MAX_WARM_WINDOW_BYTES", 63 * row_bytes)
         pool.warmed, calls[:] = False, []
         assert warm_up(pool, req_pool, lambda p, r, jobs: calls.append(len(jobs)), max_jobs=200)
-        assert calls == [1] * (len(CHUNK_RECORDS) + 1) + [17, 17]
+        assert calls == [1] * (len(CHUNK_RECORDS) + 2) + [17, 17]

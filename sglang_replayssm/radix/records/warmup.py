@@ -4,8 +4,8 @@ A rebuild calls kernels no prefill calls with its shapes: the stacked gates and 
 the stacked conv, SGLang's Triton decode kernel over varlen spans. Their first call compiles or autotunes (about
 0.6 s on the H200 at Qwen3-Next's shape), and Triton compiles apart what a step's shape changes:
 
-* an integer argument divisible by 16 or not (the stacked conv's token count): spans of 131 and 128 records (Triton
-  3.x no longer compiles the value 1 apart);
+* an integer argument equal to 1, divisible by 16, or neither (the stacked conv's token count; Triton makes 1 a
+  ``constexpr``): spans of 131 and 128 records, and on stacked pools one of 1 record;
 * the row count of the stacked conv's work windows (a ``constexpr``; :func:`~.fold_stack.work_rows` buckets it): on
   CUDA, a step of the fewest jobs of every bucket a step of the pool's most jobs can use, at both token-count kinds
   (:func:`bucket_spans`), up to the largest bucket whose windows fit :data:`MAX_WARM_WINDOW_BYTES`;
@@ -90,7 +90,7 @@ def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any,
     stacked = pool.stacked_ab() is not None
     short = min(SEQUENTIAL_RECORDS, pool.sequential_tokens) if pool.sequential_tokens else (
         SEQUENTIAL_RECORDS if stacked else 0)  # token by token where spans so short do; stacked: one chunk
-    spans = [*CHUNK_RECORDS] + ([short] if short else [])
+    spans = [*CHUNK_RECORDS] + ([short] if short else []) + ([1] if stacked else [])  # the conv's token count 1
     if max_jobs is None:
         cuda = pool.device.type == "cuda"
         max_jobs = max(int(getattr(req_pool, "size", 0) or 0), MIN_WARM_JOBS) if cuda else 0
