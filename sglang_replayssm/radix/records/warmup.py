@@ -76,6 +76,20 @@ def _job(pool: RecordPool, n: int) -> Rebuild:
     return Rebuild(dst=slot, src=None, slots=sink)
 
 
+def _bucket_jobs(pool: RecordPool, req_pool: Any, max_jobs: int | None) -> int:
+    """The most jobs the bucket steps reach: ``max_jobs`` (None: on CUDA the request rows of ``req_pool``, at
+    least :data:`MIN_WARM_JOBS`; elsewhere 0), cut to the largest conv bucket whose work windows (rows x every
+    layer's channels x the conv lead) fit :data:`MAX_WARM_WINDOW_BYTES`."""
+    if max_jobs is None:
+        cuda = pool.device.type == "cuda"
+        max_jobs = max(int(getattr(req_pool, "size", 0) or 0), MIN_WARM_JOBS) if cuda else 0
+    if pool.xs is not None:
+        row_bytes = pool.xs.shape[0] * pool.xs.shape[-1] * max(pool.conv_lead, 1) * pool.xs.element_size()
+        rows = max(MAX_WARM_WINDOW_BYTES // row_bytes, 1)
+        max_jobs = min(max_jobs, max(CONV_WORK_ROWS, 1 << (rows.bit_length() - 1)))
+    return max_jobs
+
+
 def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any, list[Rebuild]], None],
             max_jobs: int | None = None) -> bool:
     """Run the warm-up rebuilds through ``rebuild`` (:func:`~.rebuild.rebuild`) if ``pool`` has records of every
@@ -91,14 +105,7 @@ def warm_up(pool: RecordPool, req_pool: Any, rebuild: Callable[[RecordPool, Any,
     short = min(SEQUENTIAL_RECORDS, pool.sequential_tokens) if pool.sequential_tokens else (
         SEQUENTIAL_RECORDS if stacked else 0)  # token by token where spans so short do; stacked: one chunk
     spans = [*CHUNK_RECORDS] + ([short] if short else []) + ([1] if stacked else [])  # the conv's token count 1
-    if max_jobs is None:
-        cuda = pool.device.type == "cuda"
-        max_jobs = max(int(getattr(req_pool, "size", 0) or 0), MIN_WARM_JOBS) if cuda else 0
-    if stacked and pool.xs is not None:  # work windows: rows x every layer's channels x the conv lead
-        row_bytes = pool.xs.shape[0] * pool.xs.shape[-1] * max(pool.conv_lead, 1) * pool.xs.element_size()
-        rows = max(MAX_WARM_WINDOW_BYTES // row_bytes, 1)
-        max_jobs = min(max_jobs, max(CONV_WORK_ROWS, 1 << (rows.bit_length() - 1)))  # the largest bucket that fits
-    buckets = bucket_spans(max_jobs) if stacked else []
+    buckets = bucket_spans(_bucket_jobs(pool, req_pool, max_jobs)) if stacked else []
     steps = [[n] for n in spans] + buckets
     t0 = time.perf_counter()
     for step in steps:
