@@ -36,12 +36,17 @@ import triton
 import triton.language as tl
 
 __all__ = [
+    "ROW_COUNT_ARGS",
     "cursor_step",
     "cursor_step_torch",
     "cursor_step_triton",
     "force_flush_mask",
     "next_cursor",
 ]
+
+#: The kernel's per-step row counts, left unspecialized: Triton would compile apart a count of 1, one divisible by
+#: 16 and any other (0.1-0.2 s each, the scheduler waiting, at a step's first new kind outside graph capture).
+ROW_COUNT_ARGS = ("B", "n_seq")
 
 _INT32_MAX = 2**31 - 1
 
@@ -117,7 +122,7 @@ def cursor_step_torch(
     return wp, ff
 
 
-@triton.jit
+@triton.jit(do_not_specialize=ROW_COUNT_ARGS)
 def _cursor_step_kernel(
     buf,
     slots,

@@ -30,7 +30,11 @@ import triton.language as tl
 
 from sglang_replayssm.kernels.materialize_ref import MaterializeCall
 
-__all__ = ["materialize_kernel", "materialize_triton", "rows_per_program", "vk_tile"]
+__all__ = ["ROW_COUNT_ARGS", "materialize_kernel", "materialize_triton", "rows_per_program", "vk_tile"]
+
+#: The kernel's per-call row counts, left unspecialized: Triton would compile apart a count of 1, one divisible by
+#: 16 and any other (0.2 s each, the scheduler waiting, at a call's first new kind).
+ROW_COUNT_ARGS = ("R", "rows_per_program")
 
 
 @triton.jit
@@ -46,7 +50,7 @@ def vk_tile(i_hv, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: t
     return o_v, o_k, mask_v, mask_k, mask_vk, tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=ROW_COUNT_ARGS)
 def materialize_kernel(
     temporal,  # [n_layers, slots, HV, V, K]
     ring_d,  # [n_layers, slots, HV, L, V]
