@@ -7,6 +7,7 @@ import gzip
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,25 @@ def test_the_compile_log_writes_a_line_per_compiled_variant(tmp_path, monkeypatc
     assert knobs.runtime.jit_cache_hook(key=key, fn=fn, repr="x[num_warps=4](...)") is False
     knobs.runtime.jit_post_compile_hook(key=key, fn=fn, repr="x[num_warps=4](...)")
     (log,) = tmp_path.glob("c.*.txt")
-    started, took, name = log.read_text().strip().split("\t")
-    assert float(started) >= 0 and float(took) >= 0
+    started, took, name, wall = log.read_text().strip().split("\t")
+    assert float(started) >= 0 and float(took) >= 0 and abs(float(wall) - time.time()) < 60
     assert name == "sglang.kernels.ops.mamba.causal_conv1d_triton._causal_conv1d_fwd_kernel"
+
+
+def test_serving_compiles_keeps_the_window_s_slow_builds_and_splits_ours_from_sglang_s(tmp_path) -> None:
+    """Only lines inside the wall-time window that took ``min_ms`` or more count; the plugin's kernels apart."""
+    sys.path.insert(0, str(LAB / "shim"))
+    from lab_compile_log import serving_compiles
+
+    (tmp_path / "c.11.txt").write_text("30.00\t300.0\tsglang.k.conv\t100.0\n"  # before the window
+                                       "40.00\t233.5\tsglang_replayssm.kernels.materialize_triton.m\t150.0\n"
+                                       "41.00\t3.1\tsglang_replayssm.kernels.cursor.c\t151.0\n"  # a cache load
+                                       "42.00\t488.7\tsglang.srt.copy\t152.0\n")
+    (tmp_path / "c.12.txt").write_text("9.00\t127.3\tsglang_replayssm.kernels.cursor.c\t160.0\n"
+                                       "9.50\t50.0\tsglang.k.late\t300.0\n"  # after it
+                                       "7.00\t90.0\told.format\n")  # no wall column: skipped
+    got = serving_compiles(str(tmp_path / "c"), 120.0, 200.0)
+    assert got == {"ours": [[233.5, "sglang_replayssm.kernels.materialize_triton.m"],
+                            [127.3, "sglang_replayssm.kernels.cursor.c"]],
+                   "sglang": [[488.7, "sglang.srt.copy"]]}
+    assert serving_compiles(str(tmp_path / "none"), 0.0, 1e12) == {"ours": [], "sglang": []}

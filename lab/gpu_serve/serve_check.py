@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -189,6 +190,7 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
         with ServerProcess(cmd, env, log, f"http://127.0.0.1:{port}", start_s) as srv:
             entry["startup_s"] = srv.startup_s
             print(f"[{name}] healthy after {srv.startup_s:.0f} s", flush=True)
+            healthy_at = time.time()
             url = srv.base_url
             # KL first: its rebuilds and decodes also warm what the main job's TTFT would pay for once.
             if "kl" in stages and name in _csv(args.kl_arms) and time.monotonic() < t_end:
@@ -219,6 +221,7 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
                 entry["stages"]["profile"] = profile_decode(
                     url, args.out / "profiles" / name, log, args.profile_concurrency, args.decode_prompt_len,
                     args.decode_output_len)
+            entry["serving_compiles"] = _serving_compiles(name, healthy_at)
     except (ServerStartError, RuntimeError, OSError) as exc:
         entry["error"] = str(exc)[-3000:]
         if start_s < args.start_timeout_s and "startup_s" not in entry and time.monotonic() - t0 >= start_s:
@@ -228,6 +231,20 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
             print(f"[{name}] FAILED: {str(exc)[-1500:]}", flush=True)
     entry["wall_s"] = time.monotonic() - t0
     entry["log_facts"] = _log_facts(log)
+
+
+def _serving_compiles(name: str, since: float) -> dict[str, Any] | None:
+    """The Triton variants the arm's server built while serving (``LAB_COMPILE_LOG``, the lab shim), printed."""
+    path = os.environ.get("LAB_COMPILE_LOG", "")
+    if not path:
+        return None
+    from lab_compile_log import serving_compiles  # the shim, on PYTHONPATH
+
+    got = serving_compiles(path, since, time.time())
+    print(f"[{name}] Triton compiles while serving: ours {len(got['ours'])} "
+          f"({sum(ms for ms, _ in got['ours']):.0f} ms: {sorted({k for _, k in got['ours']})}), SGLang's "
+          f"{len(got['sglang'])} ({sum(ms for ms, _ in got['sglang']):.0f} ms)", flush=True)
+    return got
 
 
 def tables(doc: dict[str, Any]) -> str:

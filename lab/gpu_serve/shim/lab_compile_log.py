@@ -1,10 +1,12 @@
 """Lab GPU machine only: a log of Triton JIT compiles. With LAB_COMPILE_LOG=<path>, every variant a Triton JIT
 function builds in this process (compiled, or loaded from the disk cache into memory) appends one line to
-``<path>.<pid>.txt``: seconds since the process started, milliseconds it took, the kernel's name. In a server, a line
-after its startup is a step the scheduler waited on (a variant no warm-up built)."""
+``<path>.<pid>.txt``: seconds since the process started, milliseconds it took, the kernel's name, the wall clock (Unix
+seconds). In a server, a line after its startup is a step the scheduler waited on (a variant no warm-up built):
+:func:`serving_compiles` reads them for a time window (``serve_check.py``, per arm from health to its last stage)."""
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from typing import Any
@@ -36,7 +38,22 @@ def install() -> None:
         now = time.monotonic()
         took = now - _STARTED.pop(id(kwargs.get("key")), now)
         with open(out, "a") as f:
-            f.write(f"{now - _T0:.2f}\t{1e3 * took:.1f}\t{_name(kwargs)}\n")
+            f.write(f"{now - _T0:.2f}\t{1e3 * took:.1f}\t{_name(kwargs)}\t{time.time():.3f}\n")
 
     knobs.runtime.jit_cache_hook = before
     knobs.runtime.jit_post_compile_hook = after
+
+
+def serving_compiles(path: str, t0: float, t1: float, min_ms: float = 20.0) -> dict[str, list[list[Any]]]:
+    """The variants built between wall times ``t0`` and ``t1`` that took at least ``min_ms`` (a disk-cache load takes
+    1-10 ms), from every process's ``<path>.<pid>.txt``: ``{"ours": [[ms, kernel], ...], "sglang": [...]}``, ours
+    being the plugin's kernels (``sglang_replayssm.``), the rest SGLang's and its libraries'."""
+    out: dict[str, list[list[Any]]] = {"ours": [], "sglang": []}
+    for name in sorted(glob.glob(f"{path}.*.txt")):
+        with open(name) as f:
+            for line in f:
+                cols = line.rstrip("\n").split("\t")
+                if len(cols) < 4 or not t0 <= float(cols[3]) <= t1 or float(cols[1]) < min_ms:
+                    continue
+                out["ours" if cols[2].startswith("sglang_replayssm.") else "sglang"].append([float(cols[1]), cols[2]])
+    return out
