@@ -157,3 +157,21 @@ def test_stats_by_hand() -> None:
                                     "lab/gpu_serve/install_carry.sh"])
 def test_scripts_parse(script: str) -> None:
     subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
+
+
+def test_ring_config_sweep_parses_configs() -> None:
+    """lab/scripts/bench_ring_configs.py: configs name real fields, bools stay bools (the build's .so name and
+    cache key depend on it), and a typo is refused before any GPU work."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ring_configs", ROOT / "lab/scripts/bench_ring_configs.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.parse_config("b=warps:1,stages:4,bulk:1") == ("b", {"warps": 1, "stages": 4, "bulk": 1})
+    name, got = mod.parse_config("c=fmt:fp8,read_warps:1,flush_prefetch:1", copy=True)
+    assert (name, got) == ("c", {"fmt": "fp8", "read_warps": 1, "flush_prefetch": True})
+    assert isinstance(got["flush_prefetch"], bool) and not isinstance(got["read_warps"], bool)
+    for bad, copy in (("x=wraps:1", False), ("x=bulk:1", True), ("x=fmt:fp4", True), ("x", False)):
+        with pytest.raises(ValueError):
+            mod.parse_config(bad, copy=copy)
