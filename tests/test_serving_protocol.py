@@ -154,7 +154,7 @@ def test_stats_by_hand() -> None:
 
 
 @pytest.mark.parametrize("script", ["lab/scripts/gpu_serving_protocol.sh", "lab/scripts/vllm_carry.sh",
-                                    "lab/gpu_serve/install_carry.sh"])
+                                    "lab/gpu_serve/install_carry.sh", "lab/scripts/ring_sweep_carry.sh"])
 def test_scripts_parse(script: str) -> None:
     subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
 
