@@ -73,6 +73,11 @@ def test_baseline_and_plugin_on_tiny_gdn_rag(rag_run) -> None:
     assert cached["plugin"] == ceiling, (cached, ceiling)
     assert sum(cached["baseline"]) < sum(ceiling), (cached, ceiling)
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["hit_rate.png", "ttft_cdf.png"]
+    # the TTFT the plugin's hits allow at baseline's costs, over every request paired with baseline's (a slope
+    # fitted on 8 small prompts is noise, so only the pairing is checked)
+    found = doc["ttft_bound"]["plugin"]
+    assert found["requests"] == len(plug["requests"]) and found["prefill_ratio"] < 1
+    assert found["measured_ratio"] == pytest.approx(plug["ttft_mean_s"] / base["ttft_mean_s"])
 
 
 def test_a_tiny_record_budget_falls_back_with_the_same_tokens(rag_run, tmp_path: Path, monkeypatch) -> None:

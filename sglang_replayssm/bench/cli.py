@@ -35,6 +35,7 @@ from sglang_replayssm.bench.model import (
 )
 from sglang_replayssm.bench.records import RequestRecord
 from sglang_replayssm.bench.report import arm_result, format_table, write_json
+from sglang_replayssm.bench.ttft_bound import bounds, format_bounds
 from sglang_replayssm.bench.workload import (
     Conversation,
     GspSpec,
@@ -352,6 +353,12 @@ def main(argv: list[str]) -> int:
     bench.save()
     print()
     print(format_table(bench.doc["arms"], bench.doc["failed_arms"]))
+    found = bounds(bench.doc["arms"])
+    if found:
+        bench.doc["ttft_bound"] = found
+        bench.save()
+        print("\nTTFT the hits allow (baseline's TTFT fitted per request as fixed + per prefilled token, evaluated at "
+              "each arm's prefilled tokens):\n" + format_bounds(found))
     spent_table = format_spent(bench.doc["arms"])
     if spent_table:
         print("\ncache bytes each server allocated (startup log counts x the model's unit bytes; records: "

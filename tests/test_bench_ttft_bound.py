@@ -1,22 +1,12 @@
-"""lab/scripts/ttft_bound.py: the TTFT an arm's hits allow at the reference arm's costs."""
+"""bench/ttft_bound.py: the TTFT an arm's hits allow at the reference arm's costs."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _mod() -> Any:
-    spec = importlib.util.spec_from_file_location("ttft_bound", ROOT / "lab/scripts/ttft_bound.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from sglang_replayssm.bench import ttft_bound as mod
 
 
 def _req(rid: str, prompt: int, cached: int, ttft_ms: float) -> dict[str, Any]:
@@ -26,7 +16,6 @@ def _req(rid: str, prompt: int, cached: int, ttft_ms: float) -> dict[str, Any]:
 def test_bound_is_the_reference_cost_at_the_arms_prefill() -> None:
     """Reference TTFT exactly 30 ms + 0.4 ms a prefilled token; the arm caches 500 more tokens of one request and
     pays 2 ms on every request: bound = the fit at its prefill, measured = bound + 2 ms."""
-    mod = _mod()
     prompts = [(800, 0), (900, 300), (1000, 600), (700, 100), (1200, 0)]
     ref = [_req(str(i), p, c, 30 + 0.4 * (p - c)) for i, (p, c) in enumerate(prompts)]
     arm = [_req(str(i), p, c + (500 if i == 4 else 0), 2 + 30 + 0.4 * (p - c - (500 if i == 4 else 0)))
@@ -42,6 +31,18 @@ def test_bound_is_the_reference_cost_at_the_arms_prefill() -> None:
 
 
 def test_too_few_shared_requests_is_refused() -> None:
-    mod = _mod()
     with pytest.raises(ValueError, match="too few"):
         mod.bound([_req("a", 10, 0, 5.0)], [_req("b", 10, 0, 5.0)])
+
+
+def test_bounds_pairs_every_arm_with_the_reference_and_skips_failed_requests() -> None:
+    """Arms without records or without enough paired requests drop out; a failed request (no TTFT) is left out."""
+    ref = [_req(str(i), 100 * (i + 1), 0, 10 + 0.1 * 100 * (i + 1)) for i in range(4)]
+    arm = [*ref[:3], {**ref[3], "ttft_s": None}]
+    got = mod.bounds({"baseline": {"requests": ref}, "plugin": {"requests": arm}, "upstream": {"error": "x"},
+                      "short": {"requests": ref[:2]}})  # fmt: skip
+    assert set(got) == {"plugin"} and got["plugin"]["requests"] == 3
+    assert got["plugin"]["bound_ratio"] == pytest.approx(1.0)
+    assert mod.bounds({"plugin": {"requests": ref}}) == {}
+    line = mod.format_bounds(got)
+    assert line.startswith("plugin: its hits allow 1.000x of baseline's mean TTFT") and "measured 1.000x" in line
