@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA builds that lab/scripts/bench_ring_configs.py's B=64 sweep (notes/kernels.md, "B=64 launch sweep") needs
-# beyond .gpucarry/cuda, compiled here with nvcc for sm_90a (H100 / H200) and packed as .ringcarry/cuda.tar.xz (xz:
-# ~3 MB for ~24 MB of .so), so the device call builds nothing. From the repository root, with .venv:
+# beyond .gpucarry/cuda, compiled here with nvcc for sm_90a (H100 / H200) and packed as .gpucarry/cuda-sweep.tar.xz
+# (xz: ~3 MB for ~24 MB of .so), so the device call builds nothing. From the repository root, with .venv, after
+# lab/gpu_serve/carry.sh:
 #   bash lab/scripts/ring_sweep_carry.sh
-# On the device, after lab/gpu_serve/install_carry.sh: tar xJf .ringcarry/cuda.tar.xz -C /tmp && cp -n /tmp/cuda/*.so
-# /tmp/rrcache/ (carry [".gpucarry", ".ringcarry"]).
+# lab/gpu_serve/install_carry.sh (scripts/gpu_serve.sh) unpacks it into /tmp/rrcache with the other builds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-W=$(mktemp -d); mkdir -p $W/cuda .ringcarry
+W=$(mktemp -d); mkdir -p $W/cuda .gpucarry
 export SGLANG_REPLAYSSM_CUDA_CACHE=$W/cuda
 PY=.venv/bin/python
 P=()
@@ -33,5 +33,5 @@ print(r.build('90a', d, m, **o).name)" &
   done
 done
 for p in "${P[@]}"; do wait "$p"; done  # a failed build stops here (set -e)
-(cd $W && tar cf - cuda | xz -T0 -6 > "$OLDPWD/.ringcarry/cuda.tar.xz")
-ls -la .ringcarry; rm -rf $W
+(cd $W && tar cf - cuda | xz -T0 -6 > "$OLDPWD/.gpucarry/cuda-sweep.tar.xz")
+ls -la .gpucarry/cuda-sweep.tar.xz; rm -rf $W
