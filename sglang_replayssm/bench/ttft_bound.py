@@ -37,12 +37,12 @@ def bound(ref: list[dict[str, Any]], arm: list[dict[str, Any]]) -> dict[str, Any
     pairs = [(r, by_rid[r["rid"]]) for r in ref if _complete(r) and r["rid"] in by_rid]
     if len(pairs) < 3:
         raise ValueError(f"{len(pairs)} requests in both arms: too few to fit")
-    a, c = _fit([float(_prefilled(r)) for r, _ in pairs], [r["ttft_s"] * 1e3 for r, _ in pairs])
-    ref_mean = statistics.fmean(r["ttft_s"] * 1e3 for r, _ in pairs)
+    xs, ys = [float(_prefilled(r)) for r, _ in pairs], [r["ttft_s"] * 1e3 for r, _ in pairs]
+    a, c = _fit(xs, ys)
+    ref_mean = statistics.fmean(ys)
     arm_mean = statistics.fmean(p["ttft_s"] * 1e3 for _, p in pairs)
     at_arm = a + c * statistics.fmean(_prefilled(p) for _, p in pairs)
-    ys = [r["ttft_s"] * 1e3 for r, _ in pairs]
-    sse = sum((y - a - c * _prefilled(r)) ** 2 for y, (r, _) in zip(ys, pairs, strict=True))
+    sse = sum((y - a - c * x) ** 2 for x, y in zip(xs, ys, strict=True))
     sst = sum((y - ref_mean) ** 2 for y in ys)
     out: dict[str, Any] = {
         "requests": len(pairs), "fixed_ms": a, "ms_per_1k_tokens": c * 1e3, "ref_mean_ms": ref_mean,
