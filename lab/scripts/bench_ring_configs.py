@@ -31,10 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 import torch  # noqa: E402
 
+from tests.support.kernel_bench import MODELS  # noqa: E402
 from tests.support.serving_protocol import ARMS, ArmSpec, Shape, Stack, arm_step, replay_times, stats, window  # noqa: E402
 
-MODELS = {"gdn": {"H": 16, "HV": 32, "K": 128, "V": 128, "is_kda": False},
-          "kda": {"H": 32, "HV": 32, "K": 128, "V": 128, "is_kda": True}}  # fmt: skip
 RUN_KEYS = ("bulk", "flush_bulk", "waves", "vsplit")  # run_passes' research keywords; the rest are cuda_* fields
 
 
@@ -98,22 +97,15 @@ def copy_with(overrides: dict[str, Any], shape: Shape) -> tuple[str, Callable[..
 def build_arm(shape: Shape, arm: str, ctx: dict[str, Any]) -> tuple[Stack, Callable[[int], None]]:
     """``arm``'s stack and per-layer step: ``ours_NAME`` (a ring config), ``copy_NAME`` (a read-copy config),
     or one of SGLang's (``sglang_packed`` fp32, ``sglang_packed_bf16``, ``sglang_rs_bf16``)."""
-    f32, bf16 = torch.float32, torch.bfloat16
+    f32 = torch.float32
     if arm.startswith("ours_"):
         stack = Stack(shape, ArmSpec(f32, f32, arm, "ours_fp32"), "cuda")
         return stack, arm_step(stack, ctx["kernels"])
     if arm.startswith("copy_"):
-        from sglang_replayssm.radix.read_copy.store import decode_step
-
         fmt, decode = copy_with(ctx["copy"][arm[5:]], shape)
-        st = Stack(shape, ArmSpec(f32, f32, "copy", f"copy_{fmt}", copy=fmt), "cuda")
-        layers = [st.copy_layer(i) for i in range(shape.layers)]
-        return st, lambda i: decode_step(decode, layers[i], st.qkv[i], st.a[i], st.b[i], st.A_log[i], st.dt_bias[i],
-                                         st.scale, st.state[i], st.k[i], st.g[i], st.out[i], st.slots, st.wp, st.ff,
-                                         shape.is_kda)  # fmt: skip
-    spec = {"sglang_packed": ARMS["sglang_packed_fp32"], "sglang_packed_bf16": ARMS["sglang_packed_bf16"],
-            "sglang_rs_bf16": ArmSpec(bf16, bf16, "sglang_rs", "sglang_rs_bf16")}[arm]  # fmt: skip
-    stack = Stack(shape, spec, "cuda")
+        stack = Stack(shape, ArmSpec(f32, f32, "copy", f"copy_{fmt}", copy=fmt), "cuda")
+        return stack, arm_step(stack, {"read_copy_decode": decode})
+    stack = Stack(shape, ARMS[{"sglang_packed": "sglang_packed_fp32"}.get(arm, arm)], "cuda")
     return stack, arm_step(stack, ctx["kernels"])
 
 

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 
 import torch  # noqa: E402
 
+from tests.support.kernel_bench import MODELS  # noqa: E402
 from tests.support.serving_protocol import (  # noqa: E402
     ARMS,
     FUSED_MIN_BLOCKS,
@@ -49,8 +50,6 @@ from tests.support.serving_protocol import (  # noqa: E402
     window,
 )
 
-MODELS = {"gdn": {"H": 16, "HV": 32, "K": 128, "V": 128, "is_kda": False},
-          "kda": {"H": 32, "HV": 32, "K": 128, "V": 128, "is_kda": True}}  # fmt: skip
 T0 = time.monotonic()
 PROTOCOL = ("per arm: `layers` layers with distinct pools and inputs, one CUDA graph of a 16-step window, row r at cursor "
             "(r + t) mod 16 (the device cursor step once per step, shared by the layers, in the graph; ring arms only), "

@@ -27,7 +27,7 @@ import aiohttp
 
 from sglang_replayssm.bench.client import generate, post
 from sglang_replayssm.bench.metrics import percentile, summarize
-from sglang_replayssm.bench.records import RequestRecord
+from sglang_replayssm.bench.records import RequestRecord, match_depth
 from sglang_replayssm.bench.runner import ArmRun, cache_counters
 from sglang_replayssm.bench.server_metrics import server_hit_rate
 from sglang_replayssm.bench.workload import Conversation, Turn
@@ -89,9 +89,7 @@ def paired_differences(first: Sequence[RequestRecord], arm: Sequence[RequestReco
     for a, b in pairs[1:]:
         d = (b.ttft_s or 0.0) - (a.ttft_s or 0.0)
         diffs["all"].append(d)
-        key = ("same_hit" if b.cached_tokens == a.cached_tokens
-               else "deeper_hit" if b.cached_tokens > a.cached_tokens else "shallower_hit")
-        diffs[key].append(d)
+        diffs[f"{match_depth(a.cached_tokens, b.cached_tokens)}_hit"].append(d)
     out: dict[str, Any] = {k: _spread(v) for k, v in diffs.items()}
     out["first_request_ms"] = [None if r.ttft_s is None else round(1e3 * r.ttft_s, 1) for r in (first[0], arm[0])
                                ] if first and arm else None

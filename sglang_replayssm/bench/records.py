@@ -35,3 +35,8 @@ class RequestRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
         return cls(**data)
+
+
+def match_depth(ref_cached: int, arm_cached: int) -> str:
+    """How deep an arm matched a request against a reference arm: ``"same"``, ``"deeper"`` or ``"shallower"``."""
+    return "same" if arm_cached == ref_cached else "deeper" if arm_cached > ref_cached else "shallower"

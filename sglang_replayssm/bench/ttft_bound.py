@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from sglang_replayssm.bench.records import match_depth
+
 __all__ = ["bound", "bounds", "format_bounds"]
 
 
@@ -24,11 +26,12 @@ def _complete(r: dict[str, Any]) -> bool:
 
 
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least squares ``y = a + c x``: ``(a, c)``."""
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    return my - c * mx, c
+    """Least squares ``y = a + c x``: ``(a, c)`` (a constant ``x``: ``c`` 0)."""
+    try:
+        c, a = statistics.linear_regression(xs, ys)
+    except statistics.StatisticsError:
+        return statistics.fmean(ys), 0.0
+    return a, c
 
 
 def bound(ref: list[dict[str, Any]], arm: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,10 +53,8 @@ def bound(ref: list[dict[str, Any]], arm: list[dict[str, Any]]) -> dict[str, Any
         "measured_ratio": arm_mean / ref_mean, "fit_r2": 1.0 - sse / sst if sst else 1.0,
         "prefill_ratio": sum(_prefilled(p) for _, p in pairs) / max(1, sum(_prefilled(r) for r, _ in pairs)),
     }  # fmt: skip
-    for name, keep in (("deeper", lambda r, p: p["cached_tokens"] > r["cached_tokens"]),
-                       ("same", lambda r, p: p["cached_tokens"] == r["cached_tokens"]),
-                       ("shallower", lambda r, p: p["cached_tokens"] < r["cached_tokens"])):  # fmt: skip
-        sel = [(r, p) for r, p in pairs if keep(r, p)]
+    for name in ("deeper", "same", "shallower"):
+        sel = [(r, p) for r, p in pairs if match_depth(r["cached_tokens"], p["cached_tokens"]) == name]
         if sel:
             delta = [(p["ttft_s"] - r["ttft_s"]) * 1e3 for r, p in sel]
             out[name] = {"n": len(sel), "delta_mean_ms": statistics.fmean(delta), "delta_median_ms": statistics.median(delta),
