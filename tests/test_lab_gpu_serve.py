@@ -101,7 +101,7 @@ def test_shim_is_inert_without_the_lab_switch() -> None:
 
 
 def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
-    from main_ab import compare, table
+    from main_ab import compare, hits_allow, table
 
     from sglang_replayssm.bench.paired import send_order
     from sglang_replayssm.bench.records import RequestRecord
@@ -130,6 +130,10 @@ def test_main_ab_sends_turn_by_turn_and_pairs_requests_by_their_hits() -> None:
     assert (res["plugin"]["prefill_tokens"], res["plugin"]["prefill_tokens_p50"]) == (34, 10)  # 10+10+10+2+2
     assert res["baseline"]["prefill_tokens"] == 50
     assert "| plugin | 32.00% |" in table({"rag": {"arms": res}})
+    allowed = hits_allow({"baseline": base, "plugin": plug})  # baseline's TTFT is flat: its hits allow 1.0x
+    assert set(allowed) == {"plugin"} and allowed["plugin"]["bound_ratio"] == pytest.approx(1.0)
+    assert allowed["plugin"]["measured_ratio"] == pytest.approx((0.9 + 0.055 + 0.052 + 0.051 + 0.060) / 0.25)
+    assert "plugin: its hits allow 1.000x" in table({"rag": {"arms": res, "ttft_bound": allowed}})
 
 
 def _topology(root: Path, siblings: dict[int, str]) -> Path:

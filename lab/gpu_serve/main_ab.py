@@ -24,6 +24,7 @@ from sglang_replayssm.bench.metrics import summarize
 from sglang_replayssm.bench.model import vocab_ids
 from sglang_replayssm.bench.paired import paired_differences, run_paired
 from sglang_replayssm.bench.records import RequestRecord
+from sglang_replayssm.bench.ttft_bound import bounds, format_bounds
 from sglang_replayssm.bench.workload import Conversation, Turn
 
 
@@ -52,6 +53,11 @@ def compare(conversations: list[Conversation], records: dict[str, list[RequestRe
     return out
 
 
+def hits_allow(records: dict[str, list[RequestRecord]]) -> dict[str, Any]:
+    """Per arm after the first: the TTFT its hits allow at the first arm's per-request costs (bench/ttft_bound.py)."""
+    return bounds({arm: {"requests": [r.to_json() for r in recs]} for arm, recs in records.items()}, next(iter(records)))
+
+
 def table(result: dict[str, Any]) -> str:
     lines = []
     for workload_name, res in result.items():
@@ -67,6 +73,9 @@ def table(result: dict[str, Any]) -> str:
                          f"{1e3 * (r['ttft_p50_s'] or 0):.1f} / {1e3 * (r['ttft_p90_s'] or 0):.1f} / "
                          f"{1e3 * (r['ttft_mean_s'] or 0):.1f} | "
                          f"{r['first_ttft_ms']} | {cells} |")
+        if res.get("ttft_bound"):
+            lines += ["", "TTFT the hits allow at the first arm's costs (fixed + per prefilled token):",
+                      format_bounds(res["ttft_bound"], next(iter(by_arm)))]
         lines.append("")
     return "\n".join(lines)
 
@@ -79,5 +88,5 @@ def run_main_pairs(urls: dict[str, str], workloads: dict[str, str], model_path: 
         records, _, _ = asyncio.run(run_paired(urls, conversations, warm))
         rows = {arm: [[r.rid, r.prompt_tokens, r.cached_tokens, None if r.ttft_s is None else round(1e3 * r.ttft_s, 2)]
                       for r in recs] for arm, recs in records.items()}
-        result[name] = {"arms": compare(conversations, records), "requests": rows}
+        result[name] = {"arms": compare(conversations, records), "requests": rows, "ttft_bound": hits_allow(records)}
     return result
