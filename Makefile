@@ -38,7 +38,7 @@ bench: env
 
 # The memory-bound workload (rag-mem) at equal memory, 36 MiB of cache per arm, the arms paired: docs/BENCHMARKS.md.
 bench-mem: env
-	@$(PY) -m sglang_replayssm.cli bench --dataset-name rag-mem --paired --json out/bench-mem.json --plot-dir out/mem
+	@$(PY) -m sglang_replayssm.cli bench --dataset-name rag-mem --paired --arms baseline,upstream,plugin,baseline-aa --json out/bench-mem.json --plot-dir out/mem
 
 lint: env
 	@$(PY) -m ruff check sglang_replayssm tests scripts lab

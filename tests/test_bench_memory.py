@@ -23,7 +23,7 @@ from sglang_replayssm.bench.memory import (
 from sglang_replayssm.bench.plan import Sizes
 from sglang_replayssm.bench.workload import Conversation, Turn
 
-ARM_NAMES = ("baseline", "upstream", "plugin")
+ARM_NAMES = ("baseline", "baseline-aa", "upstream", "plugin")
 
 
 def small_gdn() -> Sizes:
@@ -50,6 +50,9 @@ def test_every_arm_gets_the_same_budget_and_flags_pin_its_split(mib: float) -> N
         assert flags == {"--max-mamba-cache-size": str(d["state_slots"]), "--max-total-tokens": str(d["kv_tokens"])}
         assert (dict(b.env).get("SGLANG_REPLAYSSM_RECORD_TOKENS") is not None) == (name == "plugin")
     assert budgets["baseline"].ring_bytes == 0 < budgets["plugin"].ring_bytes
+    # The A/A control is baseline in another process: the same split, flags and server command.
+    assert (budgets["baseline-aa"].split, budgets["baseline-aa"].flags) == (budgets["baseline"].split, budgets["baseline"].flags)
+    assert (ARMS["baseline-aa"].flags, ARMS["baseline-aa"].plugins) == (ARMS["baseline"].flags, ARMS["baseline"].plugins)
     # The ring is charged per slot: the ReplaySSM arms hold fewer state slots in the same bytes.
     assert budgets["plugin"].split.state_slots < budgets["baseline"].split.state_slots
     assert dict(budgets["plugin"].env)["SGLANG_REPLAYSSM_RECORD_TOKENS"] == str(budgets["plugin"].split.record_tokens)

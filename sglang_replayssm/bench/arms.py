@@ -35,6 +35,11 @@ ARMS: dict[str, Arm] = {
         Arm("baseline", "ReplaySSM off, extra_buffer",
             ("--mamba-radix-cache-strategy", "extra_buffer"),
             ("replayssm_cpu", "replayssm_radix")),
+        # The A/A control of paired TTFT: baseline's flags in a second server process. Identical CPU servers
+        # differ in prefill speed by up to ~14% a process, persistently: its ratio to baseline is the resolution.
+        Arm("baseline-aa", "baseline again in a second server process (A/A control)",
+            ("--mamba-radix-cache-strategy", "extra_buffer"),
+            ("replayssm_cpu", "replayssm_radix")),
         Arm("upstream", "ReplaySSM on, no_buffer, adapter off (SGLang 0.5.23)",
             ("--enable-linear-replayssm", "--mamba-radix-cache-strategy", "no_buffer"),
             ("replayssm_cpu",)),
