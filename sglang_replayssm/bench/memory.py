@@ -47,8 +47,8 @@ OTHER_DEFAULTS: dict[str, Any] = {"rag_num_docs": 4, "rag_system_prompt_len": 25
                                   "rag_num_turns": 2, "gsp_range_ratio": 1.0, "gsp_group_distribution": "uniform"}
 RECORD_TOKENS_ENV = "SGLANG_REPLAYSSM_RECORD_TOKENS"
 #: The arms equal memory can size: ReplaySSM off (SGLang's pool), the ring alone, the ring with records.
-POLICY_OF_ARM = {"baseline": "sglang", "baseline-aa": "sglang", "upstream": "records-off", "plugin": "records", "plugin-rows": "records",
-                 "plugin-slots": "records"}
+POLICY_OF_ARM = {"baseline": "sglang", "baseline-aa": "sglang", "upstream": "records-off", "plugin": "records",
+                 "plugin-rows": "records", "plugin-slots": "records"}
 
 
 def slots_per_request(arm: Arm, overlap: bool) -> int:
