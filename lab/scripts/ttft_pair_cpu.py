@@ -21,13 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu_serve"))
 
 from decode_ab import add_variant, prefill_times  # noqa: E402
+from ttft_arms_cpu import FLAGS as ONE_AT_A_TIME_FLAGS  # noqa: E402
 
 from sglang_replayssm.bench.arms import ARMS, server_command, server_env  # noqa: E402
 from sglang_replayssm.bench.server import ServerProcess, pick_port  # noqa: E402
 
-FLAGS = ["--disable-overlap-schedule", "--enable-metrics", "--skip-server-warmup", "--sleep-on-idle",
-         "--mem-fraction-static", "0.1", "--max-total-tokens", "16384", "--max-running-requests", "16",
-         "--max-mamba-cache-size", "64"]
+FLAGS = [*ONE_AT_A_TIME_FLAGS, "--sleep-on-idle"]  # ttft_arms_cpu.py's servers; idle ones sleep while another serves
 
 
 def paired(times: dict[str, dict[str, list[float]]], ref: str) -> dict[str, dict[str, list[float]]]:
