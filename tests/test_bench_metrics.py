@@ -120,7 +120,8 @@ def test_server_hit_rate_is_the_delta_between_snapshots() -> None:
     before = CacheCounters(cached_tokens=100.0, prompt_tokens=400.0)
     after = CacheCounters.parse(METRICS_PAGE)
     out = server_hit_rate(before, after)
-    assert out == {"cached_tokens": 700.0, "prompt_tokens": 1600.0, "hit_rate": pytest.approx(700 / 1600)}
+    assert out == {"cached_tokens": 700.0, "prompt_tokens": 1600.0, "hit_rate": pytest.approx(700 / 1600),
+                   "lost_hit_tokens": None, "lost_hit_rate": None}
 
 
 def test_server_counters_absent_or_without_hits() -> None:
@@ -129,6 +130,20 @@ def test_server_counters_absent_or_without_hits() -> None:
     assert CacheCounters.parse("") == CacheCounters(None, None)
     assert server_hit_rate(None, no_hits)["hit_rate"] is None
     assert server_hit_rate(no_hits, no_hits)["hit_rate"] is None  # no prompt tokens in between
+
+
+def test_lost_hit_tokens_are_the_plugins_counter_between_snapshots() -> None:
+    """The plugin's lost-hit counter (summed over label sets) rides beside SGLang's: its delta and its share of the
+    prompt tokens; a series that first appears after the first snapshot started at 0; no series after: unknown."""
+    lost = "sglang:replayssm_mamba_lost_hit_tokens_total"
+    after = CacheCounters.parse(METRICS_PAGE + f'{lost}{{model_name="m",tp_rank="0"}} 250.0\n'
+                                f'{lost}{{model_name="m",tp_rank="1"}} 50.0\n')
+    assert after.lost_hit_tokens == 300.0 and CacheCounters.parse(METRICS_PAGE).lost_hit_tokens is None
+    out = server_hit_rate(CacheCounters(100.0, 400.0, 60.0), after)
+    assert out["lost_hit_tokens"] == 240.0 and out["lost_hit_rate"] == pytest.approx(240 / 1600)
+    assert server_hit_rate(CacheCounters(100.0, 400.0), after)["lost_hit_tokens"] == 300.0
+    none_yet = server_hit_rate(CacheCounters(100.0, 400.0), CacheCounters.parse(METRICS_PAGE))
+    assert none_yet["lost_hit_tokens"] is None and none_yet["lost_hit_rate"] is None
 
 
 def test_metric_sum_filters_by_labels() -> None:

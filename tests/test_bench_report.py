@@ -56,10 +56,16 @@ def test_table_lists_arms_and_failures() -> None:
     res = arm_result(summarize(ref, 1.0), {}, agreement("baseline", ref, ref), "cmd", ref, ceiling_hit_rate=0.5)
     table = format_table({"baseline": res}, {"upstream": {"error": "server exited with code 1\nlog tail"}})
     lines = table.splitlines()
-    assert lines[0].split()[:4] == ["arm", "hit", "ceiling", "hit(srv)"]
+    assert lines[0].split()[:5] == ["arm", "hit", "ceiling", "hit(srv)", "lost(srv)"]
     row = next(line for line in lines if line.startswith("baseline"))
     assert "25.0%" in row and "50.0%" in row and "100.0%" in row and "none" in row and "2/2" in row
+    assert row.split()[3:5] == ["-", "-"]  # no server counters: unknown, not zero
     assert lines[-1] == "upstream: FAILED: server exited with code 1"
+    server = {"hit_rate": 0.25, "lost_hit_rate": 0.125, "lost_hit_tokens": 3.0}
+    res = arm_result(summarize(ref, 1.0), server, None, "cmd", ref)
+    assert res["lost_hit_rate_server"] == 0.125 and res["server_lost_hit_tokens"] == 3.0
+    row = format_table({"plugin": res}).splitlines()[2]
+    assert row.split()[3:5] == ["25.0%", "12.5%"]
 
 
 def test_plots_are_written(tmp_path: Path) -> None:

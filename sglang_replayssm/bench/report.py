@@ -33,6 +33,8 @@ def arm_result(summary: dict[str, Any], server: dict[str, float | None], agreeme
         "hit_rate_server": server.get("hit_rate"),
         "server_cached_tokens": server.get("cached_tokens"),
         "server_prompt_tokens": server.get("prompt_tokens"),
+        "lost_hit_rate_server": server.get("lost_hit_rate"),
+        "server_lost_hit_tokens": server.get("lost_hit_tokens"),
         "agreement_detail": agreement.to_json() if agreement is not None else None,
     }
     result.update({k: v for k, v in summary.items() if k not in result})
@@ -73,15 +75,18 @@ def _accept(arm: dict[str, Any]) -> str:
 
 
 def format_table(arms: dict[str, dict[str, Any]], failed: dict[str, dict[str, Any]] | None = None) -> str:
-    """Fixed-width table, one row per arm (failed arms last, with their reason)."""
-    header = ("arm", "hit", "ceiling", "hit(srv)", "ttft mean", "p50", "p90", "p99", "e2e mean", "out tok/s",
-              "accept", "agree", "first diff", "ok/req")
-    rows = [header, ("", "", "", "", "ms", "ms", "ms", "ms", "ms", "", "tok/ver", "", "", "")]
+    """Fixed-width table, one row per arm (failed arms last, with their reason). ``lost(srv)``: the prompt tokens
+    whose KV matched where no mamba state was kept (recomputed), from the server's counter; the rest of an arm's
+    shortfall to the ceiling is KV the cache no longer held."""
+    header = ("arm", "hit", "ceiling", "hit(srv)", "lost(srv)", "ttft mean", "p50", "p90", "p99", "e2e mean",
+              "out tok/s", "accept", "agree", "first diff", "ok/req")
+    rows = [header, ("", "", "", "", "", "ms", "ms", "ms", "ms", "ms", "", "tok/ver", "", "", "")]
     for name, a in arms.items():
         detail = a.get("agreement_detail") or {}
         diff = detail.get("first_diff_rid")
         first = "-" if not detail else ("none" if diff is None else f"{diff}@{detail.get('first_diff_token')}")
-        rows.append((name, _pct(a["hit_rate"]), _pct(a.get("ceiling_hit_rate")), _pct(a.get("hit_rate_server")), _ms(a["ttft_mean_s"]),
+        rows.append((name, _pct(a["hit_rate"]), _pct(a.get("ceiling_hit_rate")), _pct(a.get("hit_rate_server")),
+                     _pct(a.get("lost_hit_rate_server")), _ms(a["ttft_mean_s"]),
                      _ms(a["ttft_p50_s"]), _ms(a["ttft_p90_s"]), _ms(a["ttft_p99_s"]), _ms(a.get("e2e_mean_s")),
                      _num(a["output_tok_s"]), _accept(a), _pct(a["agreement"]), first,
                      f"{a.get('requests_ok', '?')}/{a.get('requests_total', '?')}"))

@@ -1,12 +1,16 @@
-"""The server's own prefix-cache counters, read from its Prometheus ``/metrics`` page."""
+"""The server's own prefix-cache counters, read from its Prometheus ``/metrics`` page: prompt and cached tokens
+(SGLang's), and the plugin's lost-hit tokens (KV matched, no mamba state at that depth: recomputed)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from sglang_replayssm.radix.metrics import PROMETHEUS_NAME as LOST_HIT_PROMETHEUS_NAME
+
 CACHED_TOKENS = "sglang:cached_tokens_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
+LOST_HIT_TOKENS = LOST_HIT_PROMETHEUS_NAME
 
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
 
@@ -46,6 +50,7 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 class CacheCounters:
     cached_tokens: float | None  # None: the page lacks the counter
     prompt_tokens: float | None
+    lost_hit_tokens: float | None = None  # None: no lost-hit series (a server without the plugin, or none lost yet)
 
     @classmethod
     def parse(cls, text: str) -> CacheCounters:
@@ -53,12 +58,14 @@ class CacheCounters:
         prompt = sums.get(PROMPT_TOKENS)
         # SGLang creates the cached-token series on the first hit, so no series means zero hits.
         cached = sums.get(CACHED_TOKENS, 0.0 if prompt is not None else None)
-        return cls(cached, prompt)
+        return cls(cached, prompt, sums.get(LOST_HIT_TOKENS))
 
 
 def server_hit_rate(before: CacheCounters | None, after: CacheCounters | None) -> dict[str, float | None]:
-    """Cached / prompt tokens the server counted between two snapshots (None where unknown)."""
-    out: dict[str, float | None] = {"cached_tokens": None, "prompt_tokens": None, "hit_rate": None}
+    """Cached / prompt tokens the server counted between two snapshots, and the lost-hit tokens over the prompt
+    tokens (None where unknown; a lost-hit series that appeared in between started at 0)."""
+    out: dict[str, float | None] = {"cached_tokens": None, "prompt_tokens": None, "hit_rate": None,
+                                    "lost_hit_tokens": None, "lost_hit_rate": None}
     if before is None or after is None:
         return out
     if after.cached_tokens is not None and before.cached_tokens is not None:
@@ -67,4 +74,9 @@ def server_hit_rate(before: CacheCounters | None, after: CacheCounters | None) -
         out["prompt_tokens"] = after.prompt_tokens - before.prompt_tokens
     if out["cached_tokens"] is not None and out["prompt_tokens"]:
         out["hit_rate"] = out["cached_tokens"] / out["prompt_tokens"]
+    if after.lost_hit_tokens is not None:
+        lost = after.lost_hit_tokens - (before.lost_hit_tokens or 0.0)
+        out["lost_hit_tokens"] = lost
+        if out["prompt_tokens"]:
+            out["lost_hit_rate"] = lost / out["prompt_tokens"]
     return out
