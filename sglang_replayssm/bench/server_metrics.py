@@ -6,11 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sglang_replayssm.radix.metrics import PROMETHEUS_NAME as LOST_HIT_PROMETHEUS_NAME
+from sglang_replayssm.radix.metrics import PROMETHEUS_NAME as LOST_HIT_TOKENS
 
 CACHED_TOKENS = "sglang:cached_tokens_total"
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
-LOST_HIT_TOKENS = LOST_HIT_PROMETHEUS_NAME
 
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
 
