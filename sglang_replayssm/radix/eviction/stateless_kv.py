@@ -73,9 +73,11 @@ class DeadFirst:
 
 
 def _slot_of(cache: Any) -> torch.Tensor | None:
-    from sglang_replayssm.radix.records.pool import pool_of
+    """The record pool's KV index -> record slot map (the state object's ``record_pool``), None without one."""
+    from sglang_replayssm.state import peek
 
-    pool = pool_of(getattr(cache, "req_to_token_pool", None))
+    state = peek(getattr(cache, "req_to_token_pool", None))
+    pool = None if state is None else state.record_pool
     return None if pool is None else pool.slot_of
 
 
