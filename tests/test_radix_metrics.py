@@ -133,6 +133,20 @@ def test_prometheus_counter_counts_lost_hit_tokens():
     assert metrics.PROMETHEUS_NAME == "sglang:replayssm_mamba_lost_hit_tokens_total"
 
 
+def test_the_counters_are_exported_at_zero_from_the_first_prefill():
+    """A server that lost no hit shows the lost-hit counter at 0 (a missing series reads as "unknown" in the bench),
+    like the other counters of a prefill report."""
+    from prometheus_client import REGISTRY
+
+    labels = {"model_name": "replayssm-zero", "engine_type": "unified"}
+    assert REGISTRY.get_sample_value(metrics.PROMETHEUS_NAME, labels) is None
+    stats = SimpleNamespace(_replayssm_state=ReplaySSMState(lost_hit_tokens=0))
+    with config.override(True):
+        hooks.report_lost_hit(lambda *a, **k: None, _reporter(True, SimpleNamespace(labels=labels)), None, stats, False)
+    assert REGISTRY.get_sample_value(metrics.PROMETHEUS_NAME, labels) == 0.0
+    assert REGISTRY.get_sample_value(metrics.REBUILT_PROMETHEUS_NAME, labels) == 0.0
+
+
 def test_record_metrics_count_rebuilds_folds_and_the_pool():
     """Rebuilt hits, their folded records, the record pool's bytes and its evictions, in SGLang's
     Prometheus registry (labels of the collector) and the prefill log line."""

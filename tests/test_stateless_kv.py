@@ -31,12 +31,12 @@ def _adapter_installed(radix_adapter):
     return radix_adapter
 
 
-def _node(kv: list[int], state: bool = False, host_state: bool = False):
+def _node(kv: list[int], state: bool = False, host_state: bool = False, device: str = "cpu"):
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeNode
 
     node = UnifiedTreeNode((ComponentType.FULL, ComponentType.MAMBA))
-    node.component_data[ComponentType.FULL].value = torch.tensor(kv, dtype=torch.int64)
+    node.component_data[ComponentType.FULL].value = torch.tensor(kv, dtype=torch.int64, device=device)
     if state:
         node.component_data[ComponentType.MAMBA].value = torch.tensor([0])
     if host_state:
@@ -55,10 +55,12 @@ def test_a_node_without_state_or_records_is_dead():
     assert _dead([live, host, bare]) == {bare}
 
 
-def test_a_record_at_the_first_token_keeps_a_stateless_node():
-    slot_of = torch.full((16,), -1, dtype=torch.int64)
-    slot_of[[4, 9]] = torch.tensor([0, 1])
-    covered, tail_only, bare = _node([4, 5]), _node([8, 9]), _node([10])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA"))])
+def test_a_record_at_the_first_token_keeps_a_stateless_node(device):
+    slot_of = torch.full((16,), -1, dtype=torch.int64, device=device)
+    slot_of[[4, 9]] = torch.tensor([0, 1], device=device)
+    covered, tail_only, bare = _node([4, 5], device=device), _node([8, 9], device=device), _node([10], device=device)
     assert _dead([covered, tail_only, bare], slot_of) == {tail_only, bare}
 
 

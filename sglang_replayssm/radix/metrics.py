@@ -230,9 +230,11 @@ def report_prefill(original: Callable[..., Any], reporter: Any, *args: Any, **kw
         evicted = 0 if pool is None else pool[1]
         for name, value in ((PROMETHEUS_NAME, n), (REBUILT_PROMETHEUS_NAME, rebuilt), (HITS_PROMETHEUS_NAME, hits),
                             (FOLDED_PROMETHEUS_NAME, folded), (EVICTED_PROMETHEUS_NAME, evicted)):
+            counter = _prometheus_counter(name, list(labels))  # exported from the first prefill on, at 0 if none
             if value:
-                counter = _prometheus_counter(name, list(labels))
                 (counter.labels(**labels) if labels else counter).inc(value)
+            elif labels:
+                counter.labels(**labels)
         if pool is not None:
             gauge = _prometheus_counter(POOL_BYTES_PROMETHEUS_NAME, list(labels), "Gauge")
             (gauge.labels(**labels) if labels else gauge).set(pool[0])
