@@ -17,13 +17,13 @@ the fix on and off, checked after every step against the fp64 oracle; 2 configur
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
 
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.eviction import order as state_eviction
+from tests.support.policy_streams import EXAMPLES, STEPS, run_policy_streams
 from tests.support.simulate import Sim, SimConfig
 
 
@@ -163,9 +163,6 @@ def test_the_tree_core_hook_is_sglangs_choice_with_the_fix_off():
 
 # ---- exactness under the new order: random streams, fix on and off -----------------------------------------
 
-SLOW = os.environ.get("SGLANG_REPLAYSSM_SLOW") == "1"
-EXAMPLES = 50 if SLOW else 4
-STEPS = 50
 #: Small state pools, so nearly every admission evicts (records on and off).
 STREAM_CONFIGS = [
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=20),
@@ -192,21 +189,7 @@ def count_moves(monkeypatch):
 def test_streams_stay_exact_under_the_order(cfg, fix_on, count_moves):
     """After every step every radix node's state is its token path's (fp64 oracle) and every running request's
     checkpoint + ring reproduces its state (``Sim.check``): tokens are those of ReplaySSM off."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import strategies as st
-
-    from tests.test_radix_property import _run
-    from tests.test_records_policy import _apply_policy, policy_ops
-
-    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow])
-    @given(st.lists(policy_ops, min_size=STEPS, max_size=STEPS))
-    def streams(stream):
-        with config.override(True, reused_states_last=fix_on):
-            _run(cfg, stream, apply=_apply_policy)
-        _counts["steps"] += len(stream)
-
-    streams()
+    _counts["steps"] += run_policy_streams(cfg, reused_states_last=fix_on)
 
 
 def test_the_streams_ran_and_reordered():

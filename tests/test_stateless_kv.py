@@ -16,13 +16,12 @@ after every step against the fp64 oracle (``Sim.check``); the property suites ru
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from sglang_replayssm.radix import config
 from sglang_replayssm.radix.eviction import stateless_kv
+from tests.support.policy_streams import EXAMPLES, STEPS, run_policy_streams
 from tests.support.simulate import Sim, SimConfig
 
 
@@ -127,9 +126,6 @@ def test_without_the_decode_ring_the_order_is_sglangs():
 
 # ---- exactness under the new order: random streams with tiny KV pools, fix on and off ------------------------
 
-SLOW = os.environ.get("SGLANG_REPLAYSSM_SLOW") == "1"
-EXAMPLES = 50 if SLOW else 4
-STEPS = 50
 STREAM_CONFIGS = [
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=24, kv_size=96),
     SimConfig(kind="gdn", strategy="extra_buffer", track_interval=2, chunk=2, mamba_slots=24, kv_size=96,
@@ -155,21 +151,7 @@ def count_dead(monkeypatch):
 def test_streams_stay_exact_under_the_order(cfg, fix_on, count_dead):
     """After every step every radix node's state is its token path's (fp64 oracle) and every running request's
     checkpoint + ring reproduces its state (``Sim.check``): tokens are those of ReplaySSM off."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import strategies as st
-
-    from tests.test_radix_property import _run
-    from tests.test_records_policy import _apply_policy, policy_ops
-
-    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.too_slow])
-    @given(st.lists(policy_ops, min_size=STEPS, max_size=STEPS))
-    def streams(stream):
-        with config.override(True, stateless_kv_first=fix_on):
-            _run(cfg, stream, apply=_apply_policy)
-        _counts["steps"] += len(stream)
-
-    streams()
+    _counts["steps"] += run_policy_streams(cfg, stateless_kv_first=fix_on)
 
 
 def test_the_streams_ran_and_found_dead_leaves():
