@@ -322,7 +322,7 @@ FIXES: tuple[Fix, ...] = (
         "a bonus token); a turn whose mamba state ran past its kept tokens (a verify past max_new_tokens or a "
         "stop) releases its slot, so the next turn starts from the radix tree"),
     Fix("reused_states_last", "eviction", "the tree's mamba states are evicted in segmented-LRU order: states of nodes "
-        "at least two later requests went through (SGLang's hit_count; at most half the state pool, the most recent) "
+        "at least two later requests went through (SGLang's hit_count; at most 60% of the state pool, the most recent) "
         "go after every other state, so branch points and shared prefixes outlive fresh end states; selects "
         "SGLang's Python TreeCore for a cache with mamba states (the Rust one keeps its order native)"),
     Fix("stateless_kv_first", "eviction", "KV eviction takes first the tree's leaves no match can use (no mamba state on "

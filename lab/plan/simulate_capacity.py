@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--price-rounded-states", action="store_true",
                    help="charge the record arms' interval states where bf16 serving keeps them rounded (the startup "
                         "reservation does; the default rule's price does not), at fp32: twice their bf16 bytes")
+    p.add_argument("--seed", type=int, default=Trace.seed, help="the trace's random seed")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     hooks.install()
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         capacity.sizes = _with_rounded_states(capacity.sizes)
     doc = capacity.plan(capacity.preset(args.model), args.tp, int(args.cache_gib * capacity.GIB),
                         record_budgets=budgets, ring_rows=args.ring_rows)
-    trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len, system_len=args.system_len)
+    trace = Trace(requests=args.requests, docs=args.docs, doc_len=args.doc_len, system_len=args.system_len,
+                  seed=args.seed)
     prompts = trace.prompts()
     wanted = args.policies.split(",")
     disabled = tuple(x for x in args.disable_fixes.split(",") if x)

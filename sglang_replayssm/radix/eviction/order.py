@@ -7,7 +7,7 @@ the states at shared depths (a document's end, a branch point) that later reques
 
 Before each walk, :func:`reused_states_last` moves the states of nodes that at least two later requests went
 through (``hit_count``, counted by SGLang's insert walk; 2 is its ``SLRUStrategy`` threshold) to the MRU end,
-their order kept, so the walk takes every other state first: a segmented LRU over states. At most half the
+their order kept, so the walk takes every other state first: a segmented LRU over states. At most 60% of the
 state pool is protected (the most recently used such states); older ones keep their place, so states of
 documents no longer asked about still age out.
 
@@ -34,12 +34,13 @@ __all__ = ["PROTECTED_HITS", "protected_cap", "python_tree_core", "reorder", "re
 
 #: A state is protected once this many later requests went through its node (SGLang's SLRU threshold).
 PROTECTED_HITS = 2
-#: At most this share of the state pool is protected.
-PROTECTED_SHARE = 0.5
+#: At most this share of the state pool is protected: more protection gains on a loop over conversations (rag-mem)
+#: and, past this share, loses on zipf-drawn documents (the capacity simulator's trace; lab/plan/RESULTS.md).
+PROTECTED_SHARE = 0.6
 
 
 def protected_cap(component: Any) -> int:
-    """How many states may be protected: half the state pool (its slots, ``MambaPool.size``)."""
+    """How many states may be protected: :data:`PROTECTED_SHARE` of the state pool (its slots, ``MambaPool.size``)."""
     return int(component.cache.req_to_token_pool.mamba_pool.size * PROTECTED_SHARE)
 
 
