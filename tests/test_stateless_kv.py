@@ -54,6 +54,14 @@ def test_a_node_without_state_or_records_is_dead():
     assert _dead([live, host, bare]) == {bare}
 
 
+def test_a_session_referenced_node_keeps_sglangs_order():
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    session, bare = _node([1, 2]), _node([4, 5])
+    session.component_data[ComponentType.FULL].session_ref = 1
+    assert _dead([session, bare]) == {bare}
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA"))])
 def test_a_record_at_the_first_token_keeps_a_stateless_node(device):

@@ -9,10 +9,10 @@ a device leaf (``_iteratively_delete_tombstone_ancestors`` stops at KV): tokens 
 from, held as long as any live KV of the same age.
 
 :func:`stateless_kv_first` keys that heap by ``(live, SGLang's key)``: a leaf is dead (``live`` 0, popped
-first, among the dead in SGLang's order) when it holds no mamba state on the device or the host and no
-record covers its first token (so no span through it can be rebuilt: :mod:`records.match`); every other
-leaf keeps SGLang's key behind the dead. A parent that becomes a leaf mid-walk is keyed alike when SGLang
-pushes it.
+first, among the dead in SGLang's order) when it holds no mamba state on the device or the host, no
+streaming session references it, and no record covers its first token (so no span through it can be
+rebuilt: :mod:`records.match`); every other leaf keeps SGLang's key behind the dead. A parent that becomes
+a leaf mid-walk is keyed alike when SGLang pushes it.
 
 Only on a server whose mamba pool runs the decode ring (``--enable-linear-replayssm``); with ReplaySSM
 off the order is SGLang's.
@@ -37,11 +37,18 @@ def _mamba_free(node: Any, mamba: Any) -> bool:
     return cd.value is None and cd.host_value is None
 
 
+def _kv_only(node: Any, full: Any, mamba: Any) -> bool:
+    """Whether ``node`` holds KV, no mamba state, and no session reference (a streaming session's path keeps
+    SGLang's order)."""
+    kv = node.component_data[full]
+    return (_mamba_free(node, mamba) and kv.value is not None and len(kv.value) > 0
+            and not getattr(kv, "session_ref", 0))
+
+
 def dead_leaves(nodes: Iterable[Any], full: Any, mamba: Any, slot_of: torch.Tensor | None) -> set[Any]:
-    """The nodes of ``nodes`` with no mamba state whose first KV token has no record (``slot_of``: the record
-    pool's KV index -> record slot map, -1 where none; None: no records). One lookup for all of them."""
-    free = [n for n in nodes if _mamba_free(n, mamba) and n.component_data[full].value is not None
-            and len(n.component_data[full].value) > 0]
+    """The nodes of ``nodes`` with KV only (:func:`_kv_only`) whose first KV token has no record (``slot_of``: the
+    record pool's KV index -> record slot map, -1 where none; None: no records). One lookup for all of them."""
+    free = [n for n in nodes if _kv_only(n, full, mamba)]
     if not free or slot_of is None:
         return set(free)
     first = torch.stack([n.component_data[full].value[0] for n in free]).to(slot_of.device, torch.int64)
