@@ -325,10 +325,8 @@ FIXES: tuple[Fix, ...] = (
         "at least two later requests went through (SGLang's hit_count; at most 60% of the state pool, the most recent) "
         "go after every other state, so branch points and shared prefixes outlive fresh end states; selects "
         "SGLang's Python TreeCore for a cache with mamba states (the Rust one keeps its order native)"),
-    Fix("stateless_kv_first", "eviction", "KV eviction takes first the tree's leaves no match can use (no mamba state on "
-        "the device or host, no record at their first token), in SGLang's order among them, then the rest in "
-        "SGLang's order: a tombstoned node left as a leaf no longer holds KV as long as live KV of its age"),
-    # records with HiCache (radix/record_hicache.py)
+    Fix("stateless_kv_first", "eviction", "KV eviction takes the leaves no hit can start from (no mamba state, no "
+        "record at their first token, no session) first, then the rest; SGLang's order within each"),
     Fix("record_hicache", "records", "HiCache: records go to host with their node's KV (a host record pool, "
         "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "
         "nodes rebuild exactly; a planted state is locked and kept out of host backups until rebuilt; "
