@@ -30,7 +30,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PROTECTED_HITS", "protected_cap", "python_tree_core", "reorder", "reused_states_last"]
+__all__ = ["PROTECTED_HITS", "has_decode_ring", "protected_cap", "python_tree_core", "reorder", "reused_states_last"]
 
 #: A state is protected once this many later requests went through its node (SGLang's SLRU threshold).
 PROTECTED_HITS = 2
@@ -83,7 +83,8 @@ def reorder(lru: Any, cap: int) -> int:
     return moved
 
 
-def _decode_ring(req_to_token_pool: Any) -> bool:
+def has_decode_ring(req_to_token_pool: Any) -> bool:
+    """Whether the mamba pool of ``req_to_token_pool`` runs the decode ring (``--enable-linear-replayssm``)."""
     from sglang_replayssm.radix.ring.pool import ring_pool
 
     return ring_pool(getattr(req_to_token_pool, "mamba_pool", None)) is not None
@@ -91,7 +92,7 @@ def _decode_ring(req_to_token_pool: Any) -> bool:
 
 def reused_states_last(original: Callable[..., Any], component: Any, request_cnt: int) -> Any:
     """SGLang's walk start, on a list whose protected states are at the MRU end (with the decode ring)."""
-    if _decode_ring(getattr(component.cache, "req_to_token_pool", None)):
+    if has_decode_ring(getattr(component.cache, "req_to_token_pool", None)):
         reorder(component.tree_core.lru_lists[component.component_type], protected_cap(component))
     return original(component, request_cnt)
 
@@ -102,7 +103,7 @@ def python_tree_core(original: Callable[..., Any], name: str, params: Any) -> st
 
     chosen = original(name, params)
     if (chosen == "rust" and ComponentType.MAMBA in (params.tree_components or ())
-            and _decode_ring(getattr(params, "req_to_token_pool", None))):
+            and has_decode_ring(getattr(params, "req_to_token_pool", None))):
         logger.info("sglang-replayssm: the Python TreeCore, not %s: reused_states_last orders the tree's mamba "
                     "states (reused paths last), which only the Python TreeCore exposes", chosen)
         return "python"

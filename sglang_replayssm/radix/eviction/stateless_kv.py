@@ -92,10 +92,10 @@ def stateless_kv_first(original: Callable[..., Any], component: Any, request_cnt
     """SGLang's KV walk start, its heap keyed dead leaves first (with the decode ring and mamba states)."""
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
-    from sglang_replayssm.radix.eviction.order import _decode_ring
+    from sglang_replayssm.radix.eviction.order import has_decode_ring
 
     tree = component.tree_core
-    if ComponentType.MAMBA not in tree.components_by_type or not _decode_ring(
+    if ComponentType.MAMBA not in tree.components_by_type or not has_decode_ring(
             getattr(component.cache, "req_to_token_pool", None)):
         return original(component, request_cnt)
     component._ensure_eviction_strategy()
