@@ -326,7 +326,7 @@ FIXES: tuple[Fix, ...] = (
         "go after every other state, so branch points and shared prefixes outlive fresh end states; selects "
         "SGLang's Python TreeCore for a cache with mamba states (the Rust one keeps its order native)"),
     Fix("stateless_kv_first", "eviction", "KV eviction takes the leaves no hit can start from (no mamba state, no "
-        "record at their first token, no session) first, then the rest; SGLang's order within each"),
+        "record at their first token, no session) first, SGLang's order within each; selects the Python TreeCore too"),
     Fix("record_hicache", "records", "HiCache: records go to host with their node's KV (a host record pool, "
         "SGLANG_REPLAYSSM_HOST_RECORD_TOKENS) and come back with it on load-back, so hits inside loaded-back "
         "nodes rebuild exactly; a planted state is locked and kept out of host backups until rebuilt; "

@@ -150,15 +150,21 @@ def test_the_python_tree_core_only_where_states_are_ordered(mamba, ring, chosen,
     assert state_eviction.python_tree_core(lambda name, p: chosen, "rust", params) == expected
 
 
-def test_the_tree_core_hook_is_sglangs_choice_with_the_fix_off():
-    from sglang_replayssm.radix.hooks import hook_fn
+@pytest.mark.parametrize(("reused", "stateless", "expected"), [
+    (True, True, "python"), (True, False, "python"),
+    (False, True, "python"),  # the Rust TreeCore's native walk would bypass stateless_kv_first's
+    (False, False, "rust"),  # both off: SGLang's choice
+])
+def test_the_tree_core_hook_is_python_while_an_eviction_fix_is_on(reused, stateless, expected):
+    from sglang_replayssm.radix.hooks import HOOKS, hook_fn
 
     hook = hook_fn("python_tree_core")
     params = _params(True, True)
-    with config.override(True):
-        assert hook(lambda name, p: "rust", "rust", params) == "python"
-    with config.override(True, reused_states_last=False):
-        assert hook(lambda name, p: "rust", "rust", params) == "rust"
+    with config.override(True, reused_states_last=reused, stateless_kv_first=stateless):
+        assert hook(lambda name, p: "rust", "rust", params) == expected
+    # registered whichever fixes a server starts with (its body reads both)
+    (record,) = [h for h in HOOKS if h.name == "python_tree_core"]
+    assert record.fix is None
 
 
 # ---- exactness under the new order: random streams, fix on and off -----------------------------------------

@@ -1,7 +1,7 @@
 """The eviction room's hooks: SGLang's state-eviction walk starts on a list whose states on reused paths are
-last, and a cache with mamba states gets the Python TreeCore, where that list lives (fix ``reused_states_last``,
-:mod:`order`); SGLang's KV walk takes the leaves no match can use first (fix ``stateless_kv_first``,
-:mod:`stateless_kv`)."""
+last (fix ``reused_states_last``, :mod:`order`); SGLang's KV walk takes the leaves no match can use first (fix
+``stateless_kv_first``, :mod:`stateless_kv`); a cache with mamba states gets the Python TreeCore while either is
+on: the Rust one runs its walks natively (no hook, no fix of its own: :func:`order.python_tree_core` reads both)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def stateless_kv_first(original: Callable[..., Any], component: Any, request_cnt
 
 
 def python_tree_core(original: Callable[..., Any], name: str, params: Any) -> str:
-    """A cache with mamba states gets SGLang's Python TreeCore (where the state order is set)."""
+    """A cache with mamba states gets SGLang's Python TreeCore while an eviction fix is on (their walks run there)."""
     from sglang_replayssm.radix.eviction.order import python_tree_core as body
 
     return body(original, name, params)
@@ -41,8 +41,7 @@ EVICTION_HOOKS: tuple[Hook, ...] = (
     gated_hook(f"{_MAMBA}._evict_device_start", "AROUND", reused_states_last,
                at="sglang/srt/mem_cache/unified_cache/components/mamba.py:373", fix="reused_states_last"),
     gated_hook("sglang.srt.mem_cache.unified_cache.tree_core_registry.resolve_tree_core_backend", "AROUND",
-               python_tree_core, at="sglang/srt/mem_cache/unified_cache/tree_core_registry.py:109",
-               fix="reused_states_last"),
+               python_tree_core, at="sglang/srt/mem_cache/unified_cache/tree_core_registry.py:109", gate=False),
     gated_hook(f"{_FULL}._evict_device_start", "AROUND", stateless_kv_first,
                at="sglang/srt/mem_cache/unified_cache/components/full.py:209", fix="stateless_kv_first"),
 )

@@ -12,8 +12,10 @@ state pool is protected (the most recently used such states); older ones keep th
 documents no longer asked about still age out.
 
 Only SGLang's Python TreeCore keeps that list in Python; the Rust TreeCore (SGLang's default where its
-extension loads) keeps it native, with no way to order it from outside. :func:`python_tree_core` therefore
-selects the Python TreeCore for a cache with mamba states while the fix is on (one log line).
+extension loads) keeps it native, with no way to order it from outside, and runs its eviction walks natively
+(no component's ``_evict_device_start`` is called, so ``stateless_kv_first``'s KV walk is bypassed too).
+:func:`python_tree_core` therefore selects the Python TreeCore for a cache with mamba states while either fix
+is on (one log line).
 
 Both act only on a server whose mamba pool runs the decode ring (``--enable-linear-replayssm``): with
 ReplaySSM off the tree is SGLang's, order and TreeCore alike.
@@ -30,7 +32,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PROTECTED_HITS", "has_decode_ring", "protected_cap", "python_tree_core", "reorder", "reused_states_last"]
+__all__ = ["PROTECTED_HITS", "TREE_ORDER_FIXES", "has_decode_ring", "protected_cap", "python_tree_core", "reorder", "reused_states_last"]
 
 #: A state is protected once this many later requests went through its node (SGLang's SLRU threshold).
 PROTECTED_HITS = 2
@@ -97,14 +99,22 @@ def reused_states_last(original: Callable[..., Any], component: Any, request_cnt
     return original(component, request_cnt)
 
 
+#: The fixes that run inside SGLang's Python TreeCore's eviction walks (the Rust TreeCore runs its own).
+TREE_ORDER_FIXES = ("reused_states_last", "stateless_kv_first")
+
+
 def python_tree_core(original: Callable[..., Any], name: str, params: Any) -> str:
-    """SGLang's TreeCore choice, but the Python one for a cache with mamba states (their order is set there)."""
+    """SGLang's TreeCore choice, but the Python one for a cache with mamba states while a fix of
+    :data:`TREE_ORDER_FIXES` is on (their walks run there)."""
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
+    from sglang_replayssm.radix import config
+
     chosen = original(name, params)
-    if (chosen == "rust" and ComponentType.MAMBA in (params.tree_components or ())
+    fixes = [fix for fix in TREE_ORDER_FIXES if config.enabled(fix)]
+    if (chosen == "rust" and fixes and ComponentType.MAMBA in (params.tree_components or ())
             and has_decode_ring(getattr(params, "req_to_token_pool", None))):
-        logger.info("sglang-replayssm: the Python TreeCore, not %s: reused_states_last orders the tree's mamba "
-                    "states (reused paths last), which only the Python TreeCore exposes", chosen)
+        logger.info("sglang-replayssm: the Python TreeCore, not %s: %s order the eviction walks, which only the "
+                    "Python TreeCore runs in Python", chosen, " and ".join(fixes))
         return "python"
     return chosen
