@@ -251,9 +251,8 @@ def validate() -> None:
 # ---- the fixes -------------------------------------------------------------------------------------
 
 FIXES: tuple[Fix, ...] = (
-    Fix("admission", "ring", "admit extra_buffer / extra_buffer_lazy with --enable-linear-replayssm (GDN, and KDA "
-        "when a KDA snapshot fix is on); refuse --enable-mixed-chunk / --enable-streaming-session with the "
-        "decode ring"),
+    Fix("admission", "ring", "admit extra_buffer / extra_buffer_lazy with --enable-linear-replayssm (GDN; KDA with "
+        "a KDA snapshot fix); refuse --enable-mixed-chunk / --enable-streaming-session with the decode ring"),
     Fix("kda_force_flush", "ring", "KDA decode force-flushes the ring at track boundaries like GDN"),
     Fix("device_cursor", "ring", "advance the decode ring cursor and build the forced-flush mask on the device from "
         "the device seq_lens (no host sync, CUDA-graph safe) instead of SGLang's host-side advance"),
@@ -279,10 +278,11 @@ FIXES: tuple[Fix, ...] = (
     Fix("record_hits", "records", "keep every computed token's linear-layer inputs (a budgeted record pool, "
         "SGLANG_REPLAYSSM_RECORD_TOKENS) so a prefix hit at any depth rebuilds the exact state from the "
         "deepest state above it (GDN, with the decode ring)"),
-    Fix("record_spec_decode", "records", "speculative decode batches (NEXTN / EAGLE) assign no record slots: SGLang's "
-        "spec prepare_for_decode leaves the batch's out_cache_loc from an earlier forward (the prefill's, "
-        "schedule_batch.py:3754-3762, 3859-3861), so assigning it re-pointed cached prompt tokens at unwritten "
-        "record slots and their hits rebuilt wrong states; verify forwards capture nothing either way"),
+    Fix("record_spec_decode", "records", "speculative decode batches (NEXTN / EAGLE) assign no record slots: their "
+        "out_cache_loc is an earlier forward's (schedule_batch.py:3754-3762, 3859-3861), so assigning it re-pointed "
+        "cached prompt tokens at unwritten record slots (wrong rebuilt states); verify forwards capture nothing"),
+    Fix("record_kda_graph_eager", "records", "KDA in breakable prefill CUDA graphs (SGLang's default on CUDA): its "
+        "extend runs between graph segments, as GDN's does, so records capture it (off: replayed prefills keep none)"),
     Fix("record_spec_ring", "records", "records also with the spec-verify ring (--enable-linear-replayssm-spec, GDN): "
         "capture, match and rebuild as with the decode ring (a planted tree slot has no row, so no spec cursors); "
         "end_state folds the finishing row's pending accepted records before it copies the working slot"),

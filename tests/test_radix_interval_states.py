@@ -148,3 +148,35 @@ def test_a_replayed_prefill_graph_keeps_no_records(hook):
     else:
         assert bool((pool.slots(replayed) < 0).all()) and pool.states.deepest(replayed) is None
     assert pool.covered(kept) and pool.states.deepest(kept) == (7, int(pool.states.state_of[8]))
+
+
+def _kda_backend(req_pool: Any) -> Any:
+    """SGLang's ``KDAAttnBackend`` with what ``supports_prefill_graph_extend`` reads: the Triton extend kernel (its
+    default), no fused-accept staging, the request pool."""
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+    from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+
+    backend = object.__new__(KDAAttnBackend)
+    backend.kernel_dispatcher = types.SimpleNamespace(extend_kernel=object.__new__(TritonKDAKernel))
+    backend.accept_lens_pool = None
+    backend.req_to_token_pool = req_pool
+    return backend
+
+
+@pytest.mark.parametrize("records", [True, False])
+@pytest.mark.parametrize("fix_on", [True, False])
+def test_kda_breakable_graphs_run_the_extend_eagerly_where_records_capture(radix_adapter, records, fix_on):
+    """SGLang's breakable prefill graphs (its default on CUDA) capture KDA's extend when the backend says it can
+    (``supports_prefill_graph_extend``, read when the hybrid backend is built): no layer Python runs at replay,
+    so no record is captured. With records on a decode-ring pool the answer is no (fix ``record_kda_graph_eager``):
+    the graph breaks at each KDA layer as at GDN's. Without records, or with the fix off, it is SGLang's."""
+    from sglang_replayssm.radix import config
+    from sglang_replayssm.radix.records.pool import RecordPool, attach
+
+    mamba_pool = types.SimpleNamespace(enable_linear_replayssm=True, replayssm_write_pos=torch.zeros(4),
+                                       mamba_cache=types.SimpleNamespace(replayssm_d=0, replayssm_k=0, replayssm_g=0))
+    req_pool = types.SimpleNamespace(mamba_pool=mamba_pool)
+    if records:
+        attach(req_pool, RecordPool(kv_size=64, capacity=32, device=torch.device("cpu")))
+    with config.override(True, record_kda_graph_eager=fix_on):
+        assert _kda_backend(req_pool).supports_prefill_graph_extend() is not (records and fix_on)

@@ -30,12 +30,15 @@ The pool exists only with a ReplaySSM ring (the decode ring, or the spec-verify 
 On CUDA only prefill tokens are captured (a decode step replayed from a CUDA graph could not be
 captured); decode tokens keep the deepest state. The CUDA graphs SGLang captures at startup hold no
 record operation (capture, invalidation, kept chunk states): graph-capture forwards touch no record. A
-prefill graph that replays a linear layer's extend inside the graph (KDA's in a breakable graph; every layer
-in a full one) runs none of it: its tokens get no records (:func:`drop_graph_replayed`, before each replay).
+breakable prefill graph breaks at each linear layer (GDN's always; KDA's with fix ``record_kda_graph_eager``,
+:func:`graph_extend_unless_captured`), so the layer's capture runs; a prefill graph that replays a linear
+layer's extend inside the graph (KDA's with that fix off; every layer in a full one) runs none of it: its tokens
+get no records (:func:`drop_graph_replayed`, before each replay).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -49,7 +52,10 @@ from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.radix.spec.ring import spec_ring
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["assign_batch", "capture", "extending", "invalidate_allocated", "keep_chunk_states", "ring_captured"]
+__all__ = ["assign_batch", "capture", "extending", "graph_extend_unless_captured", "invalidate_allocated",
+           "keep_chunk_states", "ring_captured"]
+
+_LOG = logging.getLogger(__name__)
 
 #: Token allocators whose allocations :func:`invalidate_allocated` sees (``radix/records/hooks.py``).
 _HOOKED_ALLOCATORS = frozenset({"TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"})
@@ -177,6 +183,20 @@ def drop_graph_replayed(backend: Any, forward_batch: Any) -> None:
     loc = getattr(forward_batch, "out_cache_loc", None)
     if pool is not None and loc is not None and not _graph_capturing():
         pool.invalidate(loc)
+
+
+def graph_extend_unless_captured(original: Any, backend: Any) -> bool:
+    """``KDAAttnBackend.supports_prefill_graph_extend`` (read once, when SGLang builds the hybrid backend): False
+    where forwards over its pool capture records (fix ``record_kda_graph_eager``), so a breakable prefill CUDA graph
+    breaks at each KDA layer and runs its extend eagerly, as it does GDN's: the layer's Python, and the capture
+    with it, runs on every prefill. Else SGLang's answer (its extend in the graph: :func:`drop_graph_replayed`)."""
+    supported = bool(original(backend))
+    pool = getattr(backend, "req_to_token_pool", None)
+    if supported and pool_of(pool) is not None and ring_captured(pool):
+        _LOG.info("sglang-replayssm records: KDA's extend runs between breakable prefill CUDA graph segments "
+                  "(as GDN's), so records capture it (fix record_kda_graph_eager)")
+        return False
+    return supported
 
 
 def _token_rows(t: Any) -> torch.Tensor | None:

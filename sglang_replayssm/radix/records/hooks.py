@@ -92,6 +92,13 @@ def drop_graph_replayed_records(result: Any, backend: Any, meta: Any, forward_ba
     drop_graph_replayed(backend, forward_batch)
 
 
+def eager_kda_extend(original: Callable[..., Any], backend: Any) -> bool:
+    """Breakable prefill CUDA graphs run KDA's extend between segments where records capture it."""
+    from sglang_replayssm.radix.records.capture import graph_extend_unless_captured
+
+    return graph_extend_unless_captured(original, backend)
+
+
 def drop_full_graph_records(runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
     """A full prefill CUDA graph is about to replay the whole forward, every linear layer inside it: its
     tokens keep no records (nothing of ours runs in a replay)."""
@@ -185,7 +192,7 @@ _CAPTURE_HOOKS = (
      "KDA decode"),
 )
 
-#: The records room's hooks, all behind ``record_hits``.
+#: The records room's hooks, behind ``record_hits`` (KDA's graph extend: ``record_kda_graph_eager``).
 RECORD_HOOKS: tuple[Hook, ...] = (
     gated_hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure", "AFTER",
                build_record_pool, at="sglang/srt/mem_cache/kv_cache_configurator.py:457", fix="record_hits"),
@@ -201,6 +208,8 @@ RECORD_HOOKS: tuple[Hook, ...] = (
                keep_interval_states, at=f"{_LINEAR_AT}/gdn_backend.py:441", fix="record_hits"),
     gated_hook("sglang.srt.layers.attention.linear.kda_backend.KDAKernelDispatcher.extend", "AROUND",
                keep_kda_interval_states, at=f"{_LINEAR_AT}/kda_backend.py:420", fix="record_hits"),
+    gated_hook(f"{_KDA_BACKEND}.supports_prefill_graph_extend", "AROUND", eager_kda_extend,
+               at=f"{_LINEAR_AT}/kda_backend.py:624", fix="record_kda_graph_eager"),
     gated_hook(f"{_KDA_BACKEND}.refresh_prefill_graph_metadata", "AFTER", drop_graph_replayed_records,
                at=f"{_LINEAR_AT}/kda_backend.py:665", fix="record_hits"),
     gated_hook("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.execute",
