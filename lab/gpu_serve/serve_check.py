@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--lab", action="store_true", help="the lab H200's flags (scripts/gpu_serve.sh)")
     p.add_argument("--server-args", default="", help="extra server flags for every arm")
+    p.add_argument("--prefill-graph", action="store_true",
+                   help="keep SGLang's prefill CUDA graphs on with --lab (bound their token buckets with "
+                        "--server-args \"--cuda-graph-bs-prefill ...\": the stand-in's captures are slow)")
     p.add_argument("--gsp-args", default=GSP_ARGS)
     p.add_argument("--rag-args", default=RAG_ARGS)
     p.add_argument("--gsp-long-args", default=GSP_LONG_ARGS)
@@ -173,8 +176,8 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
     arm = ARMS[name]
     stages = _csv(args.stages)
     # --server-args first: a flag given there wins over the lab and serving defaults.
-    extra = merge_flags(shlex.split(args.server_args),
-                        (shlex.split(LAB_FLAGS) if args.lab else []) + shlex.split(SERVE_FLAGS))
+    lab = [f for f in shlex.split(LAB_FLAGS) if not (args.prefill_graph and f == "--disable-prefill-cuda-graph")]
+    extra = merge_flags(shlex.split(args.server_args), (lab if args.lab else []) + shlex.split(SERVE_FLAGS))
     port = pick_port()
     cmd = server_command(arm, args.model_path, port, device=args.device, tp=1, extra_args=extra)
     env = server_env(arm, args.device)
