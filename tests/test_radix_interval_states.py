@@ -180,3 +180,20 @@ def test_kda_breakable_graphs_run_the_extend_eagerly_where_records_capture(radix
         attach(req_pool, RecordPool(kv_size=64, capacity=32, device=torch.device("cpu")))
     with config.override(True, record_kda_graph_eager=fix_on):
         assert _kda_backend(req_pool).supports_prefill_graph_extend() is not (records and fix_on)
+
+
+@pytest.mark.parametrize("backend", ["full", "breakable", "disabled"])
+def test_full_prefill_graphs_are_named_at_startup(monkeypatch, caplog, backend):
+    """A full prefill CUDA graph replays every linear layer inside the graph (its prefills keep no records): the
+    record pool's startup says so in one warning; SGLang's default (breakable) and no prefill graph say nothing."""
+    import logging
+
+    from sglang.srt.model_executor import cuda_graph_config
+
+    from sglang_replayssm.radix.records import startup
+
+    monkeypatch.setattr(cuda_graph_config, "check_cuda_graph_backend",
+                        lambda phase, name: phase == cuda_graph_config.Phase.PREFILL and name == backend)
+    with caplog.at_level(logging.WARNING, logger=startup.logger.name):
+        assert startup._warn_full_prefill_graphs() is (backend == "full")
+    assert ("full prefill CUDA graphs" in caplog.text) is (backend == "full")

@@ -67,10 +67,25 @@ def build_pool(configurator: Any, pools: Any) -> RecordPool | None:
         pool.states = IntervalStates(kv_size=kv_size, capacity=capacity // interval + 2, interval=interval,
                                      device=device, rounded=settings.STATE_INTERVAL_ROUNDED.value())
     prepare_layers(pool, req_pool)
+    _warn_full_prefill_graphs()
     logger.info("sglang-replayssm records: %d tokens of layer inputs (first in, first out; %s=N to change), "
                 "a prefill state every %s (%s=N, 0 = none)", capacity, CAPACITY_ENV,
                 f"{interval} tokens" if interval else "- (off)", INTERVAL_ENV)
     return attach(req_pool, pool)
+
+
+def _warn_full_prefill_graphs() -> bool:
+    """One warning where SGLang's prefill CUDA graphs are the full kind: a full graph replays every linear layer
+    inside the graph, so the prefills it runs keep no records (``capture.drop_graph_replayed``); returns whether it
+    warned. Breakable graphs (SGLang's default on CUDA) break at each linear layer and keep them."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    if not check_cuda_graph_backend(Phase.PREFILL, Backend.FULL):
+        return False
+    logger.warning("sglang-replayssm records: full prefill CUDA graphs replay every linear layer inside the graph, "
+                   "so the prefills they run keep no records (their hits resume from SGLang's own states only); "
+                   "breakable prefill graphs (SGLang's default) keep them")
+    return True
 
 
 def prepare_layers(pool: RecordPool, req_pool: Any) -> None:
