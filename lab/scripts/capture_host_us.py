@@ -1,0 +1,82 @@
+"""Host microseconds a GDN layer's record capture costs in a forward, on CPU tensors (lab only).
+
+    PYTHONPATH=. python lab/scripts/capture_host_us.py [--layers 18] [--tokens 32]
+
+A record pool with the layers stacked as a server builds it (``startup.prepare_layers``), then per forward what a
+prefill runs per GDN layer: ``capture`` (x written, a / b staged, the stack written at the last layer),
+``extending`` and ``keep_chunk_states`` (no kept state at this length). Prints the median forward, the same
+forward's inputs alone, and their difference per layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import types
+
+import torch
+
+from sglang_replayssm.radix.records import capture as cap
+from sglang_replayssm.radix.records import startup
+from sglang_replayssm.radix.records.pool import RecordPool, attach
+
+
+class _Extend:
+    def is_target_verify(self) -> bool:
+        return False
+
+    def is_draft_extend_v2(self) -> bool:
+        return False
+
+    def is_decode(self) -> bool:
+        return False
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=18)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--reps", type=int, default=200)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    n, T = args.layers, args.tokens
+    mamba_pool = types.SimpleNamespace(enable_linear_replayssm=True, replayssm_write_pos=torch.zeros(4),
+                                       mamba_cache=types.SimpleNamespace(replayssm_d=0, replayssm_k=0, replayssm_g=0))
+    req_pool = types.SimpleNamespace(mamba_pool=mamba_pool, mamba_map={i: i for i in range(n)})
+    pool = attach(req_pool, RecordPool(kv_size=4096, capacity=2048, device=torch.device("cpu")))
+    startup.prepare_layers(pool, req_pool)
+    backend = type("GDNAttnBackend", (), {})()
+    backend.req_to_token_pool, backend.kernel_dispatcher = req_pool, types.SimpleNamespace()
+    layers = [types.SimpleNamespace(layer_id=i, conv_weights=torch.zeros(8, 4)) for i in range(n)]
+    x, a, b = torch.randn(T, 64), torch.randn(T, 4), torch.randn(T, 4)
+    states = torch.zeros(2, 4, 4, 4)
+
+    def forward(with_capture: bool) -> None:
+        loc = torch.arange(1, T + 1)
+        fb = types.SimpleNamespace(out_cache_loc=loc, forward_mode=_Extend(), spec_info=None,
+                                   extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[T])
+        pool.assign(loc)
+        for layer in layers:
+            ra, rb = a.clone(), b.clone()  # a forward's own a, b (each layer's, owning its storage)
+            if with_capture:
+                cap.capture(backend, layer, fb, x, ra, rb)
+                with cap.extending(backend, layer, fb):
+                    cap.keep_chunk_states((None, None, None), backend.kernel_dispatcher, states, h_at=2)
+
+    med = {}
+    for with_capture in (True, False):
+        for _ in range(20):
+            forward(with_capture)
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            forward(with_capture)
+            times.append(time.perf_counter() - t0)
+        med[with_capture] = statistics.median(times) * 1e6
+    print(f"{n} layers, {T} tokens: forward {med[True]:.0f} us, inputs alone {med[False]:.0f} us, "
+          f"capture {(med[True] - med[False]) / n:.1f} us a layer")
+
+
+if __name__ == "__main__":
+    main()
