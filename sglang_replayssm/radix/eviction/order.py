@@ -32,7 +32,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PROTECTED_HITS", "TREE_ORDER_FIXES", "has_decode_ring", "protected_cap", "python_tree_core", "reorder", "reused_states_last"]
+__all__ = ["PROTECTED_HITS", "TREE_ORDER_FIXES", "has_decode_ring", "protected_cap", "python_tree_core", "reorder",
+           "reused_states_last"]
 
 #: A state is protected once this many later requests went through its node (SGLang's SLRU threshold).
 PROTECTED_HITS = 2
