@@ -1,6 +1,8 @@
 """Interval states from a real prefill's chunk states (``capture.keep_chunk_states``), GDN and KDA: kept at
 the interval, and a rebuild from them equals the fp64 recurrence of the path (SGLang's real pools, the CPU
-runtime's extend kernels; the helpers are tests/test_radix_records.py's)."""
+runtime's extend kernels; the helpers are tests/test_radix_records.py's). Prefill CUDA graphs and records: a
+replayed linear extend drops its tokens' records, KDA's extend stays out of breakable graphs where records capture,
+full graphs are named at startup."""
 
 from __future__ import annotations
 
@@ -165,7 +167,8 @@ def _kda_backend(req_pool: Any) -> Any:
 
 @pytest.mark.parametrize("records", [True, False])
 @pytest.mark.parametrize("fix_on", [True, False])
-def test_kda_breakable_graphs_run_the_extend_eagerly_where_records_capture(radix_adapter, records, fix_on):
+def test_kda_breakable_graphs_run_the_extend_eagerly_where_records_capture(radix_adapter, monkeypatch, records,
+                                                                          fix_on):
     """SGLang's breakable prefill graphs (its default on CUDA) capture KDA's extend when the backend says it can
     (``supports_prefill_graph_extend``, read when the hybrid backend is built): no layer Python runs at replay,
     so no record is captured. With records on a decode-ring pool the answer is no (fix ``record_kda_graph_eager``):
@@ -180,6 +183,18 @@ def test_kda_breakable_graphs_run_the_extend_eagerly_where_records_capture(radix
         attach(req_pool, RecordPool(kv_size=64, capacity=32, device=torch.device("cpu")))
     with config.override(True, record_kda_graph_eager=fix_on):
         assert _kda_backend(req_pool).supports_prefill_graph_extend() is not (records and fix_on)
+        # SGLang's decision, as it builds the hybrid backend under breakable prefill graphs: capture the extend or not
+        from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
+
+        monkeypatch.setattr(hybrid, "check_cuda_graph_backend",
+                            lambda phase, name: phase == "prefill" and name == "breakable")
+        linear = _kda_backend(req_pool)
+        linear.prefill_graph_max_seqs = 128
+        full = types.SimpleNamespace(token_to_kv_pool=None, req_to_token_pool=req_pool, kv_index_translator=None,
+                                     needs_cpu_seq_lens=False,
+                                     use_captured_forward_metadata_for_breakable_cuda_graph=False)
+        backend = hybrid.HybridLinearAttnBackend(full, linear, [3])
+        assert backend.use_captured_forward_metadata_for_breakable_cuda_graph is not (records and fix_on)
 
 
 @pytest.mark.parametrize("backend", ["full", "breakable", "disabled"])
