@@ -281,8 +281,8 @@ FIXES: tuple[Fix, ...] = (
     Fix("record_spec_decode", "records", "speculative decode batches (NEXTN / EAGLE) assign no record slots: their "
         "out_cache_loc is an earlier forward's (schedule_batch.py:3754-3762, 3859-3861), so assigning it re-pointed "
         "cached prompt tokens at unwritten record slots (wrong rebuilt states); verify forwards capture nothing"),
-    Fix("record_kda_graph_eager", "records", "KDA in breakable prefill CUDA graphs (SGLang's default on CUDA): its "
-        "extend runs between graph segments, as GDN's does, so records capture it (off: replayed prefills keep none)"),
+    Fix("record_kda_graph_eager", "records", "KDA in breakable prefill graphs (SGLang's for GLM-5.3 Flash, not Kimi-"
+        "Linear): its extend runs between segments, as GDN's, so records capture it (off: those prefills keep none)"),
     Fix("record_spec_ring", "records", "records also with the spec-verify ring (--enable-linear-replayssm-spec, GDN): "
         "capture, match and rebuild as with the decode ring (a planted tree slot has no row, so no spec cursors); "
         "end_state folds the finishing row's pending accepted records before it copies the working slot"),
