@@ -61,18 +61,20 @@ def _diff(after: dict[str, list[float]], before: dict[str, list[float]], per: in
     return out
 
 
-def run_arm(name: str, model: Path, reps: int, out: Path, device: str, extra: list[str],
-            env_extra: dict[str, str]) -> dict[str, Any]:
+def run_arm(spec: str, model: Path, reps: int, out: Path, device: str, extra: list[str]) -> dict[str, Any]:
+    """One arm, ``NAME[+VAR=VALUE...]``: the ARMS entry and that server's extra environment."""
+    name, *envs = spec.split("+")
+    env_extra = dict(e.split("=", 1) for e in envs)
     port = pick_port()
     flags = shlex.split(CPU_FLAGS if device == "cpu" else GPU_FLAGS)
-    arm = ARMS[name.split("+")[0]]
+    arm = ARMS[name]
     cmd = server_command(arm, model, port, device=device, tp=1, extra_args=merge_flags(extra, flags))
-    folder = out / f"timers-{name}"
+    folder = out / f"timers-{spec}"
     folder.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join(p for p in (str(SHIM), os.environ.get("PYTHONPATH", "")) if p)
     env = {**server_env(arm, device), "LAB_HOST_TIMERS": str(folder), "PYTHONPATH": path, **env_extra}
     res: dict[str, Any] = {"server_cmd": " ".join(cmd), "env": env_extra}
-    with ServerProcess(cmd, env, out / f"server-{name}.log", f"http://127.0.0.1:{port}", 900.0) as srv:
+    with ServerProcess(cmd, env, out / f"server-{spec}.log", f"http://127.0.0.1:{port}", 900.0) as srv:
         for work in prompts(2, seed=4).values():  # first-use costs, compiles, the warm-up rebuild
             for ids in work:
                 _generate(srv.base_url, ids, 1)
@@ -93,7 +95,7 @@ def run_arm(name: str, model: Path, reps: int, out: Path, device: str, extra: li
                          "plugin_calls": round(sum(c for k, (c, _) in funcs.items() if not k.startswith("sglang:")), 1),
                          "functions": sorted(((k, round(c, 2), round(ms, 4)) for k, (c, ms) in funcs.items()),
                                              key=lambda r: -r[2])}
-            print(f"[{name}] {kind}: client median {res[kind]['client_ms_median']} ms, plugin host "
+            print(f"[{spec}] {kind}: client median {res[kind]['client_ms_median']} ms, plugin host "
                   f"{res[kind]['plugin_ms']} ms in {res[kind]['plugin_calls']} calls a request", flush=True)
     return res
 
@@ -128,10 +130,7 @@ def main() -> None:
     extra = (shlex.split(LAB_FLAGS) if args.lab else []) + shlex.split(args.server_args)
     result: dict[str, Any] = {"model": str(args.model_path), "reps": args.reps, "arms": {}}
     for spec in args.arms.split(","):
-        name, *envs = spec.split("+")
-        env_extra = dict(e.split("=", 1) for e in envs)
-        result["arms"][spec] = run_arm(name if not envs else spec, args.model_path, args.reps, args.out,
-                                       args.device, extra, env_extra)
+        result["arms"][spec] = run_arm(spec, args.model_path, args.reps, args.out, args.device, extra)
     (args.out / "serve_check.json").write_text(json.dumps(result, indent=1))
     text = table(result, args.top)
     (args.out / "tables.md").write_text(text)
