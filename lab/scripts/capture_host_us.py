@@ -1,11 +1,13 @@
 """Host microseconds a GDN layer's record capture costs in a forward, on CPU tensors (lab only).
 
-    PYTHONPATH=. python lab/scripts/capture_host_us.py [--layers 18] [--tokens 32]
+    PYTHONPATH=. python lab/scripts/capture_host_us.py [--layers 18] [--tokens 32] [--device cuda] [--width 8192]
 
 A record pool with the layers stacked as a server builds it (``startup.prepare_layers``), then per forward what a
 prefill runs per GDN layer: ``capture`` (x written, a / b staged, the stack written at the last layer),
 ``extending`` and ``keep_chunk_states`` (no kept state at this length). Prints the median forward, the same
-forward's inputs alone, and their difference per layer.
+forward's inputs alone, and their difference per layer; with the layers' ``x`` held to the last layer (a short
+forward, ``pool.STAGE_X_BYTES``) and written layer by layer. On CUDA the host time of the forward's launches (the
+device drained after each forward, outside the time).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import types
 import torch
 
 from sglang_replayssm.radix.records import capture as cap
+from sglang_replayssm.radix.records import pool as pool_mod
 from sglang_replayssm.radix.records import startup
 from sglang_replayssm.radix.records.pool import RecordPool, attach
 
@@ -38,22 +41,25 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=18)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--reps", type=int, default=200)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--width", type=int, default=64, help="x's row (conv_dim; Qwen3-Next's: 8192)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    n, T = args.layers, args.tokens
+    n, T, dev = args.layers, args.tokens, torch.device(args.device)
     mamba_pool = types.SimpleNamespace(enable_linear_replayssm=True, replayssm_write_pos=torch.zeros(4),
                                        mamba_cache=types.SimpleNamespace(replayssm_d=0, replayssm_k=0, replayssm_g=0))
     req_pool = types.SimpleNamespace(mamba_pool=mamba_pool, mamba_map={i: i for i in range(n)})
-    pool = attach(req_pool, RecordPool(kv_size=4096, capacity=2048, device=torch.device("cpu")))
+    pool = attach(req_pool, RecordPool(kv_size=4096, capacity=2048, device=dev))
     startup.prepare_layers(pool, req_pool)
     backend = type("GDNAttnBackend", (), {})()
     backend.req_to_token_pool, backend.kernel_dispatcher = req_pool, types.SimpleNamespace()
     layers = [types.SimpleNamespace(layer_id=i, conv_weights=torch.zeros(8, 4)) for i in range(n)]
-    x, a, b = torch.randn(T, 64), torch.randn(T, 4), torch.randn(T, 4)
-    states = torch.zeros(2, 4, 4, 4)
+    x, a, b = (torch.randn(T, w, device=dev) for w in (args.width, 4, 4))
+    states = torch.zeros(2, 4, 4, 4, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def forward(with_capture: bool) -> None:
-        loc = torch.arange(1, T + 1)
+        loc = torch.arange(1, T + 1, device=dev)
         fb = types.SimpleNamespace(out_cache_loc=loc, forward_mode=_Extend(), spec_info=None,
                                    extend_prefix_lens_cpu=[0], extend_seq_lens_cpu=[T])
         pool.assign(loc)
@@ -65,17 +71,21 @@ def main() -> None:
                     cap.keep_chunk_states((None, None, None), backend.kernel_dispatcher, states, h_at=2)
 
     med = {}
-    for with_capture in (True, False):
+    for case, stage_x in (("capture", 64 << 20), ("capture, x a layer", 0), ("inputs", None)):
+        pool_mod.STAGE_X_BYTES[dev.type] = stage_x or 0
         for _ in range(20):
-            forward(with_capture)
+            forward(stage_x is not None)
+        sync()
         times = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            forward(with_capture)
+            forward(stage_x is not None)
             times.append(time.perf_counter() - t0)
-        med[with_capture] = statistics.median(times) * 1e6
-    print(f"{n} layers, {T} tokens: forward {med[True]:.0f} us, inputs alone {med[False]:.0f} us, "
-          f"capture {(med[True] - med[False]) / n:.1f} us a layer")
+            sync()
+        med[case] = statistics.median(times) * 1e6
+    print(f"{n} layers, {T} tokens, x [{T}, {args.width}] on {dev}: forward {med['capture']:.0f} us "
+          f"({med['capture, x a layer']:.0f} us writing x a layer), inputs alone {med['inputs']:.0f} us; capture "
+          f"{(med['capture'] - med['inputs']) / n:.1f} us a layer ({(med['capture, x a layer'] - med['inputs']) / n:.1f})")
 
 
 if __name__ == "__main__":
