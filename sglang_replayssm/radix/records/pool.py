@@ -219,7 +219,7 @@ class RecordPool:
         xs = [x for _, x, _, _ in staged]
         if [row for row, _, _, _ in staged] == list(range(n)):
             if all(x is not None for x in xs):
-                self.xs[:n].index_copy_(1, dest, torch.stack(xs))  # type: ignore[arg-type]
+                self.xs[:n].index_copy_(1, dest, torch.stack(xs))
                 xs = []
             self.ab[0][:n].index_copy_(1, dest, torch.stack([a for _, _, a, _ in staged]))
             self.ab[1][:n].index_copy_(1, dest, torch.stack([b for _, _, _, b in staged]))
