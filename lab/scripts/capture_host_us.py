@@ -5,8 +5,7 @@
 A record pool with the layers stacked as a server builds it (``startup.prepare_layers``), then per forward what a
 prefill runs per GDN layer: ``capture`` (x written, a / b staged, the stack written at the last layer),
 ``extending`` and ``keep_chunk_states`` (no kept state at this length). Prints the median forward, the same
-forward's inputs alone, and their difference per layer; with the layers' ``x`` held to the last layer (a short
-forward, ``pool.STAGE_X_BYTES``) and written layer by layer. On CUDA the host time of the forward's launches (the
+forward's inputs alone, and their difference per layer. On CUDA the host time of the forward's launches (the
 device drained after each forward, outside the time).
 """
 
@@ -20,7 +19,6 @@ import types
 import torch
 
 from sglang_replayssm.radix.records import capture as cap
-from sglang_replayssm.radix.records import pool as pool_mod
 from sglang_replayssm.radix.records import startup
 from sglang_replayssm.radix.records.pool import RecordPool, attach
 
@@ -71,21 +69,19 @@ def main() -> None:
                     cap.keep_chunk_states((None, None, None), backend.kernel_dispatcher, states, h_at=2)
 
     med = {}
-    for case, stage_x in (("capture", 64 << 20), ("capture, x a layer", 0), ("inputs", None)):
-        pool_mod.STAGE_X_BYTES[dev.type] = stage_x or 0
+    for with_capture in (True, False):
         for _ in range(20):
-            forward(stage_x is not None)
+            forward(with_capture)
         sync()
         times = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
-            forward(stage_x is not None)
+            forward(with_capture)
             times.append(time.perf_counter() - t0)
             sync()
-        med[case] = statistics.median(times) * 1e6
-    print(f"{n} layers, {T} tokens, x [{T}, {args.width}] on {dev}: forward {med['capture']:.0f} us "
-          f"({med['capture, x a layer']:.0f} us writing x a layer), inputs alone {med['inputs']:.0f} us; capture "
-          f"{(med['capture'] - med['inputs']) / n:.1f} us a layer ({(med['capture, x a layer'] - med['inputs']) / n:.1f})")
+        med[with_capture] = statistics.median(times) * 1e6
+    print(f"{n} layers, {T} tokens, x [{T}, {args.width}] on {dev}: forward {med[True]:.0f} us, inputs alone "
+          f"{med[False]:.0f} us, capture {(med[True] - med[False]) / n:.1f} us a layer")
 
 
 if __name__ == "__main__":

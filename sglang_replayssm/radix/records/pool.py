@@ -51,11 +51,6 @@ __all__ = [
 CAPACITY_ENV = settings.RECORD_TOKENS.name
 #: Default capacity: the last 16,384 computed tokens (at most one per KV slot).
 DEFAULT_CAPACITY = 16384
-#: By device type: a forward whose stacked layers' ``x`` rows take at most this many bytes writes them in one op
-#: at its last layer (:meth:`RecordPool.write`), not one a layer. CUDA: at Qwen3-Next's shape (18 GDN layers)
-#: forwards of up to 227 tokens, whose GPU work is shorter than their launches, held a few dozen MiB. Elsewhere
-#: none: on CPU the extra copy costs more than the launches it saves (``lab/scripts/capture_host_us.py``).
-STAGE_X_BYTES: dict[str, int] = {"cuda": 64 << 20}
 
 
 def capacity_from_env(kv_size: int | None = None, reserved: int | None = None) -> int:
@@ -107,7 +102,7 @@ class RecordPool:
     layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``ab`` (startup)
     ab: tuple[torch.Tensor, torch.Tensor] | None = None  # a, b of the layer_ids [L, R + 1, HV] (views in layers)
     xs: torch.Tensor | None = None  # x of the layer_ids [L, R + 1, conv_dim] (views in layers)
-    staged: list[tuple[int, Any, Any, Any]] = field(default_factory=list)  # (row, x or None, a, b) to write
+    staged: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, a, b) to write
     staged_at: tuple[torch.Tensor, torch.Tensor] | None = None  # (kv, dest) of the staged rows' forward
     last_row: int = -1  # the deepest row of ``ab`` a layer with records holds: a forward's last stacked layer
     warmed: bool = False  # the warm-up rebuilds ran (radix/records/warmup.py)
@@ -176,60 +171,43 @@ class RecordPool:
         when the caller has it). No host sync.
 
         ``stage`` (a forward's capture, every layer with the same ``kv`` and ``dest``): a stacked layer's
-        ``a``, ``b`` (and ``x`` in a forward of at most :data:`STAGE_X_BYTES` of every stacked layer's ``x`` on its device) are
-        kept (referenced, not copied: only tensors that own their storage) and written for every layer at once
-        when the deepest stacked layer with records (``last_row``) stores its inputs (:meth:`_write_staged`), so
-        before the forward ends; what a forward left staged is dropped with its tokens' records (:meth:`settle`)."""
+        ``a``, ``b`` are kept (referenced, not copied: only tensors that own their storage) and written for
+        every layer at once when the deepest stacked layer with records (``last_row``) stores its inputs
+        (:meth:`_write_staged`), so before the forward ends; what a forward left staged is dropped with its
+        tokens' records (:meth:`settle`)."""
         rec = self.layers.get(layer.layer_id)
         if rec is None:
             rec = self._new_layer(layer, backend, x, a, b)
         if dest is None:
             dest = self.dest_of(kv)
+        rec.x.index_copy_(0, dest, x if x.dtype == rec.x.dtype else x.to(rec.x.dtype))
         a, b = _rows(a, dest.numel()), _rows(b, dest.numel())
         if self.staged_at is not None and self.staged_at[1] is not dest:
             self.settle()  # another forward's leftovers
         if stage and rec.stack_row is not None and _stageable(a, rec.a) and _stageable(b, rec.b):
-            staged_x = x if self._stages_x(x, rec.x) else None
-            if staged_x is None:
-                rec.x.index_copy_(0, dest, x if x.dtype == rec.x.dtype else x.to(rec.x.dtype))
             self.staged_at = (kv, dest)
-            self.staged.append((rec.stack_row, staged_x, a, b))
+            self.staged.append((rec.stack_row, a, b))
         else:
-            rec.x.index_copy_(0, dest, x if x.dtype == rec.x.dtype else x.to(rec.x.dtype))
             rec.a.index_copy_(0, dest, a.to(rec.a.dtype))
             rec.b.index_copy_(0, dest, b.to(rec.b.dtype))
         if rec.stack_row is not None and rec.stack_row == self.last_row:
             self._write_staged()
 
-    def _stages_x(self, x: torch.Tensor, rows: torch.Tensor) -> bool:
-        """A layer's ``x`` waits for the forward's last stacked layer: every stacked layer's ``x`` of the forward
-        fits :data:`STAGE_X_BYTES` (a short, host-bound forward) and ``x`` can be kept (:func:`_stageable`)."""
-        limit = STAGE_X_BYTES.get(x.device.type, 0)
-        return (self.xs is not None and x.numel() * x.element_size() * len(self.layer_ids) <= limit
-                and _stageable(x, rows))
-
     def _write_staged(self) -> None:
-        """Write the staged rows: one ``index_copy_`` per stack when every layer is staged in order (``x``'s
-        stack where every layer's ``x`` is staged), else one per layer."""
+        """Write the staged ``a``, ``b`` rows: one ``index_copy_`` per stack when every layer is staged in
+        order, else one per layer."""
         staged, at = self.staged, self.staged_at
         self.staged, self.staged_at = [], None
-        if at is None or self.ab is None or self.xs is None or not staged:
+        if at is None or self.ab is None or not staged:
             return
         dest, n = at[1], len(staged)
-        xs = [x for _, x, _, _ in staged]
-        if [row for row, _, _, _ in staged] == list(range(n)):
-            if all(x is not None for x in xs):
-                self.xs[:n].index_copy_(1, dest, torch.stack(xs))
-                xs = []
-            self.ab[0][:n].index_copy_(1, dest, torch.stack([a for _, _, a, _ in staged]))
-            self.ab[1][:n].index_copy_(1, dest, torch.stack([b for _, _, _, b in staged]))
-            staged = [(row, x, None, None) for row, x, _, _ in staged] if xs else []
-        for row, x, a, b in staged:
-            if x is not None:
-                self.xs[row].index_copy_(0, dest, x)
-            if a is not None and b is not None:
-                self.ab[0][row].index_copy_(0, dest, a)
-                self.ab[1][row].index_copy_(0, dest, b)
+        if [row for row, _, _ in staged] == list(range(n)):
+            self.ab[0][:n].index_copy_(1, dest, torch.stack([a for _, a, _ in staged]))
+            self.ab[1][:n].index_copy_(1, dest, torch.stack([b for _, _, b in staged]))
+            return
+        for row, a, b in staged:
+            self.ab[0][row].index_copy_(0, dest, a)
+            self.ab[1][row].index_copy_(0, dest, b)
 
     def settle(self) -> None:
         """Before anything reads records (a rebuild, the next forward's capture): rows a forward staged but
