@@ -31,9 +31,11 @@ On CUDA only prefill tokens are captured (a decode step replayed from a CUDA gra
 captured); decode tokens keep the deepest state. The CUDA graphs SGLang captures at startup hold no
 record operation (capture, invalidation, kept chunk states): graph-capture forwards touch no record. A
 breakable prefill graph breaks at each linear layer (GDN's always; KDA's with fix ``record_kda_graph_eager``,
-:func:`graph_extend_unless_captured`), so the layer's capture runs; a prefill graph that replays a linear
-layer's extend inside the graph (KDA's with that fix off; every layer in a full one) runs none of it: its tokens
-get no records (:func:`drop_graph_replayed`, before each replay).
+:func:`graph_extend_unless_captured`), so the layer's capture runs, on SGLang's break body: ``out_cache_loc``
+narrowed to the real tokens (a new view every layer: the forward's rows are keyed by what it views), the inputs weak
+views of the graph's pool (written during the layer's own break, never held: :func:`_breakable_graph`); a prefill
+graph that replays a linear layer's extend inside the graph (KDA's with that fix off; every layer in a full one)
+runs none of it: its tokens get no records (:func:`drop_graph_replayed`, before each replay).
 """
 
 from __future__ import annotations
@@ -146,21 +148,38 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
         pool.invalidate(loc)
         return
     x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows if r is not None)
-    pool.write(layer, backend, loc, x, ra, rb, dest, stage=True)
+    pool.write(layer, backend, loc, x, ra, rb, dest, stage=not _breakable_graph())
+
+
+def _breakable_graph() -> bool:
+    """Inside a breakable prefill CUDA graph (SGLang's CUDA default): a GDN layer runs as an eager break whose inputs
+    are weak views of the graph segments' memory pool, which a later segment may reuse before the forward's last
+    layer. Its inputs are written at once, never held for the last layer (``RecordPool.write``'s ``stage``)."""
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import is_in_breakable_cuda_graph
+
+    return bool(is_in_breakable_cuda_graph())
+
+
+def _loc_key(loc: torch.Tensor) -> tuple[Any, int, int]:
+    """What names a forward's ``out_cache_loc`` for all its layers: the tensor it views (a breakable graph's break
+    narrows it to the real tokens, a new view at every layer: ``radix_linear_attention.py:189``), its first element
+    and its length."""
+    return (loc if loc._base is None else loc._base), loc.data_ptr(), loc.numel()
 
 
 def _forward_plan(backend: Any, forward_batch: Any) -> tuple[RecordPool, torch.Tensor] | None:
     """``(record pool, record rows of out_cache_loc)`` where this forward captures records, else None; decided at its
     first linear layer for every layer (one pool, one mode, one graph state a forward), kept in the batch's state
-    (``record_dest``, keyed by ``out_cache_loc``). A forward that cannot capture drops its tokens' records there,
-    once. Without a record pool nothing is kept on the batch."""
+    (``record_dest``, keyed by ``out_cache_loc``: :func:`_loc_key`). A forward that cannot capture drops its tokens'
+    records there, once. Without a record pool nothing is kept on the batch."""
     pool = pool_of(backend.req_to_token_pool)
     loc = getattr(forward_batch, "out_cache_loc", None)
     if pool is None or loc is None:
         return None
     batch_state = state_of(forward_batch)
     cached = batch_state.record_dest
-    if cached is not None and cached[0] is loc:
+    key = _loc_key(loc)
+    if cached is not None and cached[0][0] is key[0] and cached[0][1:] == key[1:]:
         return cached[1]
     plan: tuple[RecordPool, torch.Tensor] | None = None
     capturing = _graph_capturing()
@@ -169,7 +188,7 @@ def _forward_plan(backend: Any, forward_batch: Any) -> tuple[RecordPool, torch.T
             pool.invalidate(loc)
     elif loc.numel() > 0 and not capturing and (pool.capture_decode or not forward_batch.forward_mode.is_decode()):
         plan = (pool, pool.dest_of(loc))  # one gather for every layer
-    batch_state.record_dest = (loc, plan)
+    batch_state.record_dest = (key, plan)
     return plan
 
 
