@@ -58,20 +58,24 @@ def _forward(rla, breaks, pool, layers, model, gen, real: int, nan_after: bool) 
     breaks.inputs.clear()
     breaks.held_after_layer.clear()
     for layer in layers:
-        x, a, b = (torch.randn(BUCKET, d, generator=gen) for d in (model.qkv_dim, model.HV, model.HV))
+        # SGLang's CUDA prefill layout (qwen3_5_gdn_prefill_projection_views): b, a strided views of one projection
+        x, ba = torch.randn(BUCKET, model.qkv_dim, generator=gen), torch.randn(BUCKET, 2 * model.HV, generator=gen)
+        b, a = ba[:, : model.HV], ba[:, model.HV :]
         rla._linear_attention_with_output_impl(x, a, b, torch.empty(1, BUCKET, model.HV, model.V), layer, fb)
         if nan_after:
-            for t in (x, a, b):
+            for t in (x, ba):
                 t.fill_(float("nan"))
     assert fb.out_cache_loc is loc
     return loc
 
 
-@pytest.mark.parametrize("real", [300, 40])
+@pytest.mark.parametrize("real", [BUCKET, 300, 40])
 def test_a_prefill_in_a_breakable_graph_keeps_every_records_row(radix_adapter, monkeypatch, real):
     """The forward's real tokens keep their records and kept interval states, each layer's inputs written during its
     own break: after every break nothing is held, and what the segments write into the reused pool after it (NaN
-    here) reaches no record. (The forward's rows are found by the view ``out_cache_loc`` narrows to, not its object.)"""
+    here) reaches no record. (The forward's rows are found by the view ``out_cache_loc`` narrows to, not its object.)
+    ``real == BUCKET``: a prefill that fills its bucket, as every full chunk of a prompt longer than
+    ``chunked_prefill_size`` (the largest default bucket) does; there ``a``, ``b`` could be held."""
     from sglang.srt.layers import radix_linear_attention as rla
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
         enable_breakable_cuda_graph,
@@ -84,13 +88,13 @@ def test_a_prefill_in_a_breakable_graph_keeps_every_records_row(radix_adapter, m
         with enable_breakable_cuda_graph():
             _forward(rla, breaks, pool, layers, model, gen, real, nan_after=True)  # the layers' records are made
             loc = _forward(rla, breaks, pool, layers, model, gen, real, nan_after=True)
-        assert breaks.held_after_layer == [0, 0, 0]
         tokens = loc[:real]
         assert pool.covered(tokens)
         slots = pool.slots(tokens)
         for layer, (x, a, b, _) in zip(layers, breaks.inputs):
             rec = pool.layers[layer.layer_id]
             assert torch.equal(rec.x[slots], x) and torch.equal(rec.a[slots], a) and torch.equal(rec.b[slots], b)
+        assert breaks.held_after_layer == [0, 0, 0]
         kept, chunks = kept_positions([0], [real], pool.states.interval, pool.states.chunk)
         if kept:
             keys = loc[torch.tensor(kept, dtype=torch.long)]
@@ -102,18 +106,18 @@ def test_a_prefill_in_a_breakable_graph_keeps_every_records_row(radix_adapter, m
 
 
 def test_outside_a_breakable_graph_a_forward_still_stages_its_gate_inputs(radix_adapter, monkeypatch):
-    """An eager forward (prefill graphs off, or past their bucket) keeps writing every layer's ``a``, ``b`` in one op
-    at its last layer: the break rule is the graph's alone."""
+    """An eager forward through the same body (SGLang narrows it too where DP pads the batch) keeps writing every
+    layer's ``a``, ``b`` in one op at its last layer: the break rule is the graph's alone."""
     from sglang.srt.layers import radix_linear_attention as rla
 
     monkeypatch.setattr(cap, "_wanted", lambda *_: True)
     with _setup(3, OpCounter(), stacked=True) as (model, req_pool, layers, backend, pool, gen):
         breaks = _Breaks(backend, torch.zeros(4, model.HV, model.V, model.K), gen, model)
         monkeypatch.setattr(rla, "get_attn_backend", lambda: breaks)
-        _forward(rla, breaks, pool, layers, model, gen, 300, nan_after=False)
-        loc = _forward(rla, breaks, pool, layers, model, gen, 300, nan_after=False)
-        assert breaks.held_after_layer == [1, 2, 0] and pool.covered(loc[:300])
-        slots = pool.slots(loc[:300])
+        _forward(rla, breaks, pool, layers, model, gen, BUCKET, nan_after=False)
+        loc = _forward(rla, breaks, pool, layers, model, gen, BUCKET, nan_after=False)
+        assert breaks.held_after_layer == [1, 2, 0] and pool.covered(loc)
+        slots = pool.slots(loc)
         for layer, (x, a, b, _) in zip(layers, breaks.inputs):
             rec = pool.layers[layer.layer_id]
             assert torch.equal(rec.x[slots], x) and torch.equal(rec.a[slots], a) and torch.equal(rec.b[slots], b)
