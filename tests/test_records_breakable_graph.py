@@ -4,11 +4,12 @@ Every GDN layer then runs as an eager break between captured segments, through S
 (``_linear_attention_with_output_impl``, ``radix_linear_attention.py:168``): it narrows ``out_cache_loc`` to the
 batch's real tokens (a new view at every layer) and passes the layer's inputs as weak views of the segments' memory
 pool, which a later segment may reuse before the forward's last layer. Driven here through that body, inside SGLang's
-``enable_breakable_cuda_graph`` scope, on SGLang's CPU pools (the GPU shapes of a padded bucket, on CPU tensors).
+``prefill_graph_scope`` and ``enable_breakable_cuda_graph`` scopes, on SGLang's CPU pools (a padded bucket's shapes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -69,8 +70,9 @@ def _forward(rla, breaks, pool, layers, model, gen, real: int, nan_after: bool) 
     return loc
 
 
+@pytest.mark.parametrize("breakable", [True, False], ids=["breakable", "runner-scope-only"])
 @pytest.mark.parametrize("real", [BUCKET, 300, 40])
-def test_a_prefill_in_a_breakable_graph_keeps_every_records_row(radix_adapter, monkeypatch, real):
+def test_a_prefill_in_a_breakable_graph_keeps_every_records_row(radix_adapter, monkeypatch, real, breakable):
     """The forward's real tokens keep their records and kept interval states, each layer's inputs written during its
     own break: after every break nothing is held, and what the segments write into the reused pool after it (NaN
     here) reaches no record. (The forward's rows are found by the view ``out_cache_loc`` narrows to, not its object.)
@@ -80,12 +82,16 @@ def test_a_prefill_in_a_breakable_graph_keeps_every_records_row(radix_adapter, m
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
         enable_breakable_cuda_graph,
     )
+    from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
 
     monkeypatch.setattr(cap, "_wanted", lambda *_: True)  # the ring's presence is not what is tested
     with _setup(3, OpCounter(), stacked=True) as (model, req_pool, layers, backend, pool, gen):
         breaks = _Breaks(backend, torch.zeros(4, model.HV, model.V, model.K), gen, model)
         monkeypatch.setattr(rla, "get_attn_backend", lambda: breaks)
-        with enable_breakable_cuda_graph():
+        # the prefill runner's scope and the breakable graph's (prefill_cuda_graph_runner.py, breakable backend); the
+        # runner's alone: a piecewise graph's, whose layers run between pieces too
+        graph = enable_breakable_cuda_graph() if breakable else contextlib.nullcontext()
+        with prefill_graph_scope(full_graph=False), graph:
             _forward(rla, breaks, pool, layers, model, gen, real, nan_after=True)  # the layers' records are made
             loc = _forward(rla, breaks, pool, layers, model, gen, real, nan_after=True)
         tokens = loc[:real]

@@ -33,7 +33,7 @@ record operation (capture, invalidation, kept chunk states): graph-capture forwa
 breakable prefill graph breaks at each linear layer (GDN's always; KDA's with fix ``record_kda_graph_eager``,
 :func:`graph_extend_unless_captured`), so the layer's capture runs, on SGLang's break body: ``out_cache_loc``
 narrowed to the real tokens (a new view every layer: the forward's rows are keyed by what it views), the inputs weak
-views of the graph's pool (written during the layer's own break, never held: :func:`_breakable_graph`); a prefill
+views of the graph's pool (written during the layer's own break, never held: :func:`_prefill_graph`); a prefill
 graph that replays a linear layer's extend inside the graph (KDA's with that fix off; every layer in a full one)
 runs none of it: its tokens get no records (:func:`drop_graph_replayed`, before each replay).
 """
@@ -148,16 +148,18 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
         pool.invalidate(loc)
         return
     x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows if r is not None)
-    pool.write(layer, backend, loc, x, ra, rb, dest, stage=not _breakable_graph())
+    pool.write(layer, backend, loc, x, ra, rb, dest, stage=not _prefill_graph())
 
 
-def _breakable_graph() -> bool:
-    """Inside a breakable prefill CUDA graph (SGLang's CUDA default): a GDN layer runs as an eager break whose inputs
-    are weak views of the graph segments' memory pool, which a later segment may reuse before the forward's last
-    layer. Its inputs are written at once, never held for the last layer (``RecordPool.write``'s ``stage``)."""
+def _prefill_graph() -> bool:
+    """Inside a prefill CUDA graph's execution (breakable, SGLang's CUDA default, or piecewise): a GDN layer runs
+    between captured segments and its inputs are views of the graph's memory pool (weak views in a breakable graph),
+    which a later segment may reuse before the forward's last layer. Its inputs are written at once, never held for
+    the last layer (``RecordPool.write``'s ``stage``)."""
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import is_in_breakable_cuda_graph
+    from sglang.srt.model_executor.runner_utils.prefill_graph import is_in_prefill_graph_scope
 
-    return bool(is_in_breakable_cuda_graph())
+    return bool(is_in_breakable_cuda_graph() or is_in_prefill_graph_scope())
 
 
 def _loc_key(loc: torch.Tensor) -> tuple[Any, int, int]:
