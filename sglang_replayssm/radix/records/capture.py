@@ -166,7 +166,7 @@ def _loc_key(loc: torch.Tensor) -> tuple[Any, int, int]:
     """What names a forward's ``out_cache_loc`` for all its layers: the tensor it views (a breakable graph's break
     narrows it to the real tokens, a new view at every layer: ``radix_linear_attention.py:189``), where in it the
     view starts and its length."""
-    return (loc if loc._base is None else loc._base), loc.storage_offset(), loc.numel()
+    return (loc if loc._base is None else loc._base), int(loc.storage_offset()), loc.numel()
 
 
 def _forward_plan(backend: Any, forward_batch: Any) -> tuple[RecordPool, torch.Tensor] | None:
