@@ -31,7 +31,7 @@ from typing import Any
 
 from main_ab import run_main_pairs
 from main_ab import table as main_table
-from serve_check import GSP_ARGS, LAB_FLAGS, RAG_ARGS, SERVE_FLAGS
+from serve_check import GSP_ARGS, RAG_ARGS, SERVE_FLAGS, lab_flags
 
 from sglang_replayssm.bench.arms import ARMS, merge_flags, parse_arms, server_command, server_env
 from sglang_replayssm.bench.decode import run_decode
@@ -291,7 +291,7 @@ def run_group(args: argparse.Namespace, arms: list[str], steps: dict[int, dict[s
             # Idle servers sleep (SGLang's --sleep-on-idle, bench/paired.py): an idle scheduler otherwise spins a core
             # while another arm serves.
             extra = merge_flags(["--mem-fraction-static", str(frac), *IDLE_FLAGS, *shlex.split(args.server_flags)],
-                                shlex.split(LAB_FLAGS) + shlex.split(SERVE_FLAGS))
+                                lab_flags(args.prefill_graph) + shlex.split(SERVE_FLAGS))
             port = pick_port()
             cmd = server_command(ARMS[name], args.model_path, port, device="cuda", tp=1, extra_args=extra)
             if blocks:
@@ -389,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME=BENCH_ARGS: one more workload --main-workloads may name (repeatable)")
     p.add_argument("--pin-cores", action="store_true", help="each server of a group on its own equal block of "
                    "cores, the client on another (no server's host work shares a core with another's)")
+    p.add_argument("--prefill-graph", action="store_true", help="keep SGLang's prefill CUDA graphs on (its CUDA "
+                   "default, a user's server; bound their buckets with --cuda-graph-bs-prefill in --server-flags)")
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)

@@ -43,6 +43,13 @@ from sglang_replayssm.bench.server import ServerProcess, ServerStartError, pick_
 # shape, 58 shapes: out of memory and out of time). Decode CUDA graphs stay on.
 LAB_FLAGS = ("--attention-backend triton --sampling-backend pytorch --disable-custom-all-reduce "
              "--disable-prefill-cuda-graph")
+
+
+def lab_flags(prefill_graph: bool = False) -> list[str]:
+    """:data:`LAB_FLAGS` as a list; ``prefill_graph``: without ``--disable-prefill-cuda-graph`` (SGLang's default)."""
+    return [f for f in shlex.split(LAB_FLAGS) if not (prefill_graph and f == "--disable-prefill-cuda-graph")]
+
+
 # Serving sizes: up to 256 running requests with CUDA graphs; extra_buffer + ring take ~5 mamba slots
 # per running request.
 SERVE_FLAGS = ("--max-running-requests 256 --cuda-graph-bs-decode 1 2 4 8 16 32 64 128 256 "
@@ -176,7 +183,7 @@ def run_arm(name: str, args: argparse.Namespace, doc: dict[str, Any], t_end: flo
     arm = ARMS[name]
     stages = _csv(args.stages)
     # --server-args first: a flag given there wins over the lab and serving defaults.
-    lab = [f for f in shlex.split(LAB_FLAGS) if not (args.prefill_graph and f == "--disable-prefill-cuda-graph")]
+    lab = lab_flags(args.prefill_graph)
     extra = merge_flags(shlex.split(args.server_args), (lab if args.lab else []) + shlex.split(SERVE_FLAGS))
     port = pick_port()
     cmd = server_command(arm, args.model_path, port, device=args.device, tp=1, extra_args=extra)

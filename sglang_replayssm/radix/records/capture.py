@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -54,7 +54,7 @@ from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.radix.spec.ring import spec_ring
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["assign_batch", "capture", "extending", "graph_extend_unless_captured", "invalidate_allocated",
+__all__ = ["ForwardCapture", "assign_batch", "capture", "extending", "graph_extend_unless_captured", "invalidate_allocated",
            "keep_chunk_states", "ring_captured"]
 
 _LOG = logging.getLogger(__name__)
@@ -135,20 +135,33 @@ def _speculative(batch: Any) -> bool:
     return spec is not None and not spec.is_none()
 
 
-def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any, b: Any) -> None:
-    """Before a GDN layer's extend/decode: store its inputs for the forward's new tokens."""
+class ForwardCapture(NamedTuple):
+    """Where one forward captures, decided at its first linear layer for all (:func:`_forward_plan`): the record
+    pool, the record rows of its ``tokens`` new tokens (``dest [tokens]``), and whether a stacked layer's ``a``, ``b``
+    may be held for the last layer (``stage``: not inside a prefill CUDA graph's execution, :func:`_prefill_graph`)."""
+
+    pool: RecordPool
+    dest: torch.Tensor
+    tokens: int
+    stage: bool
+
+
+def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any, b: Any) -> ForwardCapture | None:
+    """Before a GDN layer's extend/decode: store its inputs for the forward's new tokens. Returns the forward's
+    capture (None where it captures nothing) for the layer's :class:`extending`."""
     plan = _forward_plan(backend, forward_batch)
     if plan is None:
-        return
-    pool, dest = plan
-    loc = forward_batch.out_cache_loc
-    n = loc.numel()
-    rows = [_token_rows(t) for t in (mixed_qkv, a, b)]
-    if any(r is None or r.shape[0] < n for r in rows):
-        pool.invalidate(loc)
-        return
-    x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows if r is not None)
-    pool.write(layer, backend, loc, x, ra, rb, dest, stage=not _prefill_graph())
+        return None
+    n = plan.tokens
+    rows = (mixed_qkv, a, b)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] >= n for t in rows):  # GDN's rows
+        rows = tuple(_token_rows(t) for t in rows)  # type: ignore[assignment]
+        if any(r is None or r.shape[0] < n for r in rows):
+            plan.pool.invalidate(forward_batch.out_cache_loc)
+            return plan
+    x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows)
+    plan.pool.write(layer, backend, forward_batch.out_cache_loc, x, ra, rb, plan.dest, stage=plan.stage)
+    return plan
 
 
 def _prefill_graph() -> bool:
@@ -169,11 +182,11 @@ def _loc_key(loc: torch.Tensor) -> tuple[Any, int, int]:
     return (loc if loc._base is None else loc._base), int(loc.storage_offset()), loc.numel()
 
 
-def _forward_plan(backend: Any, forward_batch: Any) -> tuple[RecordPool, torch.Tensor] | None:
-    """``(record pool, record rows of out_cache_loc)`` where this forward captures records, else None; decided at its
-    first linear layer for every layer (one pool, one mode, one graph state a forward), kept in the batch's state
-    (``record_dest``, keyed by ``out_cache_loc``: :func:`_loc_key`). A forward that cannot capture drops its tokens'
-    records there, once. Without a record pool nothing is kept on the batch."""
+def _forward_plan(backend: Any, forward_batch: Any) -> ForwardCapture | None:
+    """Where this forward captures records (:class:`ForwardCapture`), else None; decided at its first linear layer
+    for every layer (one pool, one mode, one graph state a forward), kept in the batch's state (``record_dest``,
+    keyed by ``out_cache_loc``: :func:`_loc_key`). A forward that cannot capture drops its tokens' records there,
+    once. Without a record pool nothing is kept on the batch."""
     pool = pool_of(backend.req_to_token_pool)
     loc = getattr(forward_batch, "out_cache_loc", None)
     if pool is None or loc is None:
@@ -183,13 +196,14 @@ def _forward_plan(backend: Any, forward_batch: Any) -> tuple[RecordPool, torch.T
     key = _loc_key(loc)
     if cached is not None and cached[0][0] is key[0] and cached[0][1:] == key[1:]:
         return cached[1]
-    plan: tuple[RecordPool, torch.Tensor] | None = None
+    plan: ForwardCapture | None = None
     capturing = _graph_capturing()
     if loc.numel() > 0 and not _wanted(backend, forward_batch):
         if not capturing:
             pool.invalidate(loc)
     elif loc.numel() > 0 and not capturing and (pool.capture_decode or not forward_batch.forward_mode.is_decode()):
-        plan = (pool, pool.dest_of(loc))  # one gather for every layer
+        # one gather for every layer; the graph state is the forward's (every layer runs in its execution or none)
+        plan = ForwardCapture(pool, pool.dest_of(loc), loc.numel(), not _prefill_graph())
     batch_state.record_dest = (key, plan)
     return plan
 
@@ -220,6 +234,10 @@ def graph_extend_unless_captured(original: Any, backend: Any) -> bool:
     return supported
 
 
+#: :class:`extending` without a plan: find the forward's.
+_FIND: Any = object()
+
+
 def _token_rows(t: Any) -> torch.Tensor | None:
     """A layer input as one row per token: GDN's ``[T, *]``; KDA's ``[1, T, *]`` (extend gates,
     decode beta) lose the leading batch dim. None for what is not a tensor (fused decode tuples)."""
@@ -235,11 +253,13 @@ class extending:  # noqa: N801 - a context manager named for what it marks
 
     While it runs, the backend's kernel dispatcher (what the extend hook receives) carries this step's
     ``(record pool, layer, forward_batch)`` in its state's ``extending`` (:func:`keep_chunk_states`);
-    cleared on exit, never left for a later extend (a rebuild's)."""
+    cleared on exit, never left for a later extend (a rebuild's). ``plan``: the forward's capture as
+    :func:`capture` returned it for this layer (found again when not given)."""
 
-    def __init__(self, backend: Any, layer: Any, forward_batch: Any) -> None:
-        plan = _forward_plan(backend, forward_batch)
-        pool = None if plan is None else plan[0]
+    def __init__(self, backend: Any, layer: Any, forward_batch: Any, plan: Any = _FIND) -> None:
+        if plan is _FIND:
+            plan = _forward_plan(backend, forward_batch)
+        pool = None if plan is None else plan.pool
         self.ctx = (pool, layer, forward_batch) if pool is not None and pool.states is not None else None
         self.dispatcher = getattr(backend, "kernel_dispatcher", None)
 

@@ -52,12 +52,12 @@ def _capture_records(name: str, what: str) -> Callable[..., Any]:
              mixed_qkv: Any, a: Any, b: Any, **kwargs: Any) -> Any:
         from sglang_replayssm.radix.records.capture import capture
 
-        capture(backend, layer, forward_batch, mixed_qkv, a, b)
+        plan = capture(backend, layer, forward_batch, mixed_qkv, a, b)
         if what not in ("extend", "KDA extend"):
             return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
         from sglang_replayssm.radix.records.capture import extending
 
-        with extending(backend, layer, forward_batch):
+        with extending(backend, layer, forward_batch, plan):
             return original(backend, layer, forward_batch, mixed_qkv, a, b, **kwargs)
 
     hook.__name__ = hook.__qualname__ = name

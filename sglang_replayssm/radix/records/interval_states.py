@@ -173,7 +173,11 @@ class IntervalStates:
         ssm = self.ssm.get(layer_id)
         if ssm is None:
             ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), h.dtype, h.device)
-        ssm.index_copy_(0, dest.to(ssm.device), h.index_select(0, chunks.to(h.device)).to(ssm.dtype))
+        if chunks.device != h.device:
+            chunks = chunks.to(h.device)
+        kept = h.index_select(0, chunks)
+        ssm.index_copy_(0, dest if dest.device == ssm.device else dest.to(ssm.device),
+                        kept if kept.dtype == ssm.dtype else kept.to(ssm.dtype))
 
     def _new_rows(self, layer_id: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Layer ``layer_id``'s ``[M + 1, *shape]`` rows: its row of ``stack`` (allocated for every layer of

@@ -180,17 +180,20 @@ class RecordPool:
             rec = self._new_layer(layer, backend, x, a, b)
         if dest is None:
             dest = self.dest_of(kv)
-        rec.x.index_copy_(0, dest, x if x.dtype == rec.x.dtype else x.to(rec.x.dtype))
-        a, b = _rows(a, dest.numel()), _rows(b, dest.numel())
+        rx, ra, rb = rec.x, rec.a, rec.b
+        rx.index_copy_(0, dest, x if x.dtype == rx.dtype else x.to(rx.dtype))
+        n = dest.shape[0]
+        a, b = _rows(a, n), _rows(b, n)
         if self.staged_at is not None and self.staged_at[1] is not dest:
             self.settle()  # another forward's leftovers
-        if stage and rec.stack_row is not None and _stageable(a, rec.a) and _stageable(b, rec.b):
+        row = rec.stack_row
+        if stage and row is not None and _stageable(a, ra) and _stageable(b, rb):
             self.staged_at = (kv, dest)
-            self.staged.append((rec.stack_row, a, b))
+            self.staged.append((row, a, b))
         else:
-            rec.a.index_copy_(0, dest, a.to(rec.a.dtype))
-            rec.b.index_copy_(0, dest, b.to(rec.b.dtype))
-        if rec.stack_row is not None and rec.stack_row == self.last_row:
+            ra.index_copy_(0, dest, a if a.dtype == ra.dtype else a.to(ra.dtype))
+            rb.index_copy_(0, dest, b if b.dtype == rb.dtype else b.to(rb.dtype))
+        if row is not None and row == self.last_row:
             self._write_staged()
 
     def _write_staged(self) -> None:
