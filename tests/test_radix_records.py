@@ -359,19 +359,21 @@ def test_spec_decode_round_keeps_prompt_records(algorithm):
 
 def test_a_forwards_extend_context_rides_on_its_dispatcher(monkeypatch):
     """``extending`` hands the step's (pool, layer, batch) to the extend hook through the backend's kernel
-    dispatcher's state, only inside the forward's own extend; another dispatcher (or after exit) sees none."""
+    dispatcher's state, only inside the forward's own extend of lengths that keep chunk states; another dispatcher
+    (or after exit, or a forward that keeps none) sees none."""
     from sglang_replayssm.radix.records import capture as record_capture
     from sglang_replayssm.state import peek
 
-    pool = types.SimpleNamespace(states=object(), capture_decode=False, dest_of=lambda kv: kv,
-                                 invalidate=lambda kv: None)
+    pool = types.SimpleNamespace(states=types.SimpleNamespace(interval=256, chunk=64), capture_decode=False,
+                                 dest_of=lambda kv: kv, invalidate=lambda kv: None)
     monkeypatch.setattr(record_capture, "pool_of", lambda req_pool: pool)
     monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: True)
     dispatcher, other = types.SimpleNamespace(), types.SimpleNamespace()
     backend = types.SimpleNamespace(req_to_token_pool=None, kernel_dispatcher=dispatcher)
 
-    def forward() -> types.SimpleNamespace:
-        return types.SimpleNamespace(out_cache_loc=torch.arange(4),
+    def forward(tokens: int = 300) -> types.SimpleNamespace:
+        return types.SimpleNamespace(out_cache_loc=torch.arange(tokens), extend_prefix_lens_cpu=[0],
+                                     extend_seq_lens_cpu=[tokens],
                                      forward_mode=types.SimpleNamespace(is_decode=lambda: False))
 
     layer, fb = object(), forward()
@@ -379,6 +381,8 @@ def test_a_forwards_extend_context_rides_on_its_dispatcher(monkeypatch):
         state = peek(dispatcher)
         assert state is not None and state.extending == (pool, layer, fb) and peek(other) is None
     assert state.extending is None
+    with record_capture.extending(backend, layer, forward(256)):  # chunks start at 64, 128, 192: no interval crossed
+        assert state.extending is None
     monkeypatch.setattr(record_capture, "_wanted", lambda backend, fb: False)
     with record_capture.extending(backend, layer, forward()):  # a forward that captures nothing
         assert state.extending is None

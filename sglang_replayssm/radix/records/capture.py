@@ -137,13 +137,16 @@ def _speculative(batch: Any) -> bool:
 
 class ForwardCapture(NamedTuple):
     """Where one forward captures, decided at its first linear layer for all (:func:`_forward_plan`): the record
-    pool, the record rows of its ``tokens`` new tokens (``dest [tokens]``), and whether a stacked layer's ``a``, ``b``
-    may be held for the last layer (``stage``: not inside a prefill CUDA graph's execution, :func:`_prefill_graph`)."""
+    pool, the record rows of its ``tokens`` new tokens (``dest [tokens]``), whether a stacked layer's ``a``, ``b``
+    may be held for the last layer (``stage``: not inside a prefill CUDA graph's execution, :func:`_prefill_graph`),
+    and whether it keeps chunk states (``keeps``: an extend whose lengths cross an interval, :func:`kept_positions`;
+    else its layers' :class:`extending` marks nothing)."""
 
     pool: RecordPool
     dest: torch.Tensor
     tokens: int
     stage: bool
+    keeps: bool
 
 
 def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any, b: Any) -> ForwardCapture | None:
@@ -203,9 +206,20 @@ def _forward_plan(backend: Any, forward_batch: Any) -> ForwardCapture | None:
             pool.invalidate(loc)
     elif loc.numel() > 0 and not capturing and (pool.capture_decode or not forward_batch.forward_mode.is_decode()):
         # one gather for every layer; the graph state is the forward's (every layer runs in its execution or none)
-        plan = ForwardCapture(pool, pool.dest_of(loc), loc.numel(), not _prefill_graph())
+        plan = ForwardCapture(pool, pool.dest_of(loc), loc.numel(), not _prefill_graph(),
+                              _keeps_states(pool, forward_batch))
     batch_state.record_dest = (key, plan)
     return plan
+
+
+def _keeps_states(pool: RecordPool, forward_batch: Any) -> bool:
+    """Whether the forward's extend keeps chunk states (the positions :func:`keep_chunk_states` writes)."""
+    states = pool.states
+    prefix = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+    lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+    if states is None or prefix is None or lens is None or forward_batch.forward_mode.is_decode():
+        return False
+    return bool(kept_positions(list(prefix), list(lens), states.interval, states.chunk)[0])
 
 
 def drop_graph_replayed(backend: Any, forward_batch: Any) -> None:
@@ -259,8 +273,7 @@ class extending:  # noqa: N801 - a context manager named for what it marks
     def __init__(self, backend: Any, layer: Any, forward_batch: Any, plan: Any = _FIND) -> None:
         if plan is _FIND:
             plan = _forward_plan(backend, forward_batch)
-        pool = None if plan is None else plan.pool
-        self.ctx = (pool, layer, forward_batch) if pool is not None and pool.states is not None else None
+        self.ctx = (plan.pool, layer, forward_batch) if plan is not None and plan.keeps else None
         self.dispatcher = getattr(backend, "kernel_dispatcher", None)
 
     def __enter__(self) -> None:
