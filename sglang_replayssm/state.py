@@ -19,8 +19,8 @@ on an SGLang object. Which fields an object uses depends on its kind:
 * the mamba slot allocator: ``write_pos`` (radix/ring/alloc_reset.py), ``read_copy``;
 * a host KV pool: ``host_records``; a tree core: ``planted_nodes`` (radix/records/hicache/);
 * a ``ForwardBatch``: ``kept_chunk_states``, ``record_dest`` (``(out_cache_loc's key, ForwardCapture or None)``:
-  whether and where the forward captures, and whether it may hold inputs for its last layer), both computed at the forward's first GDN layer for all
-  (radix/records/capture.py);
+  whether and where the forward captures, whether it may hold inputs for its last layer, whether it keeps chunk
+  states), both computed at the forward's first GDN layer for all (radix/records/capture.py);
 * a GDN kernel dispatcher: ``extending``, ``(record pool, layer, forward batch)`` while a forward's own
   ``forward_extend`` runs (radix/records/capture.py);
 * a ``PrefillStats``: ``lost_hit_tokens`` and ``prefill_rebuilds`` ``(tokens, hits, folded records)`` of the

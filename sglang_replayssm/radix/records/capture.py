@@ -54,8 +54,8 @@ from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.radix.spec.ring import spec_ring
 from sglang_replayssm.state import peek, state_of
 
-__all__ = ["ForwardCapture", "assign_batch", "capture", "extending", "graph_extend_unless_captured", "invalidate_allocated",
-           "keep_chunk_states", "ring_captured"]
+__all__ = ["ForwardCapture", "assign_batch", "capture", "extending", "graph_extend_unless_captured",
+           "invalidate_allocated", "keep_chunk_states", "ring_captured"]
 
 _LOG = logging.getLogger(__name__)
 
