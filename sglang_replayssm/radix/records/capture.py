@@ -156,13 +156,11 @@ def capture(backend: Any, layer: Any, forward_batch: Any, mixed_qkv: Any, a: Any
     if plan is None:
         return None
     n = plan.tokens
-    rows = (mixed_qkv, a, b)
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[0] >= n for t in rows):  # GDN's rows
-        rows = tuple(_token_rows(t) for t in rows)  # type: ignore[assignment]
-        if any(r is None or r.shape[0] < n for r in rows):
-            plan.pool.invalidate(forward_batch.out_cache_loc)
-            return plan
-    x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows)
+    rows = [_token_rows(t) for t in (mixed_qkv, a, b)]
+    if any(r is None or r.shape[0] < n for r in rows):
+        plan.pool.invalidate(forward_batch.out_cache_loc)
+        return plan
+    x, ra, rb = (r if r.shape[0] == n else r[:n] for r in rows if r is not None)
     plan.pool.write(layer, backend, forward_batch.out_cache_loc, x, ra, rb, plan.dest, stage=plan.stage)
     return plan
 
