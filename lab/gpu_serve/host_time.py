@@ -7,7 +7,8 @@ functions it calls), one request at a time (``max_new_tokens`` 1) in the phases 
 branch off its first 600 tokens: 88 records rebuilt from the state at 512; the branch's time is reported). Per
 phase: the client's median ms a request, and the plugin's host ms a request (the scheduler process, by function,
 exclusive), with the calls that took them; SGLang's functions that AROUND hooks call show as ``sglang:<name>``
-and are not the plugin's. ``tables.md`` and ``serve_check.json`` under ``--out``.
+and are not the plugin's. ``--prefill-graph``: SGLang's prefill CUDA graphs on (its CUDA default). ``tables.md``
+and ``serve_check.json`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from host_time_cpu import prompts  # noqa: E402
 from profile_step import _generate  # noqa: E402
-from serve_check import LAB_FLAGS  # noqa: E402
+from serve_check import lab_flags  # noqa: E402
 
 from sglang_replayssm.bench.arms import ARMS, merge_flags, server_command, server_env  # noqa: E402
 from sglang_replayssm.bench.server import ServerProcess, pick_port  # noqa: E402
@@ -124,10 +125,13 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--lab", action="store_true", help="the lab GPU's flags (scripts/gpu_serve.sh)")
     p.add_argument("--server-args", default="")
+    p.add_argument("--prefill-graph", action="store_true",
+                   help="with --lab: keep SGLang's prefill CUDA graphs on (its CUDA default; bound their buckets with "
+                        "--server-args \"--cuda-graph-bs-prefill ...\")")
     p.add_argument("--budget-s", type=float, default=0.0, help="unused (gpu_serve.sh passes it)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    extra = (shlex.split(LAB_FLAGS) if args.lab else []) + shlex.split(args.server_args)
+    extra = (lab_flags(args.prefill_graph) if args.lab else []) + shlex.split(args.server_args)
     result: dict[str, Any] = {"model": str(args.model_path), "reps": args.reps, "arms": {}}
     for spec in args.arms.split(","):
         result["arms"][spec] = run_arm(spec, args.model_path, args.reps, args.out, args.device, extra)
