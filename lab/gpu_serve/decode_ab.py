@@ -31,7 +31,7 @@ from typing import Any
 
 from main_ab import run_main_pairs
 from main_ab import table as main_table
-from serve_check import GSP_ARGS, RAG_ARGS, SERVE_FLAGS, lab_flags
+from serve_check import GSP_ARGS, PREFILL_GRAPH_HELP, RAG_ARGS, SERVE_FLAGS, lab_flags
 
 from sglang_replayssm.bench.arms import ARMS, merge_flags, parse_arms, server_command, server_env
 from sglang_replayssm.bench.decode import run_decode
@@ -389,8 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="NAME=BENCH_ARGS: one more workload --main-workloads may name (repeatable)")
     p.add_argument("--pin-cores", action="store_true", help="each server of a group on its own equal block of "
                    "cores, the client on another (no server's host work shares a core with another's)")
-    p.add_argument("--prefill-graph", action="store_true", help="keep SGLang's prefill CUDA graphs on (its CUDA "
-                   "default, a user's server; bound their buckets with --cuda-graph-bs-prefill in --server-flags)")
+    p.add_argument("--prefill-graph", action="store_true", help=PREFILL_GRAPH_HELP)
     p.add_argument("--budget-s", type=float, default=480.0)
     p.add_argument("--lab", action="store_true", help="accepted for scripts/gpu_serve.sh; the lab flags are always on")
     args = p.parse_args(argv)

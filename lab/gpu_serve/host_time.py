@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from host_time_cpu import prompts  # noqa: E402
 from profile_step import _generate  # noqa: E402
-from serve_check import lab_flags  # noqa: E402
+from serve_check import PREFILL_GRAPH_HELP, lab_flags  # noqa: E402
 
 from sglang_replayssm.bench.arms import ARMS, merge_flags, server_command, server_env  # noqa: E402
 from sglang_replayssm.bench.server import ServerProcess, pick_port  # noqa: E402
@@ -125,9 +125,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--lab", action="store_true", help="the lab GPU's flags (scripts/gpu_serve.sh)")
     p.add_argument("--server-args", default="")
-    p.add_argument("--prefill-graph", action="store_true",
-                   help="with --lab: keep SGLang's prefill CUDA graphs on (its CUDA default; bound their buckets with "
-                        "--server-args \"--cuda-graph-bs-prefill ...\")")
+    p.add_argument("--prefill-graph", action="store_true", help=f"with --lab: {PREFILL_GRAPH_HELP}")
     p.add_argument("--budget-s", type=float, default=0.0, help="unused (gpu_serve.sh passes it)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

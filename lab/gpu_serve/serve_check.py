@@ -45,6 +45,11 @@ LAB_FLAGS = ("--attention-backend triton --sampling-backend pytorch --disable-cu
              "--disable-prefill-cuda-graph")
 
 
+PREFILL_GRAPH_HELP = ("keep SGLang's prefill CUDA graphs on (its CUDA default). Its default buckets (4 to "
+                      "--chunked-prefill-size tokens) replay every prefill; a bucket pads at most 2x, so buckets bounded "
+                      "with --cuda-graph-bs-prefill 1024 ... leave prefills under 512 tokens eager")
+
+
 def lab_flags(prefill_graph: bool = False) -> list[str]:
     """:data:`LAB_FLAGS` as a list; ``prefill_graph``: without ``--disable-prefill-cuda-graph`` (SGLang's default)."""
     return [f for f in shlex.split(LAB_FLAGS) if not (prefill_graph and f == "--disable-prefill-cuda-graph")]
@@ -96,9 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--lab", action="store_true", help="the lab H200's flags (scripts/gpu_serve.sh)")
     p.add_argument("--server-args", default="", help="extra server flags for every arm")
-    p.add_argument("--prefill-graph", action="store_true",
-                   help="keep SGLang's prefill CUDA graphs on with --lab (bound their token buckets with "
-                        "--server-args \"--cuda-graph-bs-prefill ...\": the stand-in's captures are slow)")
+    p.add_argument("--prefill-graph", action="store_true", help=f"with --lab: {PREFILL_GRAPH_HELP}")
     p.add_argument("--gsp-args", default=GSP_ARGS)
     p.add_argument("--rag-args", default=RAG_ARGS)
     p.add_argument("--gsp-long-args", default=GSP_LONG_ARGS)
