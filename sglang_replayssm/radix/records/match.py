@@ -163,15 +163,17 @@ def _moved_tensors(pool: RecordPool, n: int) -> list[torch.Tensor]:
     """The record tensors :func:`refresh` moves ``n`` tokens' rows in, rows on dim -2: where every layer's
     records are rows of the stacks (:meth:`RecordPool.stacked_ab`), the stacks ``[L, R + 1, *]`` cut into
     groups of layers whose ``n`` rows take at most :data:`REFRESH_TRANSIENT_BYTES` (one group for a short
-    fold: six launches for every layer), else every layer's ``x``, ``a``, ``b``."""
+    fold: four launches for every layer; ``a``, ``b`` together where they are :attr:`RecordPool.gate_stack`'s
+    halves), else every layer's ``x``, ``a``, ``b``."""
     ab, xs = pool.stacked_ab(), pool.xs
     if ab is None or xs is None:
         return [rows for rec in pool.layers.values() for rows in (rec.x, rec.a, rec.b)]
     out: list[torch.Tensor] = []
-    for stack in (xs, *ab):
-        per_layer = n * stack[0, 0].numel() * stack.element_size()
+    for stack in (xs, pool.gate_stack) if pool.gate_stack is not None else (xs, *ab):
+        lead = stack.dim() - 3  # the layer dim: 1 in ``gate_stack`` [2, L, R + 1, HV], else 0
+        per_layer = n * stack[(0,) * (lead + 2)].numel() * stack.element_size() * (2 if lead else 1)
         group = max(1, REFRESH_TRANSIENT_BYTES // max(per_layer, 1))
-        out += [stack[i:i + group] for i in range(0, stack.shape[0], group)]
+        out += [stack.narrow(lead, i, min(group, stack.shape[lead] - i)) for i in range(0, stack.shape[lead], group)]
     return out
 
 

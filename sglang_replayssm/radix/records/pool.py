@@ -16,8 +16,9 @@ Layout (``R`` = capacity in tokens, ``KV`` = the token KV pool's size):
 * per layer: ``x [R + 1, conv_dim]``, ``a``, ``b`` ``[R + 1, HV]``; row ``R`` is a sink that absorbs
   the writes of tokens without a slot, so no write needs a host-side mask. With ``layer_ids`` (the
   mamba pool's GDN layers, in its order: :func:`~sglang_replayssm.radix.records.startup.prepare_layers`)
-  a GDN layer's ``a`` and ``b`` are rows ``i`` of two stacks ``[L, R + 1, HV]`` (:attr:`RecordPool.ab`), so
-  a rebuild gathers them for every layer in one op each.
+  a GDN layer's ``a`` and ``b`` are rows ``i`` of two stacks ``[L, R + 1, HV]`` (:attr:`RecordPool.ab`), the
+  halves of one tensor ``[2, L, R + 1, HV]`` (:attr:`RecordPool.gate_stack`), so a rebuild gathers both for every
+  layer in one op.
 
 Invariant: ``slot_of[i] == r >= 0`` only if the token whose KV is at ``i`` was assigned ``r`` by
 :meth:`RecordPool.assign` when its KV was allocated, and no later assignment reused ``r``; the forward
@@ -101,6 +102,7 @@ class RecordPool:
     sequential_tokens: int = 0  # rebuild spans up to this long fold token by token (radix/records/rebuild.py)
     layer_ids: tuple[int, ...] = ()  # GDN layer ids in the mamba pool's order: the rows of ``ab`` (startup)
     ab: tuple[torch.Tensor, torch.Tensor] | None = None  # a, b of the layer_ids [L, R + 1, HV] (views in layers)
+    gate_stack: torch.Tensor | None = None  # ``ab`` as one [2, L, R + 1, HV] tensor (where a and b share a dtype)
     xs: torch.Tensor | None = None  # x of the layer_ids [L, R + 1, conv_dim] (views in layers)
     staged: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (row, a, b) to write
     staged_at: tuple[torch.Tensor, torch.Tensor] | None = None  # (kv, dest) of the staged rows' forward
@@ -246,8 +248,12 @@ class RecordPool:
         if self.ab is None or self.xs is None:
             shape = (len(self.layer_ids), self.capacity + 1)
             self.xs = torch.zeros(*shape, x.shape[1], dtype=x.dtype, device=x.device)
-            self.ab = (torch.zeros(*shape, a.shape[1], dtype=a.dtype, device=a.device),
-                       torch.zeros(*shape, b.shape[1], dtype=b.dtype, device=a.device))
+            if a.shape[1] == b.shape[1] and a.dtype == b.dtype:
+                self.gate_stack = torch.zeros(2, *shape, a.shape[1], dtype=a.dtype, device=a.device)
+                self.ab = (self.gate_stack[0], self.gate_stack[1])
+            else:
+                self.ab = (torch.zeros(*shape, a.shape[1], dtype=a.dtype, device=a.device),
+                           torch.zeros(*shape, b.shape[1], dtype=b.dtype, device=a.device))
         i = self.layer_ids.index(layer_id)
         rows = (self.xs[i], self.ab[0][i], self.ab[1][i])
         if any(r.shape[1:] != t.shape[1:] or r.dtype != t.dtype or r.device != t.device

@@ -122,7 +122,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         starts = (translate(torch.cat([j.dst for j in from_state])).to(device=device, dtype=torch.int64),
                   on_device([int(j.state) for j in from_state if j.state is not None], torch.int64, device))
     caches = {layer_id: req_pool.mamba2_layer_cache(layer_id) for layer_id in sorted(pool.layers)}
-    ab = pool.stacked_ab()  # every layer's gate inputs, one stack each
+    ab = pool.stacked_ab()  # every layer's gate inputs, stacked
     stack = _stack_of(pool, caches) if ab is not None else None
     # Stacked, a chunk fold launches the same few ops for every layer at once; the sequential fold runs per layer.
     plan = _Plan.of(jobs, device, translate, 0 if stack is not None else pool.sequential_tokens)
@@ -131,8 +131,7 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
     if starts is not None and pool.states is not None:  # layer by layer where not copied at once above
         for layer_id, cache in caches.items():
             cache.temporal[starts[0]] = pool.states.ssm[layer_id][starts[1]].to(cache.temporal.dtype)
-    # the extended rows' gate inputs of every layer, one gather each
-    ab_ext = None if ab is None else (ab[0].index_select(1, plan.ext_slots), ab[1].index_select(1, plan.ext_slots))
+    ab_ext = None if ab is None else _gate_rows(pool, ab, plan.ext_slots)
     if stack is not None and ab_ext is not None and plan.ext_lens:  # the convs, then one extend for every layer
         layers, xs = [pool.layers[lid].layer for lid in pool.layer_ids], pool.xs  # stacked where ``ab`` is
         if stack.conv is not None and xs is not None:  # one conv for every layer
@@ -152,6 +151,16 @@ def rebuild(pool: RecordPool, req_pool: Any, jobs: list[Rebuild]) -> None:
         else:
             a, b = ab_rows[pool.layer_ids.index(layer_id)]
         (_fold_kda_layer if rec.kda else _fold_gdn_layer)(rec, cache, plan, a, b)
+
+
+def _gate_rows(pool: RecordPool, ab: tuple[torch.Tensor, torch.Tensor],
+               slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer's ``a``, ``b`` rows at record ``slots`` (``[L, n, HV]`` each): one gather of
+    :attr:`RecordPool.gate_stack` where the stacks are its halves, else one a stack."""
+    if pool.gate_stack is not None:
+        gates = pool.gate_stack.index_select(2, slots)
+        return gates[0], gates[1]
+    return ab[0].index_select(1, slots), ab[1].index_select(1, slots)
 
 
 def _stack_of(pool: RecordPool, caches: dict[int, Any]) -> StackedStates | None:
