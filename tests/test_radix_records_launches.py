@@ -34,11 +34,12 @@ def test_per_layer_pools_fold_each_layer_with_its_own_extend(radix_adapter):
 
 
 def test_a_capture_launches_per_layer_only_the_layers_own_work(radix_adapter):
-    """Per GDN layer: the ``x`` write and the kept states (gather, write: kept in ``h``'s dtype, no widening); the
-    ``a``, ``b`` writes of every layer are two ``index_copy_`` at the forward's last layer; the rows of the forward's
-    tokens and kept states are found once (a gather and a remainder each, no ``where``)."""
+    """Per GDN layer: the ``x`` write and the kept states (one sequence's are evenly spaced chunks: one copy from a
+    view of ``h``, kept in ``h``'s dtype, no widening); the ``a``, ``b`` writes of every layer are two ``index_copy_``
+    at the forward's last layer; the rows of the forward's tokens and kept states are found once (a gather and a
+    remainder each, no ``where``)."""
     per_layer, _, big = slope(run_capture)
-    assert per_layer == 3, dict(big.launches)
+    assert per_layer == 2, dict(big.launches)
     assert "where.self" not in big.launches and big.launches["remainder.Scalar"] == 2
     assert big.launches["stack.default"] == 2
 
@@ -55,6 +56,26 @@ def test_stacked_layers_give_the_per_layer_results(radix_adapter):
     for lid, ((state, window), (state_ref, window_ref)) in ((lid, (fused[lid], per_layer[lid])) for lid in fused):
         assert torch.equal(window, window_ref), lid
         torch.testing.assert_close(state, state_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_evenly_spaced_kept_chunks_are_copied_from_a_view():
+    """One sequence keeps a state every ``interval // chunk`` chunks: a slice of ``h`` (a view: one copy a layer);
+    a batch's uneven chunks keep the gather; the same rows either way."""
+    from sglang_replayssm.radix.records.interval_states import IntervalStates, even_slice
+    from tests.support.launch_count import OpCounter
+
+    assert even_slice([4, 8, 12]) == slice(4, 13, 4) and even_slice([3]) == slice(3, 4, 1)
+    assert even_slice([4, 9, 13]) is None and even_slice([]) is None
+    states = IntervalStates(kv_size=16, capacity=4, interval=256, device=torch.device("cpu"), rounded=True)
+    h, dest = torch.randn(12, 2, 3, 3), torch.tensor([0, 2, 1])
+    counts = []
+    for layer_id, chunks in enumerate((slice(1, 10, 4), torch.tensor([1, 5, 9]))):
+        states.write_rows(layer_id, dest, h, chunks, torch.float32)  # allocates the layer's rows
+        with OpCounter() as counter:
+            states.write_rows(layer_id, dest, h, chunks, torch.float32)
+        counts.append(counter.total())
+    assert counts == [1, 2]
+    assert torch.equal(states.ssm[0], states.ssm[1]) and torch.equal(states.ssm[0][dest], h[1:10:4])
 
 
 def _stacked_pool(layers: int = 3) -> RecordPool:

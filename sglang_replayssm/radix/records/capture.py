@@ -48,7 +48,7 @@ import torch
 
 from sglang_replayssm.host_lists import on_device
 from sglang_replayssm.radix import config
-from sglang_replayssm.radix.records.interval_states import kept_positions
+from sglang_replayssm.radix.records.interval_states import even_slice, kept_positions
 from sglang_replayssm.radix.records.pool import RecordPool, detach, pool_of
 from sglang_replayssm.radix.ring.pool import ring_pool
 from sglang_replayssm.radix.spec.ring import spec_ring
@@ -103,7 +103,8 @@ def _assign_states(pool: RecordPool, loc: Any, prefix_lens: Any, extend_lens: An
         return
     tokens, _ = kept_positions(list(prefix_lens), list(extend_lens), states.interval, states.chunk)
     if tokens and max(tokens) < loc.numel():
-        states.assign(loc[on_device(tokens, torch.int64, loc.device)])
+        at = even_slice(tokens)
+        states.assign(loc[at] if at is not None else loc[on_device(tokens, torch.int64, loc.device)])
 
 
 def ring_captured(req_pool: Any) -> bool:
@@ -308,10 +309,12 @@ def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any, h_at: int =
             list(prefix), list(lens), states.interval, states.chunk)
         loc = forward_batch.out_cache_loc
         total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
-        # Once per forward, on the device: the kept chunks' keys, state rows and chunk indices.
-        keys = loc[on_device(tokens, torch.int64, loc.device)] if tokens else None
-        kept = (keys, states.dest_of(keys), on_device(chunk_ids, torch.int64, ssm_states.device),
-                total) if keys is not None else ()
+        # Once per forward: the kept chunks' keys, state rows and chunk indices (slices where evenly spaced, as in
+        # one sequence: views, no gather; else index tensors on the device).
+        at, even = even_slice(tokens), even_slice(chunk_ids)
+        keys = None if not tokens else loc[at] if at is not None else loc[on_device(tokens, torch.int64, loc.device)]
+        kept = (keys, states.dest_of(keys), even if even is not None else on_device(
+            chunk_ids, torch.int64, ssm_states.device), total) if keys is not None else ()
         state_of(forward_batch).kept_chunk_states = kept
     if not kept:
         return

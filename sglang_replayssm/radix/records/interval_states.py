@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_INTERVAL",
     "INTERVAL_ENV",
     "IntervalStates",
+    "even_slice",
     "interval_from_env",
     "kept_positions",
 ]
@@ -89,6 +90,17 @@ def kept_positions(prefix_lens: list[int], extend_lens: list[int], interval: int
         start += n
         chunk0 += (n + chunk - 1) // chunk if n > 0 else 0
     return tokens, chunks
+
+
+def even_slice(positions: list[int]) -> slice | None:
+    """Ascending ``positions`` (:func:`kept_positions`' tokens or chunks) as a slice where they are evenly spaced
+    (one sequence's: a state every ``interval`` tokens, every ``interval // chunk`` chunks), else None."""
+    if not positions:
+        return None
+    step = positions[1] - positions[0] if len(positions) > 1 else 1
+    if step <= 0 or any(b - a != step for a, b in zip(positions, positions[1:])):
+        return None
+    return slice(positions[0], positions[-1] + 1, step)
 
 
 @dataclass
@@ -150,7 +162,7 @@ class IntervalStates:
         slots = self.state_of[keys.to(self.state_of.device, torch.int64)]
         return slots.remainder(self.capacity + 1)  # -1 (no slot) -> the sink row ``capacity``, one launch
 
-    def write(self, layer_id: int, keys: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
+    def write(self, layer_id: int, keys: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor | slice,
               state_dtype: torch.dtype) -> None:
         """Store ``h[chunks]`` (per-chunk states ``[NT, *state]``) as the states of ``keys`` (KV
         indices); keys without a slot go to the sink row (:meth:`write_rows` with :meth:`dest_of`)."""
@@ -162,20 +174,22 @@ class IntervalStates:
         rounded once)."""
         return h_dtype == state_dtype or (self.rounded and h_dtype.is_floating_point)
 
-    def write_rows(self, layer_id: int, dest: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor,
+    def write_rows(self, layer_id: int, dest: torch.Tensor, h: torch.Tensor, chunks: torch.Tensor | slice,
                    state_dtype: torch.dtype) -> None:
         """Store ``h[chunks]`` in state rows ``dest`` (:meth:`dest_of`, computed once per forward), in ``h``'s
-        dtype (one gather and one copy, no conversion) where :meth:`keeps`; else the layer is marked ``skipped``.
-        No host sync."""
+        dtype (no conversion) where :meth:`keeps`; else the layer is marked ``skipped``. ``chunks`` a slice (the
+        kept chunks evenly spaced, as in one sequence: :func:`even_slice`): one copy from a view of ``h``; an index
+        tensor: one gather and one copy. No host sync."""
         if not self.keeps(h.dtype, state_dtype):
             self.skipped.add(layer_id)
             return
         ssm = self.ssm.get(layer_id)
         if ssm is None:
             ssm = self.ssm[layer_id] = self._new_rows(layer_id, tuple(h.shape[1:]), h.dtype, h.device)
-        if chunks.device != h.device:
-            chunks = chunks.to(h.device)
-        kept = h.index_select(0, chunks)
+        if isinstance(chunks, slice):
+            kept = h[chunks]
+        else:
+            kept = h.index_select(0, chunks if chunks.device == h.device else chunks.to(h.device))
         ssm.index_copy_(0, dest if dest.device == ssm.device else dest.to(ssm.device),
                         kept if kept.dtype == ssm.dtype else kept.to(ssm.dtype))
 
