@@ -26,3 +26,34 @@ def test_no_stream_sync_on_cuda():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert t.cpu().tolist() == list(range(1000))
+
+
+def test_several_lists_in_one_buffer_each_at_an_aligned_offset():
+    """``packed`` / ``unpacked`` (what ``on_device_many`` copies at once on CUDA): every list back in its dtype,
+    each starting at a multiple of ``ALIGN`` bytes, empty lists included; off CUDA, plain tensors."""
+    from sglang_replayssm.host_lists import ALIGN, on_device_many, packed, unpacked
+
+    lists = [([0, 3, 7], torch.int32), ([True, False, True], torch.bool), ([], torch.int64), ([5, -2], torch.int64)]
+    buffer, where = packed(lists)
+    assert buffer.dtype == torch.uint8 and buffer.numel() % ALIGN == 0
+    assert all(at % ALIGN == 0 for at, _, _ in where)
+    got = unpacked(buffer, where)
+    assert [(t.dtype, t.tolist()) for t in got] == [(dtype, list(values)) for values, dtype in lists]
+    assert all((t.data_ptr() - buffer.data_ptr()) % ALIGN == 0 for t in got)
+    plain = on_device_many(lists, "cpu")
+    assert [(t.dtype, t.tolist()) for t in plain] == [(dtype, list(values)) for values, dtype in lists]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_several_lists_in_one_copy_on_cuda():
+    from sglang_replayssm.host_lists import ALIGN, on_device_many
+
+    lists = [(list(range(100)), torch.int32), ([True] * 3, torch.bool), (list(range(7)), torch.int64)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = on_device_many(lists, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [(t.dtype, t.cpu().tolist()) for t in got] == [(dtype, list(values)) for values, dtype in lists]
+    assert all(t.data_ptr() % ALIGN == 0 for t in got)

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from sglang_replayssm import settings
-from sglang_replayssm.host_lists import on_device
+from sglang_replayssm.host_lists import on_device, on_device_many
 from sglang_replayssm.radix.records.fold_stack import (
     StackedStates,
     conv_stacked,
@@ -223,9 +223,7 @@ class _Plan:
 
     @classmethod
     def of(cls, jobs: list[Rebuild], device: torch.device, translate: Any, sequential_tokens: int = 0) -> _Plan:
-        def cu(lens: list[int]) -> torch.Tensor:
-            return on_device([0, *itertools.accumulate(lens)], torch.int32, device)
-
+        """The plan of ``jobs``; its host lists reach the device in one copy (:func:`on_device_many`)."""
         conv_lens = [int(j.slots.numel()) for j in jobs]
         dst = translate(torch.cat([j.dst for j in jobs])).to(device=device, dtype=torch.int32)
         keep_rows: list[int] = []
@@ -235,18 +233,25 @@ class _Plan:
             start += n
         ext = [i for i, (j, n) in enumerate(zip(jobs, conv_lens)) if n > j.lead]
         ext_lens = [conv_lens[i] - jobs[i].lead for i in ext]
-        leads = any(j.lead for j in jobs)
+        conv_cu, conv_init, keep, ext_cu, ext_rows, ext_init = on_device_many([
+            ([0, *itertools.accumulate(conv_lens)], torch.int32),
+            ([j.src is not None for j in jobs], torch.bool),
+            (keep_rows if any(j.lead for j in jobs) else [], torch.int64),
+            ([0, *itertools.accumulate(ext_lens)], torch.int32),
+            (ext, dst.dtype),
+            ([jobs[i].src is not None or jobs[i].state is not None for i in ext], torch.bool),
+        ], device)
         return cls(
             slots=torch.cat([j.slots for j in jobs]).to(device),
-            conv_cu=cu(conv_lens),
+            conv_cu=conv_cu,
             conv_lens=conv_lens,
             dst=dst,
-            conv_init=on_device([j.src is not None for j in jobs], torch.bool, device),
-            keep=on_device(keep_rows, torch.int64, device) if leads else None,
-            ext_cu=cu(ext_lens),
+            conv_init=conv_init,
+            keep=keep if any(j.lead for j in jobs) else None,
+            ext_cu=ext_cu,
             ext_lens=ext_lens,
-            ext_rows=on_device(ext, dst.dtype, device),
-            ext_init=on_device([jobs[i].src is not None or jobs[i].state is not None for i in ext], torch.bool, device),
+            ext_rows=ext_rows,
+            ext_init=ext_init,
             sequential_tokens=sequential_tokens,
         )
 
