@@ -179,3 +179,15 @@ def test_the_stacked_conv_compiles_one_variant_for_any_count_of_jobs_up_to_its_b
         untouched = torch.tensor([s for s in range(SLOTS) if s not in dst.tolist()], device=dev)
         assert torch.equal(conv[:, untouched], before[:, untouched]) and not torch.equal(conv, before)
     assert seen == [CONV_WORK_ROWS] * 3
+
+
+def test_the_layers_rows_reach_the_device_once():
+    """The stacked fold's layout lists (each layer's row in the stacks: the same at every rebuild) are copied to the
+    device once and reused; other values or dtypes get their own tensor."""
+    from sglang_replayssm.radix.records import fold_stack
+
+    dev = torch.device("cpu")
+    first = fold_stack._layout([2, 0, 1], torch.int64, dev)
+    assert first.tolist() == [2, 0, 1] and fold_stack._layout([2, 0, 1], torch.int64, dev) is first
+    assert fold_stack._layout([2, 0, 1], torch.int32, dev) is not first
+    assert fold_stack._layout([0, 1, 2], torch.int64, dev).tolist() == [0, 1, 2]

@@ -88,7 +88,7 @@ def conv_stacked(layers: list[Any], xs: torch.Tensor, conv: torch.Tensor, rows: 
 
     L, T, dim, n = len(layers), int(slots.numel()), int(xs.shape[-1]), int(dst.numel())
     x = xs.index_select(1, slots).transpose(0, 1).reshape(T, L * dim)  # channels of every layer side by side
-    at = (on_device([rows[lay.layer_id] for lay in layers], torch.int64, dst.device)[:, None], dst.long()[None, :])
+    at = (_layout([rows[lay.layer_id] for lay in layers], torch.int64, dst.device)[:, None], dst.long()[None, :])
     win = conv.shape[-1]
     work = conv.new_empty((work_rows(n), L * dim, win))  # slot-major windows; rows past n are never read
     work[:n].view(n, L, dim, win).copy_(conv[at].transpose(0, 1))
@@ -101,6 +101,22 @@ def conv_stacked(layers: list[Any], xs: torch.Tensor, conv: torch.Tensor, rows: 
     ).transpose(0, 1)[:T]
     conv[at] = work[:n].view(n, L, dim, win).transpose(0, 1)
     return out.reshape(T, L, dim).transpose(0, 1).reshape(L * T, dim)
+
+
+#: The layout lists already on the device: ``(values, dtype, device)`` -> the tensor (a server has one or two).
+_LAYOUTS: dict[tuple[tuple[int, ...], torch.dtype, str], torch.Tensor] = {}
+
+
+def _layout(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` (the layers' rows in a stack: the same at every rebuild of a server) on ``device``, copied there
+    once (:func:`on_device`) and reused; never written, so a reused tensor always holds ``values``."""
+    key = (tuple(values), dtype, str(device))
+    found = _LAYOUTS.get(key)
+    if found is None:
+        if len(_LAYOUTS) >= 64:  # layouts of pools that come and go (tests): keep the cache small
+            _LAYOUTS.clear()
+        found = _LAYOUTS[key] = on_device(values, dtype, device)
+    return found
 
 
 #: The stacked conv's work windows come in row counts of powers of two, at least this many. SGLang's Triton conv
@@ -140,7 +156,7 @@ def extend_stacked(backend: Any, layers: list[Any], mixed: list[torch.Tensor] | 
     g, beta = backend._prefill_gates(heads, a.transpose(0, 1).reshape(n, L * hv), b.transpose(0, 1).reshape(n, L * hv))
     g = g.reshape(n, L, hv).transpose(0, 1).reshape(1, L * n, hv)
     beta = beta.reshape(n, L, hv).transpose(0, 1).reshape(1, L * n, hv)
-    offsets = on_device([stack.rows[lay.layer_id] * stack.slots for lay in layers], ext_dst.dtype, ext_dst.device)
+    offsets = _layout([stack.rows[lay.layer_id] * stack.slots for lay in layers], ext_dst.dtype, ext_dst.device)
     indices = (offsets[:, None] + ext_dst[None, :]).reshape(-1)
     ends = list(itertools.accumulate(ext_lens))
     cu = on_device([0] + [i * n + e for i in range(L) for e in ends], torch.int32, ext_dst.device)
