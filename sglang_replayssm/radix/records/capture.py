@@ -103,8 +103,14 @@ def _assign_states(pool: RecordPool, loc: Any, prefix_lens: Any, extend_lens: An
         return
     tokens, _ = kept_positions(list(prefix_lens), list(extend_lens), states.interval, states.chunk)
     if tokens and max(tokens) < loc.numel():
-        at = even_slice(tokens)
-        states.assign(loc[at] if at is not None else loc[on_device(tokens, torch.int64, loc.device)])
+        states.assign(loc[_positions(tokens, loc.device)])
+
+
+def _positions(positions: list[int], device: torch.device) -> slice | torch.Tensor:
+    """``positions`` (:func:`kept_positions`') as an index: a slice where evenly spaced (one sequence's: a view,
+    no gather), else an index tensor on ``device``."""
+    even = even_slice(positions)
+    return even if even is not None else on_device(positions, torch.int64, device)
 
 
 def ring_captured(req_pool: Any) -> bool:
@@ -311,10 +317,9 @@ def keep_chunk_states(result: Any, dispatcher: Any, ssm_states: Any, h_at: int =
         total = 0 if lens is None else sum((n + states.chunk - 1) // states.chunk for n in lens)
         # Once per forward: the kept chunks' keys, state rows and chunk indices (slices where evenly spaced, as in
         # one sequence: views, no gather; else index tensors on the device).
-        at, even = even_slice(tokens), even_slice(chunk_ids)
-        keys = None if not tokens else loc[at] if at is not None else loc[on_device(tokens, torch.int64, loc.device)]
-        kept = (keys, states.dest_of(keys), even if even is not None else on_device(
-            chunk_ids, torch.int64, ssm_states.device), total) if keys is not None else ()
+        keys = loc[_positions(tokens, loc.device)] if tokens else None
+        kept = (keys, states.dest_of(keys), _positions(chunk_ids, ssm_states.device),
+                total) if keys is not None else ()
         state_of(forward_batch).kept_chunk_states = kept
     if not kept:
         return

@@ -171,7 +171,7 @@ def _moved_tensors(pool: RecordPool, n: int) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for stack in (xs, pool.gate_stack) if pool.gate_stack is not None else (xs, *ab):
         lead = stack.dim() - 3  # the layer dim: 1 in ``gate_stack`` [2, L, R + 1, HV], else 0
-        per_layer = n * stack[(0,) * (lead + 2)].numel() * stack.element_size() * (2 if lead else 1)
+        per_layer = n * stack.numel() // (stack.shape[lead] * stack.shape[-2]) * stack.element_size()
         group = max(1, REFRESH_TRANSIENT_BYTES // max(per_layer, 1))
         out += [stack.narrow(lead, i, min(group, stack.shape[lead] - i)) for i in range(0, stack.shape[lead], group)]
     return out

@@ -233,10 +233,11 @@ class _Plan:
             start += n
         ext = [i for i, (j, n) in enumerate(zip(jobs, conv_lens)) if n > j.lead]
         ext_lens = [conv_lens[i] - jobs[i].lead for i in ext]
+        leads = any(j.lead for j in jobs)
         conv_cu, conv_init, keep, ext_cu, ext_rows, ext_init = on_device_many([
             ([0, *itertools.accumulate(conv_lens)], torch.int32),
             ([j.src is not None for j in jobs], torch.bool),
-            (keep_rows if any(j.lead for j in jobs) else [], torch.int64),
+            (keep_rows if leads else [], torch.int64),
             ([0, *itertools.accumulate(ext_lens)], torch.int32),
             (ext, dst.dtype),
             ([jobs[i].src is not None or jobs[i].state is not None for i in ext], torch.bool),
@@ -247,7 +248,7 @@ class _Plan:
             conv_lens=conv_lens,
             dst=dst,
             conv_init=conv_init,
-            keep=keep if any(j.lead for j in jobs) else None,
+            keep=keep if leads else None,
             ext_cu=ext_cu,
             ext_lens=ext_lens,
             ext_rows=ext_rows,
